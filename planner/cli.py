@@ -1,0 +1,181 @@
+"""The ``planner`` command. Each command parses, calls the library, renders.
+
+Exit codes: 0 success (the plan fits), 1 a valid request that does not fit, 2 invalid input,
+3 an internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner import catalog
+from planner.errors import InputError
+from planner.estimate import estimate_resolved
+from planner.report import print_estimate, to_json
+from planner.scenario import deep_merge, read_scenario_file, resolve, scenario_from_flags
+from planner.specs import Scenario
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Plan LLM training and fine-tuning: memory per GPU, hardware and configuration.",
+)
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_INVALID = 0, 1, 2
+
+
+def _fail(problems: list[str]) -> None:
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in problems:
+        err.print(f"error: {line}", markup=False)
+    raise typer.Exit(EXIT_INVALID)
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+@app.command()
+def estimate(
+    file: Annotated[Optional[Path], typer.Argument(help="Scenario YAML (one scenario or a list).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Catalog name, config.json path.")] = None,
+    method: Annotated[Optional[str], typer.Option(help="full | lora | qlora | inference")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="adamw | adam8bit | paged_adamw8bit | sgd")] = None,
+    precision: Annotated[Optional[str], typer.Option(help="mixed | bf16 | fp16 | fp32")] = None,
+    seq_len: Annotated[Optional[str], typer.Option("--seq-len")] = None,
+    micro_batch: Annotated[Optional[str], typer.Option("--micro-batch")] = None,
+    grad_accum: Annotated[Optional[str], typer.Option("--grad-accum")] = None,
+    global_batch: Annotated[Optional[str], typer.Option("--global-batch")] = None,
+    lora_rank: Annotated[Optional[str], typer.Option("--lora-rank")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="GPU name, e.g. h100, a100-40gb, 4090.")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="GPU count = dp·tp·pp·cp.")] = None,
+    dp: Annotated[Optional[str], typer.Option()] = None,
+    tp: Annotated[Optional[str], typer.Option()] = None,
+    pp: Annotated[Optional[str], typer.Option()] = None,
+    cp: Annotated[Optional[str], typer.Option()] = None,
+    sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = None,
+    zero: Annotated[Optional[int], typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = None,
+    offload: Annotated[Optional[str], typer.Option(help="none | optimizer | optimizer+params")] = None,
+    checkpointing: Annotated[Optional[str], typer.Option(help="none | selective | full")] = None,
+    attention: Annotated[Optional[str], typer.Option(help="eager | flash")] = None,
+    reserve: Annotated[Optional[float], typer.Option(help="Share of capacity kept free (default 0.10).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="seed | detailed")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    gib: Annotated[bool, typer.Option("--gib", help="Show GiB (2^30) as nvidia-smi does.")] = False,
+) -> None:
+    """Memory per GPU of a scenario: breakdown, total, capacity, headroom, fits or not.
+
+    Options override the file's values, or describe the whole scenario without a file.
+    """
+    flags = {k: v for k, v in dict(
+        model=model, method=method, optimizer=optimizer, precision=precision, seq_len=seq_len,
+        micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
+        lora_rank=lora_rank, gpu=gpu, gpus=gpus, dp=dp, tp=tp, pp=pp, cp=cp, sp=sp, zero=zero,
+        offload=offload, checkpointing=checkpointing, attention=attention, reserve=reserve,
+        profile=profile,
+    ).items() if v is not None}
+    try:
+        overlay = scenario_from_flags(**flags)
+        if file is not None:
+            raws = read_scenario_file(file)
+            sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
+        else:
+            if model is None:
+                raise InputError(["model: required (give a scenario FILE or --model)"])
+            raws, sources = [{"name": "cli"}], [None]
+        results, problems = [], []
+        for raw, source in zip(raws, sources):
+            try:
+                results.append(estimate_resolved(resolve(deep_merge(raw, overlay), source=source)))
+            except InputError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise InputError(problems)
+    except InputError as exc:
+        _fail(exc.problems)
+        return
+    if as_json:
+        typer.echo(to_json(results[0] if len(results) == 1 else results))
+    else:
+        console = _console()
+        for est in results:
+            print_estimate(console, est, gib=gib)
+    raise typer.Exit(EXIT_OK if all(r.fits is not False for r in results) else EXIT_INFEASIBLE)
+
+
+@app.command("gpus")
+def list_gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The GPU catalog: memory as nvidia-smi reports it, peak dense TFLOPS, prices."""
+    cat = catalog.gpus()
+    if as_json:
+        typer.echo(json.dumps([g.model_dump(mode="json") for g in cat], indent=2))
+        return
+    table = Table(title=f"{len(cat)} GPU types", header_style="bold")
+    for col in ("id", "memory MiB", "BF16 TFLOPS", "FA2", "node", "NVLink", "$/h on-demand"):
+        table.add_column(col, justify="left" if col == "id" else "right")
+    for g in cat:
+        table.add_row(
+            g.id,
+            f"{g.memory_mib:,}{'*' if g.memory_mib_kind == 'nominal' else ''}",
+            "—" if g.bf16_dense_tflops is None else f"{g.bf16_dense_tflops:g}",
+            "yes" if g.supports_flash_attn2 else "no",
+            str(g.gpus_per_node),
+            str(g.nvlink_domain),
+            "—" if g.price_on_demand_usd_per_hour is None else f"{g.price_on_demand_usd_per_hour:.2f}",
+        )
+    table.caption = "* nominal capacity (no published nvidia-smi figure)"
+    _console().print(table)
+
+
+@app.command("models")
+def list_models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The model catalog, with the parameter count computed from each architecture."""
+    from planner.arch import param_counts
+
+    cat = catalog.models()
+    if as_json:
+        typer.echo(json.dumps([m.model_dump(mode="json", exclude_none=True) for m in cat], indent=2))
+        return
+    table = Table(title=f"{len(cat)} models", header_style="bold")
+    for col in ("id", "params (B)", "active (B)", "layers", "hidden", "heads/kv", "vocab"):
+        table.add_column(col, justify="left" if col == "id" else "right")
+    for m in cat:
+        counts = param_counts(m)
+        table.add_row(
+            m.id, f"{counts.total / 1e9:.2f}", f"{counts.active / 1e9:.2f}", str(m.layers),
+            str(m.hidden), f"{m.heads}/{m.kv_heads_eff}", f"{m.vocab:,}",
+        )
+    _console().print(table)
+
+
+@app.command()
+def schema() -> None:
+    """The scenario format as JSON Schema."""
+    typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+#: Exit code for a bug in planner itself (not the user's input): report it.
+EXIT_INTERNAL = 3
+
+
+def main() -> None:
+    """Entry point: no traceback reaches the user unless PLANNER_DEBUG is set."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence
+        if os.environ.get("PLANNER_DEBUG"):
+            raise
+        print(f"planner: internal error: {type(exc).__name__}: {exc} "
+              "(set PLANNER_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(EXIT_INTERNAL)

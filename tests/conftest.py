@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture
+def seed_7b() -> dict:
+    """The setting of the worked examples in 000_… §五: 7B, L=32, H=4096, T=2048, B=4,
+    FlashAttention + checkpointing (K = 3)."""
+    return {
+        "model": {"params_b": 7, "layers": 32, "hidden": 4096},
+        "workload": {"seq_len": 2048, "micro_batch": 4},
+        "layout": {"checkpointing": "full", "attention": "flash"},
+    }
