@@ -34,7 +34,8 @@ def estimate(scenario: str | Path | dict[str, Any] | Scenario | None = None, **o
         raws = read_scenario_file(scenario)
         if len(raws) != 1:
             raise InputError([f"{scenario}: holds {len(raws)} scenarios; estimate takes one"])
-        return estimate_resolved(resolve(deep_merge(raws[0], flags), source=str(scenario)))
+        merged = deep_merge(raws[0], flags)
+        return estimate_resolved(resolve(merged, source=str(scenario), base_dir=Path(scenario).parent))
     if isinstance(scenario, Scenario):
         scenario = scenario.model_dump(exclude_unset=True)
     raw = deep_merge(scenario or {}, flags)

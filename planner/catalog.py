@@ -110,11 +110,23 @@ def get_gpu(name: str) -> GpuSpec:
     return gpus().get(name)
 
 
-def get_model(name: str) -> ModelSpec:
-    """A catalog name, or a path to a Hugging Face ``config.json`` (or its folder)."""
-    path = Path(name).expanduser()
-    if name.endswith(".json") or path.is_dir() or path.is_file():
-        from planner.hf_config import load_hf_config
+def get_model(name: str, *, base_dir: Path | None = None) -> ModelSpec:
+    """A catalog name, or a path to a Hugging Face ``config.json`` (or its folder).
 
-        return load_hf_config(path)
-    return models().get(name)
+    A relative path is looked up beside ``base_dir`` (the scenario file's folder) first.
+    """
+    cat = models()
+    if normalize_name(name) in cat._index:
+        return cat.get(name)
+    path = Path(name).expanduser()
+    candidates = [path] if path.is_absolute() or base_dir is None else [base_dir / path, path]
+    for candidate in candidates:
+        if candidate.is_file() or candidate.is_dir():
+            from planner.hf_config import load_hf_config
+
+            return load_hf_config(candidate)
+    if name.endswith(".json"):
+        from planner.hf_config import ConfigError
+
+        raise ConfigError(f"no such file {name!r}")
+    return cat.get(name)

@@ -95,7 +95,9 @@ def estimate(
         results, problems = [], []
         for raw, source in zip(raws, sources):
             try:
-                results.append(estimate_resolved(resolve(deep_merge(raw, overlay), source=source)))
+                merged = deep_merge(raw, overlay)
+                base_dir = file.parent if file is not None else None
+                results.append(estimate_resolved(resolve(merged, source=source, base_dir=base_dir)))
             except InputError as exc:
                 problems.extend(exc.problems)
         if problems:
@@ -121,7 +123,7 @@ def list_gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         return
     table = Table(title=f"{len(cat)} GPU types", header_style="bold")
     for col in ("id", "memory MiB", "BF16 TFLOPS", "FA2", "node", "NVLink", "$/h on-demand"):
-        table.add_column(col, justify="left" if col == "id" else "right")
+        table.add_column(col, justify="left" if col == "id" else "right", no_wrap=col == "id")
     for g in cat:
         table.add_row(
             g.id,
@@ -147,7 +149,7 @@ def list_models(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         return
     table = Table(title=f"{len(cat)} models", header_style="bold")
     for col in ("id", "params (B)", "active (B)", "layers", "hidden", "heads/kv", "vocab"):
-        table.add_column(col, justify="left" if col == "id" else "right")
+        table.add_column(col, justify="left" if col == "id" else "right", no_wrap=col == "id")
     for m in cat:
         counts = param_counts(m)
         table.add_row(

@@ -58,7 +58,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     }
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if fields[k] is None]
     if missing:
-        raise ConfigError(f"model: {source} lacks {', '.join(missing)} (not a decoder LLM config?)")
+        raise ConfigError(f"{source} lacks {', '.join(missing)} (not a decoder LLM config?)")
     fields["kv_heads"] = _first(cfg, "num_key_value_heads", default=fields["heads"])
     fields["head_dim"] = cfg.get("head_dim") or fields["hidden"] // fields["heads"]
     ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim")
@@ -103,11 +103,11 @@ def load_hf_config(path: Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise ConfigError(f"model: no such file {str(path)!r}")
+        raise ConfigError(f"no such file {str(path)!r}")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"model: {path} is not valid JSON ({exc})") from None
+        raise ConfigError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(cfg, dict):
-        raise ConfigError(f"model: {path} does not hold a JSON object")
+        raise ConfigError(f"{path} does not hold a JSON object")
     return spec_from_hf_config(cfg, source=str(path))

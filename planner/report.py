@@ -12,21 +12,23 @@ from planner.estimate import Estimate
 from planner.units import format_bytes
 
 
-def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
-    def fmt(n: int | None) -> str:
-        return "—" if n is None else format_bytes(n, gib=gib)
-
+def estimate_heading(est: Estimate) -> tuple[str, str]:
+    """Two lines: what is estimated, and on which layout."""
     lay = est.layout
-    title = (
-        f"{est.scenario}: {est.model} ({est.params / 1e9:.2f}B) {est.method}, "
-        f"profile {est.profile}"
-    )
-    caption = (
+    title = f"{est.scenario}: {est.model} ({est.params / 1e9:.2f}B) {est.method}, profile {est.profile}"
+    setup = (
         f"{est.gpus}× {est.gpu or 'no GPU given'}  dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
         f"cp={lay['cp']}{' sp' if lay['sp'] else ''} zero={lay['zero']} offload={lay['offload']}  "
         f"B={lay['micro_batch']} T={lay['seq_len']} ckpt={lay['checkpointing']} attn={lay['attention']}"
     )
-    table = Table(title=title, caption=caption, show_header=True, header_style="bold")
+    return title, setup
+
+
+def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
+    def fmt(n: int | None) -> str:
+        return "—" if n is None else format_bytes(n, gib=gib)
+
+    table = Table(show_header=True, header_style="bold")
     table.add_column("per GPU")
     table.add_column("memory", justify="right")
     for name, value in est.components.items():
@@ -47,6 +49,9 @@ def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
 
 
 def print_estimate(console: Console, est: Estimate, *, gib: bool = False) -> None:
+    title, setup = estimate_heading(est)
+    console.print(f"[bold]{title}[/bold]")
+    console.print(setup)
     console.print(estimate_table(est, gib=gib))
     for note in est.assumptions:
         console.print(f"  [dim]· {note}[/dim]")

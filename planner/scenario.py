@@ -138,8 +138,14 @@ def _divides(a: int, b: int) -> bool:
     return b % a == 0
 
 
-def resolve(raw: dict[str, Any] | Scenario, *, source: str | None = None) -> ResolvedScenario:
-    """Validate a scenario mapping and resolve it; raises :class:`InputError` listing every problem."""
+def resolve(
+    raw: dict[str, Any] | Scenario, *, source: str | None = None, base_dir: Path | None = None
+) -> ResolvedScenario:
+    """Validate a scenario mapping and resolve it; raises :class:`InputError` listing every problem.
+
+    ``source`` prefixes every message (the file, and the index in a list); ``base_dir`` is
+    where relative ``config.json`` paths are looked up first (the scenario file's folder).
+    """
     prefix = f"{source}: " if source else ""
     if isinstance(raw, Scenario):
         scenario = raw
@@ -154,9 +160,9 @@ def resolve(raw: dict[str, Any] | Scenario, *, source: str | None = None) -> Res
     model: ModelSpec | None = None
     if isinstance(scenario.model, str):
         try:
-            model = catalog.get_model(scenario.model)
+            model = catalog.get_model(scenario.model, base_dir=base_dir)
         except (UnknownName, ConfigError) as exc:
-            problems.append(f"model: {exc}".replace("model: model: ", "model: "))
+            problems.append(f"model: {exc}")
     else:
         model = scenario.model
         if model.params_b is None and not has_full_architecture(model):
@@ -263,7 +269,7 @@ def load_scenarios(path: str | Path) -> list[ResolvedScenario]:
     for i, raw in enumerate(raws):
         source = str(path) if len(raws) == 1 else f"{path}[{i}]"
         try:
-            resolved.append(resolve(raw, source=source))
+            resolved.append(resolve(raw, source=source, base_dir=Path(path).parent))
         except InputError as exc:
             problems.extend(exc.problems)
     if problems:

@@ -1,0 +1,170 @@
+"""The command line: happy paths, JSON contract, exit codes, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+
+from conftest import ROOT
+
+runner = CliRunner()
+CASE_B = str(ROOT / "scenarios" / "case-b-7b-full-zero3.yaml")
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_estimate_file_table():
+    result = run("estimate", CASE_B)
+    assert result.exit_code == 0, result.output
+    assert "20.44 GB" in result.output and "fits" in result.output
+
+
+def test_estimate_json_contract():
+    result = run("estimate", CASE_B, "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    for key in ("total_bytes", "capacity_bytes", "usable_bytes", "fits", "profile", "components"):
+        assert key in data
+    assert data["profile"] == "seed"
+    assert data["fits"] is True
+    assert data["capacity_bytes"] == 40960 * 2**20
+    assert sum(data["components"].values()) == data["total_bytes"]
+    assert set(data["components"]) == {"weights", "gradients", "optimizer_states", "master_weights",
+                                       "activations"}
+
+
+def test_estimate_gib():
+    result = run("estimate", CASE_B, "--gib")
+    assert result.exit_code == 0
+    assert f"{20_442_450_944 / 2**30:.2f} GiB" in result.output
+
+
+def test_flags_override_the_file():
+    """Case B on one card instead of eight: 118.4 GB does not fit -> exit 1."""
+    result = run("estimate", CASE_B, "--gpus", "1", "--dp", "1", "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.output)["fits"] is False
+
+
+def test_quick_flags_without_file():
+    result = run("estimate", "--model", "llama-3.1-8b", "--method", "qlora", "--gpu", "4090",
+                 "--seq-len", "2048", "--micro-batch", "1", "--checkpointing", "full", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["gpu"] == "rtx-4090" and data["model"] == "llama-3.1-8b" and data["fits"]
+
+
+def test_count_given_as_1e3_string():
+    """YAML reads 1e3 as a string; counts accept it."""
+    result = run("estimate", "--model", "llama-3.1-8b", "--seq-len", "1e3", "--method", "lora", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["layout"]["seq_len"] == 1000
+
+
+def test_multi_scenario_file_with_defaults(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        "defaults:\n  model: {params_b: 7, layers: 32, hidden: 4096}\n  layout: {gpu: a100-40gb}\n"
+        "scenarios:\n  - {name: fits, workload: {method: qlora}}\n"
+        "  - {name: too-big, workload: {method: full}}\n"
+    )
+    result = run("estimate", str(path), "--json")
+    assert result.exit_code == 1  # one of the two does not fit
+    data = json.loads(result.output)
+    assert [d["scenario"] for d in data] == ["fits", "too-big"]
+    assert [d["fits"] for d in data] == [True, False]
+
+
+def test_catalog_listings():
+    gpus = run("gpus", "--json")
+    assert gpus.exit_code == 0 and len(json.loads(gpus.output)) >= 24
+    models = run("models")
+    assert models.exit_code == 0 and "llama-3.1-405b" in models.output
+
+
+def test_schema_is_json_schema():
+    result = run("schema")
+    schema = json.loads(result.output)
+    assert {"model", "workload", "layout", "overrides"} <= set(schema["properties"])
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+BASE = "model: llama-3.1-8b\nlayout: {gpu: h100}\n"
+
+BAD_INPUTS = [
+    ("unknown gpu", BASE.replace("h100", "h1000"), "layout.gpu: unknown gpu 'h1000'; did you mean"),
+    ("unknown model", "model: llama-9b\n", "model: unknown model 'llama-9b'"),
+    ("typo'd key", BASE + "workload: {methd: lora}\n", "workload.methd: unknown key; did you mean 'method'?"),
+    ("typo'd section", BASE + "layuot: {tp: 2}\n", "layuot: unknown key; did you mean 'layout'?"),
+    ("negative count", BASE + "workload: {micro_batch: -4}\n", "workload.micro_batch:"),
+    ("fractional count", BASE + "workload: {seq_len: 2048.5}\n", "workload.seq_len: must be a whole number"),
+    ("bad enum", BASE + "workload: {method: dora}\n", "workload.method:"),
+    ("absurd gpus", BASE.replace("{gpu: h100}", "{gpu: h100, gpus: 1e12}"), "layout.gpus:"),
+    ("tp vs heads", BASE.replace("{gpu: h100}", "{gpu: h100, tp: 3, gpus: 3}"),
+     "layout.tp: 3 does not divide the model's 32 attention heads"),
+    ("tp vs kv heads", BASE.replace("{gpu: h100}", "{gpu: h100, tp: 16, gpus: 16}"),
+     "layout.tp: 16 exceeds the 8 GPUs"),
+    ("pp vs layers", BASE.replace("{gpu: h100}", "{gpu: h100, pp: 5, gpus: 5}"),
+     "layout.pp: 5 does not divide the model's 32 layers"),
+    ("product", BASE.replace("{gpu: h100}", "{gpu: h100, gpus: 8, dp: 2, tp: 2}"),
+     "layout.gpus: 8 ≠ dp·tp·pp·cp = 2·2·1·1 = 4"),
+    ("malformed yaml", "model: [llama\nlayout: {gpu: h100\n", "malformed YAML: line"),
+    ("not a mapping", "- 1\n- 2\n", "a scenario must be a mapping"),
+    ("detailed profile", BASE + "profile: detailed\n", "profile: 'detailed' is not available"),
+    ("offload without zero", BASE + "layout: {gpu: h100, offload: optimizer}\n", "layout.offload:"),
+    ("global batch", BASE + "workload: {micro_batch: 3, global_batch: 16}\n",
+     "workload.global_batch: 16 is not a multiple of micro_batch·dp = 3·1 = 3"),
+    ("reserve", BASE + "overrides: {reserve: 1.5}\n", "overrides.reserve:"),
+]
+
+
+@pytest.mark.parametrize("label, text, needle", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_one_line_per_problem_exit_2(tmp_path, label, text, needle):
+    result = run("estimate", write(tmp_path, text))
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_every_problem_reported_at_once(tmp_path):
+    text = "model: llama-3.1-8b\nworkload: {methd: lora, seq_len: -1}\nlayout: {gpu: h1000, pp: 5, gpus: 5}\n"
+    result = run("estimate", write(tmp_path, text))
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 2  # schema errors first: the typo and the negative count
+    text = "model: llama-3.1-8b\nlayout: {gpu: h1000, pp: 5, gpus: 5}\n"
+    result = run("estimate", write(tmp_path, text))
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 2 and "layout.gpu" in lines[0] and "layout.pp" in lines[1]
+
+
+def test_missing_file_and_missing_model():
+    assert "no such file" in run("estimate", "nope.yaml").output
+    assert run("estimate", "nope.yaml").exit_code == 2
+    result = run("estimate", "--method", "lora")
+    assert result.exit_code == 2 and "model: required" in result.output
+
+
+def test_console_script_never_prints_a_traceback(tmp_path):
+    """End to end through `python -m planner`, as a user runs it."""
+    bad = write(tmp_path, "model: llama-3.1-8b\nlayout: {gpu: h100, tp: abc}\n")
+    proc = subprocess.run([sys.executable, "-m", "planner", "estimate", bad],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "layout.tp:" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    ok = subprocess.run([sys.executable, "-m", "planner", "estimate", CASE_B, "--json"],
+                        capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["fits"] is True

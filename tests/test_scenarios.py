@@ -1,0 +1,41 @@
+"""Every shipped scenario loads, validates and estimates; each says what it answers and how to run it."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.estimate import estimate_resolved
+from planner.scenario import load_scenarios
+
+from conftest import ROOT
+
+SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))
+
+
+def test_there_are_shipped_scenarios():
+    assert len(SHIPPED) >= 4
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_scenario_loads_and_estimates(path):
+    text = path.read_text()
+    assert text.startswith("#"), "a scenario opens with a comment saying what it answers"
+    assert f"planner estimate scenarios/{path.name}" in text or "planner plan" in text
+    for rs in load_scenarios(path):
+        est = estimate_resolved(rs)
+        assert est.total_bytes > 0 and est.fits is not None
+
+
+def test_seed_cases_file_verdicts():
+    """000_… §五: A no, B yes, C yes, D yes."""
+    verdicts = {rs.name: estimate_resolved(rs).fits for rs in load_scenarios(ROOT / "scenarios" / "seed-000-cases.yaml")}
+    assert verdicts == {"case-a-full-1gpu": False, "case-b-full-zero3-8gpu": True,
+                        "case-c-lora-4090": True, "case-d-qlora-12gb": True}
+
+
+def test_70b_full_needs_offload_on_one_node():
+    """catalog-facts §13: full FT of a 70B model without offload needs more than 8× H100."""
+    by_name = {rs.name: estimate_resolved(rs) for rs in load_scenarios(ROOT / "scenarios" / "full-llama-3-70b-8xh100.yaml")}
+    assert by_name["zero3-no-offload"].fits is False
+    assert by_name["zero3-offload"].fits is True
+    assert by_name["zero3-offload"].host_bytes > 0
