@@ -12,10 +12,13 @@ r LoRA rank, D = ZeRO (sharded data-parallel) degree = dp · cp.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from planner.arch import seed_lora_params, total_params
 from planner.specs import Layout, ModelSpec, Overrides, Workload
-from planner.units import DTYPE_BYTES, ceil_bytes
+from planner.units import DTYPE_BYTES
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each with its source)
@@ -98,85 +101,140 @@ class MemoryBreakdown:
         return sum(self.components.values())
 
 
-@dataclass(frozen=True)
-class Sharding:
-    """Divisors of each part of the model states on one GPU."""
+#: Codes of the categorical choices, for the array form of the formulas (index = code).
+METHODS = ("full", "lora", "qlora", "inference")
+PRECISIONS = ("mixed", "fp16", "bf16", "fp32")
+OPTIMIZERS = ("adamw", "adam8bit", "paged_adamw8bit", "sgd")
+CHECKPOINTING = ("none", "selective", "full")
+ATTENTION = ("eager", "flash")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
 
-    model_parallel: int  # tp · pp: every part of the model states
-    zero_degree: int  # D = dp · cp
-    zero_stage: int
-    offload: str
+_COMPUTE_BYTES = np.array([DTYPE_BYTES[COMPUTE_DTYPE[p]] for p in PRECISIONS])
+_MASTER_BYTES = np.array([MASTER_BYTES[p] for p in PRECISIONS])
+_OPTIMIZER_BYTES = np.array([[OPTIMIZER_STATE_BYTES[p][o] for o in OPTIMIZERS] for p in PRECISIONS])
+_K_FACTOR = np.array([[SEED_K_FACTOR[(c, a)] for a in ATTENTION] for c in CHECKPOINTING])
 
-    def divisor(self, part: str) -> int:
-        """``part`` in weights | gradients | optimizer (optimizer includes the FP32 master)."""
-        stage_needed = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
-        d = self.zero_degree if self.zero_stage >= stage_needed else 1
-        return self.model_parallel * d
-
-    def on_host(self, part: str) -> bool:
-        if part == "optimizer":
-            return self.offload in ("optimizer", "optimizer+params")
-        if part == "weights":
-            return self.offload == "optimizer+params"
-        return False
-
-
-def _sharding(layout: Layout, dp: int) -> Sharding:
-    return Sharding(
-        model_parallel=layout.tp * layout.pp,
-        zero_degree=dp * layout.cp,
-        zero_stage=layout.zero,
-        offload=layout.offload,
-    )
+#: Components each method reports (others are zero for it).
+METHOD_COMPONENTS = {
+    "full": ("weights", "gradients", "optimizer_states", "master_weights", "activations"),
+    "lora": ("weights", "adapter_states", "activations"),
+    "qlora": ("weights", "adapter_states", "activations"),
+    "inference": ("weights", "kv_cache"),
+}
 
 
-class _Accumulator:
-    """Collects device and host bytes per component; fractional bytes are rounded up once."""
+def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[str, np.ndarray]:
+    """The ``seed`` formulas on arrays: every argument broadcasts (numpy), so the search can
+    evaluate millions of layouts at once and a single estimate is the same code on scalars.
 
-    def __init__(self) -> None:
-        self.device: dict[str, float] = {}
-        self.host = 0.0
+    Arguments (arrays or scalars): ``method``, ``precision``, ``optimizer``, ``checkpointing``,
+    ``attention``, ``offload`` as codes into :data:`METHODS` etc.; ``seq_len``, ``micro_batch``,
+    ``lora_rank``, ``tp``, ``pp``, ``cp``, ``sp`` (0/1), ``zero``, ``dp``, ``grad_accum``
+    (0 = unknown). Returns fractional bytes per GPU by component, and ``host`` (offloaded).
 
-    def add(self, name: str, n_bytes: float, *, on_host: bool = False) -> None:
-        self.device.setdefault(name, 0.0)
-        if on_host:
-            self.host += n_bytes
-        else:
-            self.device[name] += n_bytes
+    Model states (``000_…`` §一.1 and §三): full FT 16N (mixed + AdamW) or 10N (8-bit Adam);
+    LoRA 2N + c_opt·N_lora with c_opt = 16 (AdamW) or 10 (8-bit); QLoRA 0.6N + c_opt·N_lora;
+    N_lora = L·18·r·H. ZeRO (§二.4, as the ZeRO paper): stage 1 shards optimizer states and the
+    FP32 master copy over D = dp·cp, stage 2 also gradients, stage 3 also weights. TP and PP
+    divide every model state. Offload moves optimizer states (and with ``optimizer+params`` the
+    weights) to host memory. Activations B·T·H·L·K·b (§一.2) with the parallel layouts' effect
+    (:func:`seed_activation_factor`). Inference: weights + KV cache B·L·2·T·H·b (§四). No
+    logits, buffers or allocator overhead: the reserve on the card's capacity (§一.3) covers them.
+    """
+    method, prec, opt = x["method"], x["precision"], x["optimizer"]
+    tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
+    n = float(total_params(model))
+    w_b = _COMPUTE_BYTES[prec]
+    opt_b = _OPTIMIZER_BYTES[prec, opt]
+    master_b = _MASTER_BYTES[prec]
+    mp = tp * pp
+    d = dp * cp
+    div_w = mp * np.where(zero >= 3, d, 1)
+    div_g = mp * np.where(zero >= 2, d, 1)
+    div_o = mp * np.where(zero >= 1, d, 1)
+    keep_o = np.where(offload >= 1, 0.0, 1.0)  # optimizer states stay on the GPU
+    keep_w = np.where(offload >= 2, 0.0, 1.0)  # weights stay on the GPU
+    is_full = method == 0
+    is_adapter = (method == 1) | (method == 2)
+    is_train = method != 3
 
-    def breakdown(self, assumptions: list[str]) -> MemoryBreakdown:
-        return MemoryBreakdown(
-            components={k: ceil_bytes(v) for k, v in self.device.items()},
-            host_bytes=ceil_bytes(self.host),
-            assumptions=tuple(assumptions),
-        )
+    qlora_base = overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM
+    inference_base = overrides.base_bytes_per_param or w_b
+    base_b = np.where(method == 1, w_b, np.where(method == 2, qlora_base, np.where(is_full, w_b, 0.0)))
+    weights = n * base_b / div_w
+    if overrides.lora_params is not None:
+        n_lora = float(overrides.lora_params)
+    else:
+        n_lora = model.layers * 18.0 * x["lora_rank"] * model.hidden
+    if overrides.lora_bytes_per_param is not None:
+        # An opaque per-parameter figure: sharded only where everything is (ZeRO-3).
+        adapter_dev = n_lora * overrides.lora_bytes_per_param / div_w
+        adapter_host = 0.0
+    else:
+        adapter_dev = n_lora * (w_b / div_w * keep_w + w_b / div_g + (opt_b + master_b) / div_o * keep_o)
+        adapter_host = n_lora * (w_b / div_w * (1 - keep_w) + (opt_b + master_b) / div_o * (1 - keep_o))
+
+    zero_arr = 0.0 * weights
+    out = {
+        "weights": np.where(is_train, weights * keep_w, n * inference_base / mp),
+        "gradients": np.where(is_full, n * w_b / div_g, zero_arr),
+        "optimizer_states": np.where(is_full, n * opt_b / div_o * keep_o, zero_arr),
+        "master_weights": np.where(is_full, n * master_b / div_o * keep_o, zero_arr),
+        "adapter_states": np.where(is_adapter, adapter_dev, zero_arr),
+    }
+    host = np.where(is_train, weights * (1 - keep_w), zero_arr)
+    host = host + np.where(is_full, n * (opt_b + master_b) / div_o * (1 - keep_o), zero_arr)
+    out["host"] = host + np.where(is_adapter, adapter_host, zero_arr)
+
+    b = w_b
+    if overrides.activation_bytes is not None:
+        act = overrides.activation_bytes + zero_arr
+    else:
+        k = overrides.k_factor or _K_FACTOR[x["checkpointing"], x["attention"]]
+        act = x["micro_batch"] * x["seq_len"] * model.hidden * model.layers * k * b
+        act = act * seed_activation_factor(tp=tp, pp=pp, cp=cp, sp=x["sp"], grad_accum=x["grad_accum"])
+    out["activations"] = np.where(is_train, act, zero_arr)
+    kv = x["micro_batch"] * model.layers * 2 * x["seq_len"] * model.hidden * b / (tp * pp * cp)
+    out["kv_cache"] = np.where(is_train, zero_arr, kv)
+    return out
 
 
-def seed_activation_bytes(
-    model: ModelSpec, workload: Workload, layout: Layout, *, grad_accum: int | None, k_factor: float
-) -> float:
-    """B·T·H·L·K·b(16-bit) per GPU (``000_…`` §一.2), then the parallel layouts' effect.
+def seed_activation_factor(*, tp: Any, pp: Any, cp: Any, sp: Any, grad_accum: Any) -> Any:
+    """Share of the whole-model activations one GPU keeps under a parallel layout.
 
-    - CP of degree c splits the sequence: / c.
-    - TP of degree t: / t with sequence parallelism; otherwise only the 24/34 share that TP
+    - CP of degree c splits the sequence: 1/c.
+    - TP of degree t: 1/t with sequence parallelism; otherwise only the 24/34 share that TP
       splits (:data:`TP_UNSPLIT_ACTIVATION_SHARE`).
     - PP of degree p: each stage holds L/p layers, but 1F1B keeps min(p, m) micro-batches in
-      flight on the first stage (m = gradient-accumulation steps; p when m is unknown), so
-      the figure stays near the whole model's (``000_…`` §二.3).
+      flight on the first stage (m = gradient-accumulation steps; p when m is unknown, code 0),
+      so the figure stays near the whole model's (``000_…`` §二.3).
     """
-    b = DTYPE_BYTES[COMPUTE_DTYPE[workload.precision]]
-    act = workload.micro_batch * workload.seq_len * model.hidden * model.layers * k_factor * b
-    act /= layout.cp
-    if layout.tp > 1:
-        if layout.sp:
-            act /= layout.tp
-        else:
-            share = TP_UNSPLIT_ACTIVATION_SHARE
-            act *= share + (1.0 - share) / layout.tp
-    if layout.pp > 1:
-        in_flight = layout.pp if grad_accum is None else min(layout.pp, grad_accum)
-        act *= in_flight / layout.pp
-    return act
+    share = TP_UNSPLIT_ACTIVATION_SHARE
+    tp_factor = np.where(tp > 1, np.where(sp, 1.0 / tp, share + (1.0 - share) / tp), 1.0)
+    in_flight = np.where(grad_accum > 0, np.minimum(pp, grad_accum), pp)
+    return tp_factor * in_flight / (pp * cp)
+
+
+def codes(workload: Workload, layout: Layout, *, dp: int, grad_accum: int | None) -> dict[str, Any]:
+    """The scalar arguments of :func:`seed_components` for one scenario."""
+    return {
+        "method": METHODS.index(workload.method),
+        "precision": PRECISIONS.index(workload.precision),
+        "optimizer": OPTIMIZERS.index(workload.optimizer),
+        "checkpointing": CHECKPOINTING.index(layout.checkpointing),
+        "attention": ATTENTION.index(layout.attention),
+        "offload": OFFLOADS.index(layout.offload),
+        "seq_len": workload.seq_len,
+        "micro_batch": workload.micro_batch,
+        "lora_rank": workload.lora_rank,
+        "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "sp": int(layout.sp),
+        "zero": layout.zero, "dp": dp, "grad_accum": grad_accum or 0,
+    }
+
+
+def ceil_components(raw: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """Round each named component up to whole bytes (arrays stay arrays)."""
+    return {k: np.ceil(np.asarray(raw[k], dtype=float) - 1e-6).astype(np.int64) for k in names}
 
 
 def seed_memory(
@@ -188,79 +246,39 @@ def seed_memory(
     dp: int,
     grad_accum: int | None = None,
 ) -> MemoryBreakdown:
-    """The ``seed`` profile: the documents' rules, per GPU.
+    """The ``seed`` profile for one scenario: :func:`seed_components` on scalars, plus notes."""
+    raw = seed_components(model, overrides, **codes(workload, layout, dp=dp, grad_accum=grad_accum))
+    names = METHOD_COMPONENTS[workload.method]
+    ints = ceil_components(raw, (*names, "host"))
+    return MemoryBreakdown(
+        components={k: int(ints[k]) for k in names},
+        host_bytes=int(ints["host"]),
+        assumptions=tuple(_seed_notes(model, workload, layout, overrides)),
+    )
 
-    Model states (``000_…`` §一.1 and §三): full FT 16N (mixed + AdamW) or 10N (8-bit Adam);
-    LoRA 2N + c_opt·N_lora with c_opt = 16 (AdamW) or 10 (8-bit); QLoRA 0.6N + c_opt·N_lora;
-    N_lora = L·18·r·H. ZeRO (§二.4, as the ZeRO paper): stage 1 shards optimizer states and
-    the FP32 master copy over D, stage 2 also gradients, stage 3 also weights. TP and PP divide
-    every model state. Offload moves optimizer states (and with ``optimizer+params`` the
-    weights) to host memory. No logits, buffers or allocator overhead: the reserve on the
-    card's capacity (default 10 %, §一.3) stands for them.
-    """
-    acc = _Accumulator()
-    notes: list[str] = []
-    shard = _sharding(layout, dp)
-    n_params = total_params(model)
+
+def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides: Overrides) -> list[str]:
     sb = state_bytes(workload.precision, workload.optimizer)
-
-    def add_states(name_by_part: dict[str, str], n: float, per: StateBytes) -> None:
-        for part, per_param in (
-            ("weights", per.weights),
-            ("gradients", per.gradients),
-            ("optimizer", per.optimizer),
-            ("master", per.master),
-        ):
-            sharding_part = "optimizer" if part == "master" else part
-            acc.add(
-                name_by_part[part],
-                n * per_param / shard.divisor(sharding_part),
-                on_host=shard.on_host(sharding_part),
-            )
-
+    notes: list[str] = []
     if workload.method == "full":
-        add_states(
-            {"weights": "weights", "gradients": "gradients",
-             "optimizer": "optimizer_states", "master": "master_weights"},
-            n_params, sb,
-        )
         notes.append(f"model states {sb.total:g} bytes/param ({workload.precision}, {workload.optimizer})")
     elif workload.method in ("lora", "qlora"):
-        if workload.method == "lora":
-            base_per_param = sb.weights
-        else:
-            base_per_param = overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM
-        acc.add("weights", n_params * base_per_param / shard.divisor("weights"),
-                on_host=shard.on_host("weights"))
-        n_lora = overrides.lora_params
-        if n_lora is None:
-            n_lora = seed_lora_params(model, workload.lora_rank)
-            notes.append(f"N_lora = L·18·r·H = {n_lora:,}")
+        if overrides.lora_params is None:
+            notes.append(f"N_lora = L·18·r·H = {seed_lora_params(model, workload.lora_rank):,}")
         if overrides.lora_bytes_per_param is not None:
-            # An opaque per-parameter figure: sharded only where everything is (ZeRO-3).
-            acc.add("adapter_states", n_lora * overrides.lora_bytes_per_param / shard.divisor("weights"))
             notes.append(f"adapter states {overrides.lora_bytes_per_param:g} bytes/param (override)")
         else:
-            name = "adapter_states"
-            add_states({p: name for p in ("weights", "gradients", "optimizer", "master")}, n_lora, sb)
             notes.append(f"adapter states c_opt = {sb.total:g} bytes/param")
-        notes.append(f"frozen base {base_per_param:g} bytes/param")
-    else:  # inference
-        base_per_param = overrides.base_bytes_per_param or sb.weights
-        acc.add("weights", n_params * base_per_param / (layout.tp * layout.pp))
-        b = DTYPE_BYTES[COMPUTE_DTYPE[workload.precision]]
-        kv = workload.micro_batch * model.layers * 2 * workload.seq_len * model.hidden * b
-        acc.add("kv_cache", kv / (layout.tp * layout.pp * layout.cp))
+        base = sb.weights if workload.method == "lora" else (
+            overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM)
+        notes.append(f"frozen base {base:g} bytes/param")
+    else:
         notes.append("KV cache B·L·2·T·H·b (000_… §四)")
-        return acc.breakdown(notes)
-
+        return notes
     if overrides.activation_bytes is not None:
-        acc.add("activations", overrides.activation_bytes)
         notes.append("activations given as an override")
     else:
         k = overrides.k_factor or SEED_K_FACTOR[(layout.checkpointing, layout.attention)]
-        acc.add("activations",
-                seed_activation_bytes(model, workload, layout, grad_accum=grad_accum, k_factor=k))
         notes.append(f"activations B·T·H·L·K·b with K = {k:g}")
     notes.append("seed profile: no logits, buffers or allocator overhead (the reserve covers them)")
-    return acc.breakdown(notes)
+    return notes
