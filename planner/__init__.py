@@ -11,14 +11,17 @@ Python API::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
 from planner.estimate import Estimate, estimate_resolved
 from planner.scenario import deep_merge, read_scenario_file, resolve, scenario_from_flags
 from planner.specs import Scenario
 
-__all__ = ["Estimate", "InputError", "Scenario", "estimate"]
+if TYPE_CHECKING:
+    from planner.plans import PlanResult
+
+__all__ = ["Estimate", "InputError", "PlanResult", "Scenario", "estimate", "plan"]
 __version__ = "0.1.0"
 
 
@@ -40,3 +43,29 @@ def estimate(scenario: str | Path | dict[str, Any] | Scenario | None = None, **o
         scenario = scenario.model_dump(exclude_unset=True)
     raw = deep_merge(scenario or {}, flags)
     return estimate_resolved(resolve(raw))
+
+
+def _raw_of(scenario: str | Path | dict[str, Any] | Scenario | None, options: dict[str, Any]):
+    """(raw mapping, source, base_dir) of a single scenario, options merged over it."""
+    flags = scenario_from_flags(**options)
+    if isinstance(scenario, (str, Path)):
+        raws = read_scenario_file(scenario)
+        if len(raws) != 1:
+            raise InputError([f"{scenario}: holds {len(raws)} scenarios; give one"])
+        return deep_merge(raws[0], flags), str(scenario), Path(scenario).parent
+    if isinstance(scenario, Scenario):
+        scenario = scenario.model_dump(exclude_unset=True)
+    return deep_merge(scenario or {}, flags), None, None
+
+
+def plan(scenario: str | Path | dict[str, Any] | Scenario | None = None, *, pareto: bool = False,
+         **options: Any) -> PlanResult:
+    """Ranked feasible plans for a scenario (file, mapping or options), or why none exists.
+
+    Options are the flat scenario keys (``model``, ``method``, ``tokens``, ``objective``,
+    ``gpu_types``, ``max_gpus``, ``budget_usd``, ``deadline_hours``, ``fleet``…).
+    """
+    from planner.solve import plan_raw
+
+    raw, source, base_dir = _raw_of(scenario, options)
+    return plan_raw(raw, source=source, base_dir=base_dir, pareto=pareto)

@@ -282,3 +282,15 @@ def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides:
         notes.append(f"activations B·T·H·L·K·b with K = {k:g}")
     notes.append("seed profile: no logits, buffers or allocator overhead (the reserve covers them)")
     return notes
+
+
+def memory_components(profile: str, model: ModelSpec, overrides: Overrides, **x: Any) -> dict[str, Any]:
+    """Per-GPU memory of many layouts at once (arrays broadcast): ``total`` (device bytes,
+    summed exactly as an estimate sums its components) and ``host`` (offloaded bytes)."""
+    if profile != "seed":
+        raise NotImplementedError(f"profile {profile!r} has no array form")
+    raw = seed_components(model, overrides, **x)
+    names = tuple(k for k in raw if k != "host")
+    ints = ceil_components(raw, (*names, "host"))
+    total = sum(ints[k] for k in names)
+    return {"total": total, "host": ints["host"]}

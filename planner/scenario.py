@@ -34,6 +34,8 @@ FLAG_SECTIONS: dict[str, str] = {
     **{k: "overrides" for k in (
         "activation_bytes", "k_factor", "lora_params", "lora_bytes_per_param",
         "base_bytes_per_param", "reserve")},
+    **{k: "search" for k in ("gpu_types", "max_gpus", "distinct", "utilization")},
+    **{k: "constraints" for k in ("budget_usd", "deadline_hours", "fleet", "pcie_model_parallel")},
     **{k: "" for k in ("name", "profile", "model", "objective", "top", "time_limit_s")},
 }
 

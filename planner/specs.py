@@ -282,12 +282,17 @@ class SearchSpace(StrictModel):
     cp: list[Count] | None = None
     method: list[Method] | None = None
     precision: list[Precision] | None = None
+    seq_len: list[Count] | None = None
+    distinct: Literal["layout", "none"] = "layout"
+    utilization: Annotated[float | None, BeforeValidator(_parse_number), Field(gt=0, le=1)] = None
 
 
 class Constraints(StrictModel):
     budget_usd: PosFloat | None = None
     deadline_hours: PosFloat | None = None
     fleet: dict[str, Count] | None = None
+    #: TP/PP between cards without NVLink run over PCIe: allowed (and charged) unless false.
+    pcie_model_parallel: bool = True
 
 
 def _model_kind(value: Any) -> str:

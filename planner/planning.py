@@ -1,0 +1,331 @@
+"""Find the best plans for a scenario: bounded candidate generation, then CP-SAT.
+
+1. Classes (planner.space): every legal layout without its data-parallel degree, per GPU type
+   and relaxation tier, as arrays.
+2. Memory: the smallest data-parallel degree at which each class fits, by bisection on its
+   lattice of degrees (memory never rises with dp: ZeRO shards over it, and fewer in-flight
+   micro-batches remain); classes that fit at no allowed degree are counted and dropped.
+3. Windows of at most :data:`WINDOW` degrees per class are ranked by an admissible lower bound
+   of the objective (compute time alone, at the catalog's utilisation, is a floor for time and
+   cost; the smallest fitting degree for GPU count and hourly price) and evaluated in that
+   order, in batches, until no unevaluated window can beat the k-th best distinct plan.
+4. CP-SAT (planner.search) picks the top k among the best column of each distinct group.
+
+:func:`enumerate_all` evaluates every column with no bound, no bisection and no solver: the
+oracle that the tests and the benchmark compare against.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.compute import QLORA_SLOWDOWN, flops_per_token, microbatch_efficiency, model_flops
+from planner.search import (
+    TIER_WEIGHT, Columns, Limits, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
+)
+from planner.space import Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table, memory_total
+from planner.space import grad_accum_of, n_lora_of
+
+#: Data-parallel degrees evaluated together as one unit of work.
+WINDOW = 64
+#: Columns evaluated per batch (bounds the arrays' size).
+BATCH_COLUMNS = 200_000
+
+GROUP_KEYS = ("gpu", "tier", "precision", "tp", "pp", "cp", "zero", "offload")
+
+
+@dataclass
+class Lattice:
+    """Each class's allowed data-parallel degrees: ``value(i, j)`` for j < ``count[i]``."""
+
+    count: np.ndarray
+    q_index: np.ndarray | None  # row of ``divisors`` (global batch given), else None
+    divisors: np.ndarray | None
+
+    def value(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        if self.divisors is None:
+            return j + 1
+        return self.divisors[self.q_index[i], j]
+
+
+def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
+    a = cls.a
+    mp = a["tp"] * a["pp"] * a["cp"]
+    dmax = table.limit[a["gpu"]] // mp
+    if req.dp_pin is not None:
+        ok = req.dp_pin <= dmax
+        if req.global_batch:
+            ok &= (req.global_batch // a["micro_batch"]) % req.dp_pin == 0
+        return Lattice(ok.astype(np.int64), np.zeros(len(cls), dtype=np.int64),
+                       np.full((1, 1), req.dp_pin, dtype=np.int64))
+    if not req.global_batch:
+        return Lattice(np.maximum(dmax, 0), None, None)
+    q = req.global_batch // a["micro_batch"]
+    uniq, q_index = np.unique(q, return_inverse=True)
+    divs = [[d for d in range(1, int(u) + 1) if u % d == 0] for u in uniq]
+    width = max(len(d) for d in divs)
+    big = np.iinfo(np.int64).max
+    mat = np.full((len(uniq), width), big, dtype=np.int64)
+    for r, d in enumerate(divs):
+        mat[r, : len(d)] = d
+    count = (mat[q_index] <= dmax[:, None]).sum(axis=1).astype(np.int64)
+    return Lattice(count, q_index, mat)
+
+
+def memory_fits(req: SearchRequest, table: GpuTable, cls: Classes, idx: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    c = {k: v[idx] for k, v in cls.a.items()}
+    ga = grad_accum_of(req, c["micro_batch"], dp)
+    mem, _ = memory_total(req, c, dp, np.maximum(ga, 1))
+    return mem <= table.usable_bytes[c["gpu"]]
+
+
+def first_fitting(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattice) -> np.ndarray:
+    """Smallest lattice index at which each class fits in memory; ``count`` where none does."""
+    n = len(cls)
+    idx = np.arange(n)
+    lo = np.zeros(n, dtype=np.int64)
+    hi = lat.count.copy()  # answer in [lo, hi]; hi = count means "never"
+    has = lat.count > 0
+    top_ok = np.zeros(n, dtype=bool)
+    if has.any():
+        top_ok[has] = memory_fits(req, table, cls, idx[has], lat.value(idx[has], lat.count[has] - 1))
+    hi[has & top_ok] = lat.count[has & top_ok] - 1
+    active = top_ok & (lo < hi)
+    while active.any():
+        ai = idx[active]
+        mid = (lo[ai] + hi[ai]) // 2
+        ok = memory_fits(req, table, cls, ai, lat.value(ai, mid))
+        hi[ai[ok]] = mid[ok]
+        lo[ai[~ok]] = mid[~ok] + 1
+        active = lo < hi
+        active &= top_ok
+    return np.where(top_ok, hi, lat.count)
+
+
+def feasible(req: SearchRequest, ev: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each constraint's mask over evaluated columns (the one rule: generator, oracle, checker)."""
+    masks = {"memory": ev["fits"], "host RAM": ev["host_ok"], "global batch": ev["ga_ok"]}
+    priced = np.isfinite(ev["hourly_usd"])
+    if req.objective in ("cost", "hourly") or req.budget_usd is not None:
+        masks["price known"] = priced
+    if req.budget_usd is not None:
+        masks["budget"] = cost_units(ev["cost_usd"]) <= budget_units(req.budget_usd)
+    if req.deadline_s is not None:
+        masks["deadline"] = time_ms(ev["time_s"]) <= deadline_ms(req.deadline_s)
+    return masks
+
+
+def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.ndarray, dp_hi: np.ndarray) -> np.ndarray:
+    """Admissible lower bound of the objective (integer units) over dp in [dp_lo, dp_hi]."""
+    a = cls.a
+    g = a["gpu"]
+    mp = a["tp"] * a["pp"] * a["cp"]
+    node = table.gpus_per_node[g]
+    price = table.perf.price_usd_per_hour[g]
+    if req.objective in ("gpus", "hourly"):
+        gpus = dp_lo * mp
+        billed = np.where(table.whole_node[g], -(-gpus // node) * node, gpus)
+        units = objective_units(req.objective, {"gpus": gpus, "hourly_usd": billed * price})
+    else:
+        mf = model_flops(req.model)
+        n_lora = np.where(a["method"] == 0, 0.0, n_lora_of(req.rs))
+        f = flops_per_token(mf, method=a["method"], seq_len=a["seq_len"], checkpointing=a["checkpointing"],
+                            n_lora=n_lora)
+        rate = (table.perf.peak_flops[g] * table.perf.utilization[g]
+                * microbatch_efficiency(a["micro_batch"] * a["seq_len"] / a["cp"]))
+        gpu_seconds = req.tokens * f / rate * np.where(a["method"] == 2, QLORA_SLOWDOWN, 1.0)
+        if req.objective == "cost":
+            units = objective_units("cost", {"cost_usd": gpu_seconds / 3600.0 * price})
+        else:
+            units = objective_units("time", {"time_s": gpu_seconds / (dp_hi * mp)})
+        units = np.floor(np.maximum(units - 1, 0))  # the bound is real-valued: never round it up
+    return a["tier"] * float(TIER_WEIGHT) + units
+
+
+@dataclass
+class Evaluated:
+    """Feasible columns: class index, metrics, rank key and group id."""
+
+    cls_index: np.ndarray
+    ev: dict[str, np.ndarray]
+    key: np.ndarray  # tier·W + objective units
+    group: np.ndarray
+    rejected: dict[str, int]
+
+
+def _group_ids(req: SearchRequest, cls: Classes, ci: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    if req.distinct == "none":
+        return ci * 100_000 + dp
+    # With one data-parallel rank (dp·cp = 1) every ZeRO stage is the same plan: one group.
+    zero_eff = np.where(dp * cls.a["cp"][ci] > 1, cls.a["zero"][ci], 0)
+    stacked = np.stack([zero_eff if k == "zero" else cls.a[k][ci] for k in GROUP_KEYS], axis=1)
+    # A stable integer per group: mixed radix over the small key values.
+    gid = np.zeros(len(ci), dtype=np.int64)
+    for col in range(stacked.shape[1]):
+        gid = gid * 1_000_003 + stacked[:, col]
+    return gid
+
+
+def _evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end) -> Evaluated:
+    counts = win_end - win_start
+    total = int(counts.sum())
+    ci = np.repeat(win_cls, counts)
+    offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    j = np.repeat(win_start, counts) + offsets
+    dp = lat.value(ci, j)
+    c = {k: v[ci] for k, v in cls.a.items()}
+    ev = evaluate(req, table, c, dp)
+    masks = feasible(req, ev)
+    ok = np.ones(total, dtype=bool)
+    rejected: dict[str, int] = {}
+    for name, mask in masks.items():
+        rejected[name] = int((ok & ~mask).sum())
+        ok &= mask
+    sel = np.flatnonzero(ok)
+    ev = {k: np.asarray(v)[sel] for k, v in ev.items()}
+    key = cls.a["tier"][ci[sel]] * float(TIER_WEIGHT) + objective_units(req.objective, ev)
+    return Evaluated(ci[sel], ev, key, _group_ids(req, cls, ci[sel], ev["dp"]), rejected)
+
+
+def _concat(parts: list[Evaluated]) -> Evaluated:
+    rejected: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.rejected.items():
+            rejected[k] = rejected.get(k, 0) + v
+    if not parts:
+        return Evaluated(np.zeros(0, dtype=np.int64), {}, np.zeros(0), np.zeros(0, dtype=np.int64), rejected)
+    keys = parts[0].ev.keys()
+    return Evaluated(
+        np.concatenate([p.cls_index for p in parts]),
+        {k: np.concatenate([p.ev[k] for p in parts]) for k in keys},
+        np.concatenate([p.key for p in parts]),
+        np.concatenate([p.group for p in parts]),
+        rejected,
+    )
+
+
+def best_per_group(cls: Classes, e: Evaluated) -> np.ndarray:
+    """Index (into ``e``) of each group's best column: lowest key, then a canonical order."""
+    if len(e.key) == 0:
+        return np.zeros(0, dtype=np.int64)
+    # Ties go to: FlashAttention, less recomputation, lower ZeRO stage, no offload, smaller
+    # micro-batch, fewer GPUs (the last key below is the first criterion).
+    a = {k: cls.a[k][e.cls_index] for k in ("attention", "checkpointing", "zero", "offload", "micro_batch")}
+    canon = (e.ev["dp"], a["micro_batch"], a["offload"], a["zero"], a["checkpointing"], -a["attention"])
+    order = np.lexsort((*canon, e.key, e.group))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = e.group[order][1:] != e.group[order][:-1]
+    return order[first]
+
+
+def _kth_key(e: Evaluated, best: np.ndarray, k: int) -> float:
+    if len(best) < k:
+        return np.inf
+    return float(np.partition(e.key[best], k - 1)[k - 1])
+
+
+def _windows(lat: Lattice, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n_win = np.maximum(0, -(-(lat.count - start) // WINDOW))
+    wc = np.repeat(np.arange(len(start)), n_win)
+    k = np.arange(int(n_win.sum())) - np.repeat(np.cumsum(n_win) - n_win, n_win)
+    ws = start[wc] + k * WINDOW
+    we = np.minimum(ws + WINDOW, lat.count[wc])
+    return wc, ws, we
+
+
+@dataclass
+class SearchOutcome:
+    status: str  # optimal | feasible | infeasible | unknown
+    cls: Classes
+    evaluated: Evaluated
+    picked: list[int]  # indices into ``evaluated``
+    stats: dict[str, float]
+
+
+def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
+    t0 = time.perf_counter()
+    cls = build_classes(req)
+    table = gpu_table(req)
+    lat = build_lattice(req, table, cls)
+    start = first_fitting(req, table, cls, lat)
+    cls.rejected["does not fit in memory at any allowed GPU count"] += int(
+        ((start >= lat.count) & (lat.count > 0)).sum())
+    wc, ws, we = _windows(lat, start)
+    keep = ws < we
+    wc, ws, we = wc[keep], ws[keep], we[keep]
+    sub = cls.take(wc)
+    lb = lower_bounds(req, table, sub, lat.value(wc, ws), lat.value(wc, we - 1))
+    order = np.argsort(lb, kind="stable")
+    parts: list[Evaluated] = []
+    pos, evaluated_cols = 0, 0
+    threshold = np.inf
+    while pos < len(order):
+        if lb[order[pos]] > threshold:
+            break
+        sizes = (we - ws)[order[pos:]]
+        n_take = max(1, int(np.searchsorted(np.cumsum(sizes), BATCH_COLUMNS)))
+        batch = order[pos: pos + n_take]
+        parts.append(_evaluate_windows(req, table, cls, lat, wc[batch], ws[batch], we[batch]))
+        evaluated_cols += int(sizes[:n_take].sum())
+        pos += n_take
+        merged = _concat(parts)
+        parts = [merged]
+        threshold = _kth_key(merged, best_per_group(cls, merged), req.top)
+    e = _concat(parts)
+    best = best_per_group(cls, e)
+    status, picked_local = solve_top_k(req, table, cls, e, best, time_limit_s - (time.perf_counter() - t0))
+    stats = {"classes": len(cls), "windows": len(order), "windows_evaluated": pos,
+             "columns_evaluated": evaluated_cols, "groups": len(best),
+             "seconds": time.perf_counter() - t0}
+    return SearchOutcome(status, cls, e, [int(best[j]) for j in picked_local], stats)
+
+
+def solve_top_k(req, table, cls, e: Evaluated, best: np.ndarray, time_limit_s: float) -> tuple[str, list[int]]:
+    """CP-SAT over the best column of each group; returns indices into ``best``."""
+    ev = {k: v[best] for k, v in e.ev.items()}
+    g = cls.a["gpu"][e.cls_index[best]]
+    cols = Columns(
+        gpu=g, group=np.arange(len(best)), tier=cls.a["tier"][e.cls_index[best]],
+        objective=(e.key[best] - cls.a["tier"][e.cls_index[best]] * float(TIER_WEIGHT)).astype(np.int64),
+        memory_bytes=ev["memory_bytes"].astype(np.int64) if len(best) else np.zeros(0, dtype=np.int64),
+        gpus=ev["gpus"] if len(best) else np.zeros(0, dtype=np.int64),
+        cost_units=cost_units(ev["cost_usd"]).astype(np.int64) if req.budget_usd is not None else None,
+        time_ms=time_ms(ev["time_s"]).astype(np.int64) if req.deadline_s is not None else None,
+        host_bytes=(ev["host_bytes"] * np.minimum(ev["gpus"], table.gpus_per_node[g])).astype(np.int64)
+        if len(best) else None,
+    )
+    limits = Limits(
+        usable_bytes={i: int(u) for i, u in enumerate(table.usable_bytes)},
+        max_gpus=req.max_gpus,
+        fleet=None if req.fleet is None else {i: int(table.limit[i]) for i in range(len(req.gpus))},
+        budget_units=None if req.budget_usd is None else budget_units(req.budget_usd),
+        deadline_ms=None if req.deadline_s is None else deadline_ms(req.deadline_s),
+        host_bytes={i: int(h) for i, h in enumerate(table.host_bytes_per_node) if np.isfinite(h)},
+    )
+    return top_k(cols, limits, req.top, max(0.05, time_limit_s))
+
+
+def enumerate_all(req: SearchRequest) -> tuple[Classes, Evaluated, np.ndarray]:
+    """The oracle: every column of the space, no bounds, no solver. Returns the top-k
+    (indices into the evaluated columns), ranked by (tier, objective units, canonical order)."""
+    cls = build_classes(req)
+    table = gpu_table(req)
+    lat = build_lattice(req, table, cls)
+    wc, ws, we = _windows(lat, np.zeros(len(cls), dtype=np.int64))
+    parts = []
+    sizes = we - ws
+    ends = np.searchsorted(np.cumsum(sizes), np.arange(BATCH_COLUMNS, int(sizes.sum()) + BATCH_COLUMNS,
+                                                       BATCH_COLUMNS))
+    begin = 0
+    for end in list(ends) + [len(wc)]:
+        end = max(end, begin + 1) if begin < len(wc) else begin
+        if end > begin:
+            parts.append(_evaluate_windows(req, table, cls, lat, wc[begin:end], ws[begin:end], we[begin:end]))
+        begin = end
+    e = _concat(parts)
+    best = best_per_group(cls, e)
+    ranked = best[np.argsort(e.key[best], kind="stable")]
+    return cls, e, ranked[: req.top]
