@@ -69,7 +69,8 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
             problems.append("offloaded states exceed the node's host RAM")
 
     user = sc.workload
-    tiers = {(t.method, t.seq_len): t for t in build_tiers(rs_user := resolve(raw))}
+    rs_user = resolve(raw)
+    tiers = {(t.method, t.seq_len): t for t in build_tiers(rs_user)}
     tier = tiers.get((p["method"], p["seq_len"]))
     if tier is None:
         problems.append(f"method {p['method']} / seq_len {p['seq_len']} is not what was asked nor an allowed relaxation")

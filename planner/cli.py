@@ -19,7 +19,7 @@ from rich.table import Table
 from planner import catalog
 from planner.errors import InputError
 from planner.estimate import estimate_resolved
-from planner.report import print_estimate, to_json
+from planner.report import print_estimate, print_plans, to_json
 from planner.scenario import deep_merge, read_scenario_file, resolve, scenario_from_flags
 from planner.specs import Scenario
 
@@ -41,7 +41,11 @@ def _fail(problems: list[str]) -> None:
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    """A terminal's own width; piped output is not cut at 80 columns."""
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=False, width=200)
+    return console
 
 
 @app.command()
@@ -112,6 +116,88 @@ def estimate(
         for est in results:
             print_estimate(console, est, gib=gib)
     raise typer.Exit(EXIT_OK if all(r.fits is not False for r in results) else EXIT_INFEASIBLE)
+
+
+def _split(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _fleet(value: str | None) -> dict[str, str] | None:
+    """``rtx-4090=2,h100=8`` -> {"rtx-4090": "2", "h100": "8"} (counts validated later)."""
+    if value is None:
+        return None
+    out = {}
+    for item in _split(value):
+        name, _, count = item.partition("=")
+        out[name.strip()] = count.strip() or "1"
+    return out
+
+
+@app.command()
+def plan(
+    file: Annotated[Optional[Path], typer.Argument(help="Scenario YAML (one scenario or a list).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Catalog name or config.json path.")] = None,
+    method: Annotated[Optional[str], typer.Option(help="full | lora | qlora")] = None,
+    optimizer: Annotated[Optional[str], typer.Option()] = None,
+    precision: Annotated[Optional[str], typer.Option()] = None,
+    seq_len: Annotated[Optional[str], typer.Option("--seq-len")] = None,
+    global_batch: Annotated[Optional[str], typer.Option("--global-batch", help="Sequences per step.")] = None,
+    tokens: Annotated[Optional[str], typer.Option(help="Token budget of the job, e.g. 1e9.")] = None,
+    lora_rank: Annotated[Optional[str], typer.Option("--lora-rank")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="gpus | hourly | cost | time")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="Pin the GPU type.")] = None,
+    gpu_types: Annotated[Optional[str], typer.Option("--gpu-types", help="Allowed types, comma-separated.")] = None,
+    max_gpus: Annotated[Optional[str], typer.Option("--max-gpus")] = None,
+    budget: Annotated[Optional[str], typer.Option(help="Budget in USD.")] = None,
+    deadline: Annotated[Optional[str], typer.Option(help="Deadline in hours.")] = None,
+    fleet: Annotated[Optional[str], typer.Option(help="GPUs you have: rtx-4090=2,h100=8")] = None,
+    allow_relax: Annotated[Optional[str], typer.Option("--allow-relax", help="method,seq_len")] = None,
+    top: Annotated[Optional[int], typer.Option(help="How many plans (default 10).")] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds (default 30).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="seed | detailed")] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="The time-versus-cost front instead.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    gib: Annotated[bool, typer.Option("--gib", help="Show GiB (2^30).")] = False,
+) -> None:
+    """Ranked feasible plans: GPU type and count, parallelism, ZeRO, offload, micro-batch,
+    checkpointing, method; with memory, time and cost. Explains why when nothing fits."""
+    from planner.solve import plan_raw
+
+    flags = {k: v for k, v in dict(
+        model=model, method=method, optimizer=optimizer, precision=precision, seq_len=seq_len,
+        global_batch=global_batch, tokens=tokens, lora_rank=lora_rank, objective=objective, gpu=gpu,
+        gpu_types=_split(gpu_types), max_gpus=max_gpus, budget_usd=budget, deadline_hours=deadline,
+        fleet=_fleet(fleet), allow_relax=_split(allow_relax), top=top, time_limit_s=time_limit,
+        profile=profile,
+    ).items() if v is not None}
+    try:
+        overlay = scenario_from_flags(**flags)
+        if file is not None:
+            raws = read_scenario_file(file)
+            sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
+        else:
+            if model is None:
+                raise InputError(["model: required (give a scenario FILE or --model)"])
+            raws, sources = [{"name": "cli"}], [None]
+        results, problems = [], []
+        for raw, source in zip(raws, sources):
+            try:
+                results.append(plan_raw(deep_merge(raw, overlay), source=source,
+                                        base_dir=file.parent if file else None, pareto=pareto))
+            except InputError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise InputError(problems)
+    except InputError as exc:
+        _fail(exc.problems)
+        return
+    if as_json:
+        typer.echo(to_json(results[0] if len(results) == 1 else results))
+    else:
+        console = _console()
+        for result in results:
+            print_plans(console, result, gib=gib)
+    raise typer.Exit(EXIT_OK if all(r.plans for r in results) else EXIT_INFEASIBLE)
 
 
 @app.command("gpus")

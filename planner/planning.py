@@ -53,6 +53,8 @@ class Lattice:
 
 def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
     a = cls.a
+    if len(cls) == 0:
+        return Lattice(np.zeros(0, dtype=np.int64), None, None)
     mp = a["tp"] * a["pp"] * a["cp"]
     dmax = table.limit[a["gpu"]] // mp
     if req.dp_pin is not None:
@@ -285,6 +287,8 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
 
 def solve_top_k(req, table, cls, e: Evaluated, best: np.ndarray, time_limit_s: float) -> tuple[str, list[int]]:
     """CP-SAT over the best column of each group; returns indices into ``best``."""
+    if len(best) == 0:
+        return "infeasible", []
     ev = {k: v[best] for k, v in e.ev.items()}
     g = cls.a["gpu"][e.cls_index[best]]
     cols = Columns(
@@ -326,6 +330,8 @@ def enumerate_all(req: SearchRequest) -> tuple[Classes, Evaluated, np.ndarray]:
             parts.append(_evaluate_windows(req, table, cls, lat, wc[begin:end], ws[begin:end], we[begin:end]))
         begin = end
     e = _concat(parts)
+    if not parts:
+        return cls, e, np.zeros(0, dtype=np.int64)
     best = best_per_group(cls, e)
     ranked = best[np.argsort(e.key[best], kind="stable")]
     return cls, e, ranked[: req.top]

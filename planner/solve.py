@@ -34,7 +34,7 @@ def plan_raw(
     elif plans and plans[0].relaxations:
         explanation = {"steps": document_steps(req, raw, plans[0].model_dump())}
     status = outcome.status if plans else ("infeasible" if outcome.status == "optimal" else outcome.status)
-    return PlanResult(status=status, scenario=rs.name, objective=rs.scenario.objective, plans=plans,
+    return PlanResult(status=status, scenario=rs.name, objective=req.objective, plans=plans,
                       explanation=explanation, stats=outcome.stats)
 
 

@@ -129,10 +129,11 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
     """Candidate lists from the scenario's ``search`` block and ``layout`` pins."""
     sc, wl, model = rs.scenario, rs.workload, rs.model
     problems: list[str] = []
+    objective = sc.objective or ("cost" if wl.tokens is not None else "gpus")
     if wl.method == "inference":
         problems.append("workload.method: plan searches training layouts; use `planner estimate` for inference")
-    if sc.objective in ("cost", "time") and wl.tokens is None:
-        problems.append(f"workload.tokens: required for objective {sc.objective!r} (the job's token budget)")
+    if objective in ("cost", "time") and wl.tokens is None:
+        problems.append(f"workload.tokens: required for objective {objective!r} (the job's token budget)")
     if (sc.constraints.budget_usd or sc.constraints.deadline_hours) and wl.tokens is None:
         problems.append("workload.tokens: required with a budget or a deadline")
     gpu_names = sc.search.gpu_types
@@ -185,7 +186,7 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
         rs=rs, gpus=gpus, tiers=build_tiers(rs), lists=lists, max_gpus=max_gpus, fleet=fleet,
         budget_usd=sc.constraints.budget_usd,
         deadline_s=None if sc.constraints.deadline_hours is None else sc.constraints.deadline_hours * 3600,
-        objective=sc.objective, top=sc.top, distinct=s.distinct, utilization=s.utilization,
+        objective=objective, top=sc.top, distinct=s.distinct, utilization=s.utilization,
         tokens=wl.tokens, global_batch=wl.global_batch, grad_accum=wl.grad_accum or 1,
         dp_pin=dp_pin, pcie_model_parallel=sc.constraints.pcie_model_parallel,
     )

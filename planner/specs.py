@@ -318,6 +318,6 @@ class Scenario(StrictModel):
     overrides: Overrides = Overrides()
     search: SearchSpace = SearchSpace()
     constraints: Constraints = Constraints()
-    objective: Objective = "cost"
+    objective: Objective | None = None  # default: cost with a token budget, else gpus
     top: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1000)] = 10
     time_limit_s: PosFloat = 30.0

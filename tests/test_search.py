@@ -1,0 +1,231 @@
+"""The search: each CP-SAT constraint alone, the published anchors, relaxations, realism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import planner
+from planner.check import check_plan
+from planner.cli import app
+from planner.search import Columns, Limits, PlanModel, top_k
+
+# ---------------------------------------------------------------------------------------------
+# Each constraint on a tiny model, three ways: trivially feasible; a forbidden column pinned is
+# infeasible; an allowed one pinned is feasible (style.md, after the CP-SAT primer).
+
+def cols(**over) -> Columns:
+    base = dict(gpu=np.array([0, 0, 1]), group=np.array([0, 1, 2]), tier=np.array([0, 0, 0]),
+                objective=np.array([10, 20, 30]), memory_bytes=np.array([50, 70, 90]),
+                gpus=np.array([1, 4, 8]), cost_units=np.array([100, 200, 300]),
+                time_ms=np.array([1000, 500, 250]), host_bytes=np.array([0, 0, 0]))
+    base.update(over)
+    return Columns(**base)
+
+
+def limits(**over) -> Limits:
+    base = dict(usable_bytes={0: 100, 1: 100})
+    base.update(over)
+    return Limits(**base)
+
+
+CONSTRAINTS = [
+    # name, limits, a column they forbid, a column they allow (None: none is allowed)
+    ("memory", dict(usable_bytes={0: 40, 1: 100}), 0, 2),
+    ("gpu count", dict(max_gpus=0), 0, None),
+    ("gpu count", dict(max_gpus=4), 2, 1),
+    ("fleet", dict(fleet={0: 0, 1: 8}), 0, 2),
+    ("budget", dict(budget_units=99), 0, None),
+    ("budget", dict(budget_units=250), 2, 1),
+    ("deadline", dict(deadline_ms=999), 0, 1),
+    ("host RAM", dict(host_bytes={0: 10, 1: 10}), 0, 2),
+]
+
+
+@pytest.mark.parametrize("name, lim, forbidden, allowed", CONSTRAINTS,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CONSTRAINTS)])
+def test_each_constraint(name, lim, forbidden, allowed):
+    c = cols(host_bytes=np.array([20, 0, 0])) if name == "host RAM" else cols()
+    # Trivially feasible without the constraint: the cheapest column wins.
+    assert PlanModel(c, limits()).solve(5) == ("optimal", 0)
+    # The forbidden column, pinned, is infeasible.
+    model = PlanModel(c, limits(**lim))
+    model.pin(forbidden)
+    assert model.solve(5)[0] == "infeasible"
+    if allowed is None:
+        assert PlanModel(c, limits(**lim)).solve(5)[0] == "infeasible"
+    else:
+        model = PlanModel(c, limits(**lim))
+        model.pin(allowed)
+        assert model.solve(5) == ("optimal", allowed)
+
+
+def test_no_good_cuts_give_distinct_groups_in_order():
+    status, picked = top_k(cols(group=np.array([0, 0, 1])), limits(), k=3, time_limit_s=5)
+    assert status == "optimal" and picked == [0, 2]  # column 1 shares column 0's group
+
+
+def test_relaxation_tier_before_objective():
+    c = cols(tier=np.array([1, 0, 0]))
+    assert PlanModel(c, limits()).solve(5)[1] == 1  # tier 0 first, though column 0 is cheaper
+
+
+# ---------------------------------------------------------------------------------------------
+# Anchors from published recipes (catalog-facts §13)
+
+def test_nvidia_lora_70b_recipe_is_feasible():
+    """NeMo: LoRA Llama-3 70B, seq 4096, 8× H100, TP2 PP4, mbs 1, gbs 32."""
+    raw = {"profile": "seed", "model": "llama-3-70b",
+           "workload": {"method": "lora", "seq_len": 4096, "global_batch": 32, "tokens": 1e8},
+           "layout": {"gpu": "h100", "gpus": 8, "tp": 2, "pp": 4, "zero": 0},
+           "search": {"micro_batch": [1]}, "objective": "cost"}
+    result = planner.plan(raw)
+    assert result.plans and result.plans[0].tp == 2 and result.plans[0].pp == 4
+    assert check_plan(raw, result.plans[0]) == []
+
+
+def test_full_70b_needs_more_than_8_h100_without_offload():
+    """Full SFT of a 70B model: NVIDIA uses 32 H100; without offload 8 do not suffice."""
+    base = {"profile": "seed", "model": "llama-3-70b", "workload": {"method": "full", "seq_len": 4096},
+            "search": {"gpu_types": ["h100"], "offload": ["none"]}, "objective": "gpus"}
+    fewest = planner.plan(base).plans[0]
+    assert fewest.gpus > 8 and fewest.offload == "none"
+    offload = planner.plan({**base, "search": {"gpu_types": ["h100"], "max_gpus": 8}})
+    assert offload.plans and offload.plans[0].gpus <= 8 and offload.plans[0].offload != "none"
+
+
+def test_8b_full_ft_time_anchor():
+    """catalog-facts §9: Llama-3-8B full FT on 1B tokens, 8× H100 at 40 %: ≈ 4.2 h by 6N alone,
+    ≈ 4.5 h with the attention term at sequence 2048. Communication adds to that, never subtracts."""
+    raw = {"profile": "seed", "model": "llama-3-8b",
+           "workload": {"method": "full", "seq_len": 2048, "tokens": 1e9, "global_batch": 256},
+           "layout": {"gpu": "h100", "gpus": 8, "tp": 1, "pp": 1, "zero": 3, "checkpointing": "none"},
+           "search": {"utilization": 0.40, "micro_batch": [4]}, "objective": "time"}
+    p = planner.plan(raw).plans[0]
+    flops_only_h = 1e9 * (6 * 8.03e9 + 12 * 32 * 2048 * 4096) / (8 * 989.4e12 * 0.40) / 3600
+    assert flops_only_h == pytest.approx(4.5, abs=0.05)
+    assert flops_only_h <= p.time_s / 3600 <= flops_only_h * 1.3
+
+
+# ---------------------------------------------------------------------------------------------
+# The documents' order and relaxations
+
+def test_relaxation_follows_documents_order():
+    """13B full FT on one RTX 4090 cannot fit; allowed to relax, LoRA comes before QLoRA and
+    before a shorter sequence, and the plan says what it relaxed."""
+    raw = {"profile": "seed", "model": "llama-2-13b",
+           "workload": {"method": "full", "seq_len": 2048, "allow_relax": ["method", "seq_len"]},
+           "search": {"gpu_types": ["rtx-4090"], "max_gpus": 1}, "objective": "gpus"}
+    result = planner.plan(raw)
+    assert result.plans[0].relaxations[0].startswith("method: full → ")
+    assert all(not r.startswith("seq_len") for r in result.plans[0].relaxations)
+    steps = [s["step"] for s in result.explanation["steps"]]
+    assert steps[0] == "as asked" and steps[1].startswith("1.") and steps[2].startswith("2.")
+    for plan in result.plans:
+        assert check_plan(raw, plan) == []
+
+
+def test_no_relaxation_without_permission():
+    raw = {"profile": "seed", "model": "llama-2-13b", "workload": {"method": "full"},
+           "search": {"gpu_types": ["rtx-4090"], "max_gpus": 1}, "objective": "gpus"}
+    result = planner.plan(raw)
+    assert result.status == "infeasible" and not result.plans
+    ex = result.explanation
+    assert "memory" in ex["binding"] and ex["suggestions"]
+    assert any(s.startswith("allow_relax") for s in ex["suggestions"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Hardware realism
+
+def test_v100_gets_no_bf16_and_no_flash():
+    raw = {"profile": "seed", "model": "qwen2.5-0.5b",
+           "workload": {"method": "full", "precision": "bf16", "tokens": 1e8},
+           "search": {"gpu_types": ["v100-16gb", "a100-40gb"], "precision": ["bf16", "fp16"]},
+           "objective": "cost"}
+    for p in planner.plan(raw).plans:
+        if p.gpu.startswith("v100"):
+            assert p.precision != "bf16" and p.attention == "eager"
+
+
+def test_pcie_model_parallel_can_be_forbidden():
+    raw = {"profile": "seed", "model": "llama-2-13b", "workload": {"method": "lora", "tokens": 1e8},
+           "search": {"gpu_types": ["rtx-4090"], "max_gpus": 4}, "objective": "gpus",
+           "constraints": {"pcie_model_parallel": False}}
+    for p in planner.plan(raw).plans:
+        assert p.tp == 1 and p.pp == 1
+
+
+def test_tp_never_crosses_a_node():
+    raw = {"profile": "seed", "model": "llama-3.1-405b", "workload": {"method": "qlora", "tokens": 1e8},
+           "search": {"gpu_types": ["h100"], "tp": [8, 16]}, "objective": "gpus"}
+    for p in planner.plan(raw).plans:
+        assert p.tp <= 8
+
+
+def test_fixed_fleet_of_two_4090s():
+    raw = {"profile": "seed", "model": "llama-3.1-8b", "workload": {"method": "qlora", "tokens": 1e8},
+           "constraints": {"fleet": {"4090": 2}}, "objective": "time"}
+    plans = planner.plan(raw).plans
+    assert plans and all(p.gpu == "rtx-4090" and p.gpus <= 2 for p in plans)
+
+
+def test_deterministic_output():
+    raw = {"profile": "seed", "model": "mistral-7b", "workload": {"method": "lora", "tokens": 1e9},
+           "objective": "cost", "search": {"max_gpus": 16}}
+    a = planner.plan(raw).model_dump(exclude={"stats"})
+    b = planner.plan(raw).model_dump(exclude={"stats"})
+    assert a == b
+
+
+def test_cheapest_is_job_cost_not_hourly_price():
+    """Four slow cards can cost more than one fast one: the cost objective's winner is at most
+    as expensive as the hourly objective's winner for the same job."""
+    raw = {"profile": "seed", "model": "llama-3.1-8b", "workload": {"method": "lora", "tokens": 1e9},
+           "search": {"max_gpus": 8}}
+    by_cost = planner.plan({**raw, "objective": "cost"}).plans[0]
+    by_hour = planner.plan({**raw, "objective": "hourly"}).plans[0]
+    assert by_cost.cost_usd <= by_hour.cost_usd
+    assert by_hour.hourly_usd <= by_cost.hourly_usd
+
+
+def test_pareto_front_is_non_dominated():
+    raw = {"profile": "seed", "model": "llama-3.1-8b", "workload": {"method": "lora", "tokens": 1e9},
+           "search": {"max_gpus": 16, "gpu_types": ["h100", "a100-80gb", "rtx-4090", "l40s"]}}
+    front = planner.plan(raw, pareto=True).plans
+    assert len(front) >= 2
+    times = [p.time_s for p in front]
+    costs = [p.cost_usd for p in front]
+    assert times == sorted(times) and costs == sorted(costs, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+runner = CliRunner()
+
+
+def test_cli_plan_json_contract():
+    result = runner.invoke(app, ["plan", "--model", "llama-3.1-70b", "--method", "qlora", "--objective",
+                                 "cost", "--tokens", "1e9", "--top", "3", "--profile", "seed", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["status"] in ("optimal", "feasible") and len(data["plans"]) == 3
+    keys = {"gpu", "gpus", "nodes", "dp", "tp", "pp", "cp", "sp", "zero", "offload", "micro_batch",
+            "grad_accum", "seq_len", "method", "optimizer", "precision", "attention", "checkpointing",
+            "lora_rank", "memory", "hourly_usd", "time_s", "cost_usd", "time_s_band", "cost_usd_band",
+            "relaxations"}
+    assert keys <= set(data["plans"][0])
+    costs = [p["cost_usd"] for p in data["plans"]]
+    assert costs == sorted(costs)
+
+
+def test_cli_plan_infeasible_exit_1_and_invalid_exit_2():
+    infeasible = runner.invoke(app, ["plan", "--model", "llama-3.1-405b", "--method", "full",
+                                     "--gpu-types", "rtx-4090", "--max-gpus", "2", "--profile", "seed"])
+    assert infeasible.exit_code == 1 and "Why:" in infeasible.output
+    invalid = runner.invoke(app, ["plan", "--model", "llama-3.1-70b", "--objective", "cost"])
+    assert invalid.exit_code == 2 and "workload.tokens: required" in invalid.output
