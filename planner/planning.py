@@ -31,8 +31,12 @@ from planner.space import grad_accum_of, n_lora_of
 
 #: Data-parallel degrees evaluated together as one unit of work.
 WINDOW = 64
-#: Columns evaluated per batch (bounds the arrays' size).
+#: Columns evaluated per batch: the first batch is small (the bound often stops the search
+#: after it), later ones double up to the largest, which bounds the arrays' size.
+FIRST_BATCH_COLUMNS = 20_000
 BATCH_COLUMNS = 200_000
+#: Groups handed to CP-SAT per plan asked for: the best by key, a superset of the top k.
+CANDIDATES_PER_PLAN = 5
 
 GROUP_KEYS = ("gpu", "tier", "precision", "tp", "pp", "cp", "zero", "offload")
 
@@ -84,27 +88,29 @@ def memory_fits(req: SearchRequest, table: GpuTable, cls: Classes, idx: np.ndarr
     return mem <= table.usable_bytes[c["gpu"]]
 
 
-def first_fitting(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattice) -> np.ndarray:
-    """Smallest lattice index at which each class fits in memory; ``count`` where none does."""
-    n = len(cls)
-    idx = np.arange(n)
+def first_fitting(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattice,
+                  idx: np.ndarray | None = None) -> np.ndarray:
+    """Smallest lattice index at which each class (of ``idx``) fits in memory; ``count`` where
+    none does. Bisection: memory never rises with the data-parallel degree."""
+    idx = np.arange(len(cls)) if idx is None else idx
+    count = lat.count[idx]
+    n = len(idx)
     lo = np.zeros(n, dtype=np.int64)
-    hi = lat.count.copy()  # answer in [lo, hi]; hi = count means "never"
-    has = lat.count > 0
+    hi = count.copy()  # answer in [lo, hi]; hi = count means "never"
+    has = count > 0
     top_ok = np.zeros(n, dtype=bool)
     if has.any():
-        top_ok[has] = memory_fits(req, table, cls, idx[has], lat.value(idx[has], lat.count[has] - 1))
-    hi[has & top_ok] = lat.count[has & top_ok] - 1
+        top_ok[has] = memory_fits(req, table, cls, idx[has], lat.value(idx[has], count[has] - 1))
+    hi[has & top_ok] = count[has & top_ok] - 1
     active = top_ok & (lo < hi)
     while active.any():
-        ai = idx[active]
-        mid = (lo[ai] + hi[ai]) // 2
-        ok = memory_fits(req, table, cls, ai, lat.value(ai, mid))
-        hi[ai[ok]] = mid[ok]
-        lo[ai[~ok]] = mid[~ok] + 1
-        active = lo < hi
-        active &= top_ok
-    return np.where(top_ok, hi, lat.count)
+        a = np.flatnonzero(active)
+        mid = (lo[a] + hi[a]) // 2
+        ok = memory_fits(req, table, cls, idx[a], lat.value(idx[a], mid))
+        hi[a[ok]] = mid[ok]
+        lo[a[~ok]] = mid[~ok] + 1
+        active = top_ok & (lo < hi)
+    return np.where(top_ok, hi, count)
 
 
 def feasible(req: SearchRequest, ev: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -197,6 +203,7 @@ def _concat(parts: list[Evaluated]) -> Evaluated:
     for p in parts:
         for k, v in p.rejected.items():
             rejected[k] = rejected.get(k, 0) + v
+    parts = [p for p in parts if p.ev]
     if not parts:
         return Evaluated(np.zeros(0, dtype=np.int64), {}, np.zeros(0), np.zeros(0, dtype=np.int64), rejected)
     keys = parts[0].ev.keys()
@@ -247,39 +254,88 @@ class SearchOutcome:
     stats: dict[str, float]
 
 
+#: Classes whose memory is bisected together when the search expands them.
+CLASS_BATCH = 16_384
+
+
+def _reduce(cls: Classes, parts: list[Evaluated]) -> Evaluated:
+    """Merge evaluated columns, keeping only each group's best (all that can matter)."""
+    merged = _concat(parts)
+    if len(merged.key) == 0:
+        return merged
+    keep = best_per_group(cls, merged)
+    keep = keep[np.argsort(merged.key[keep], kind="stable")]
+    return Evaluated(merged.cls_index[keep], {k: v[keep] for k, v in merged.ev.items()},
+                     merged.key[keep], merged.group[keep], merged.rejected)
+
+
 def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
+    """Best-first over lower bounds: classes are expanded (memory bisected, windows formed)
+    and windows evaluated in bound order, until no class or window left can beat the k-th best
+    distinct plan found. Then CP-SAT selects the top k. A time limit stops it early, and the
+    status then says the answer is not proven (``feasible``)."""
     t0 = time.perf_counter()
     cls = build_classes(req)
     table = gpu_table(req)
     lat = build_lattice(req, table, cls)
-    start = first_fitting(req, table, cls, lat)
-    cls.rejected["does not fit in memory at any allowed GPU count"] += int(
-        ((start >= lat.count) & (lat.count > 0)).sum())
-    wc, ws, we = _windows(lat, start)
-    keep = ws < we
-    wc, ws, we = wc[keep], ws[keep], we[keep]
-    sub = cls.take(wc)
-    lb = lower_bounds(req, table, sub, lat.value(wc, ws), lat.value(wc, we - 1))
-    order = np.argsort(lb, kind="stable")
-    parts: list[Evaluated] = []
-    pos, evaluated_cols = 0, 0
+    n = len(cls)
+    has = np.flatnonzero(lat.count > 0)
+    cls.rejected["no allowed data-parallel degree (GPU limit, global batch)"] += n - len(has)
+    lb0 = lower_bounds(req, table, cls.take(has), lat.value(has, np.zeros(len(has), dtype=np.int64)),
+                       lat.value(has, lat.count[has] - 1))
+    corder = has[np.argsort(lb0, kind="stable")]
+    lb0_sorted = np.sort(lb0, kind="stable")
+    cpos = 0
+    pend_c = pend_s = pend_e = np.zeros(0, dtype=np.int64)
+    pend_lb = np.zeros(0)
+    e = _concat([])
     threshold = np.inf
-    while pos < len(order):
-        if lb[order[pos]] > threshold:
+    batch_columns = FIRST_BATCH_COLUMNS
+    evaluated_cols = windows_evaluated = 0
+    proven = True
+    while True:
+        next_class = lb0_sorted[cpos] if cpos < len(corder) else np.inf
+        next_window = pend_lb.min() if len(pend_lb) else np.inf
+        if min(next_class, next_window) > threshold or (next_class == np.inf and next_window == np.inf):
             break
-        sizes = (we - ws)[order[pos:]]
-        n_take = max(1, int(np.searchsorted(np.cumsum(sizes), BATCH_COLUMNS)))
-        batch = order[pos: pos + n_take]
-        parts.append(_evaluate_windows(req, table, cls, lat, wc[batch], ws[batch], we[batch]))
-        evaluated_cols += int(sizes[:n_take].sum())
-        pos += n_take
-        merged = _concat(parts)
-        parts = [merged]
-        threshold = _kth_key(merged, best_per_group(cls, merged), req.top)
-    e = _concat(parts)
-    best = best_per_group(cls, e)
-    status, picked_local = solve_top_k(req, table, cls, e, best, time_limit_s - (time.perf_counter() - t0))
-    stats = {"classes": len(cls), "windows": len(order), "windows_evaluated": pos,
+        if time.perf_counter() - t0 > time_limit_s:
+            proven = False
+            break
+        if next_window <= next_class:
+            order = np.argsort(pend_lb, kind="stable")
+            sizes = (pend_e - pend_s)[order]
+            eligible = int(np.searchsorted(pend_lb[order], next_class, side="right"))
+            n_take = min(max(1, int(np.searchsorted(np.cumsum(sizes), batch_columns))), max(1, eligible))
+            batch_columns = min(2 * batch_columns, BATCH_COLUMNS)
+            take, rest = order[:n_take], order[n_take:]
+            e = _reduce(cls, [e, _evaluate_windows(req, table, cls, lat, pend_c[take], pend_s[take],
+                                                   pend_e[take])])
+            evaluated_cols += int(sizes[:n_take].sum())
+            windows_evaluated += n_take
+            pend_c, pend_s, pend_e, pend_lb = pend_c[rest], pend_s[rest], pend_e[rest], pend_lb[rest]
+            threshold = _kth_key(e, np.arange(len(e.key)), req.top)
+        else:
+            idx = corder[cpos: cpos + CLASS_BATCH]
+            cpos += len(idx)
+            start = first_fitting(req, table, cls, lat, idx)
+            fits = start < lat.count[idx]
+            cls.rejected["does not fit in memory at any allowed GPU count"] += int((~fits).sum())
+            sub_lat = Lattice(lat.count[idx], None if lat.q_index is None else lat.q_index[idx], lat.divisors)
+            wc, ws, we = _windows(sub_lat, start)
+            wc = idx[wc]
+            lb = lower_bounds(req, table, cls.take(wc), lat.value(wc, ws), lat.value(wc, we - 1))
+            pend_c, pend_s = np.concatenate([pend_c, wc]), np.concatenate([pend_s, ws])
+            pend_e, pend_lb = np.concatenate([pend_e, we]), np.concatenate([pend_lb, lb])
+    best = np.arange(len(e.key))
+    # Only the best groups can be among the top k: hand CP-SAT a superset of them.
+    n_cand = CANDIDATES_PER_PLAN * req.top
+    if len(best) > n_cand:
+        best = best[np.argsort(e.key, kind="stable")[:n_cand]]
+    left = time_limit_s - (time.perf_counter() - t0)
+    status, picked_local = solve_top_k(req, table, cls, e, best, left)
+    if not proven:
+        status = "feasible" if picked_local else "unknown"
+    stats = {"classes": n, "classes_expanded": cpos, "windows_evaluated": windows_evaluated,
              "columns_evaluated": evaluated_cols, "groups": len(best),
              "seconds": time.perf_counter() - t0}
     return SearchOutcome(status, cls, e, [int(best[j]) for j in picked_local], stats)

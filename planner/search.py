@@ -10,7 +10,7 @@ Variables
     x_g ∈ {0, 1}   GPU type g is used
 
 Constraints (each in its own method, tested alone)
-    (1) one plan:   Σ_j y_j = 1,  Σ_g x_g = 1,  y_j ≤ x_g(j)
+    (1) one plan:   Σ_j y_j = 1,  x_g = Σ_{j: g(j) = g} y_j
     (2) memory:     Σ_j mem_j · y_j ≤ Σ_g U_g · x_g        (exact bytes: U_g = usable capacity)
     (3) GPU count:  Σ_j gpus_j · y_j ≤ max_gpus
     (4) fleet:      Σ_j gpus_j · y_j ≤ Σ_g F_g · x_g       (F_g = GPUs of type g we have)
@@ -94,9 +94,9 @@ class PlanModel:
     # (1)
     def _add_one_plan(self) -> None:
         self.m.AddExactlyOne(self.y)
-        self.m.AddExactlyOne(self.x.values())
-        for j, yj in enumerate(self.y):
-            self.m.AddImplication(yj, self.x[int(self.cols.gpu[j])])
+        for g, xg in self.x.items():
+            members = [self.y[j] for j in np.flatnonzero(self.cols.gpu == g)]
+            self.m.Add(xg == sum(members))
 
     def _chosen(self, values: np.ndarray) -> cp_model.LinearExpr:
         return cp_model.LinearExpr.WeightedSum(self.y, [int(v) for v in values])

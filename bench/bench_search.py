@@ -1,0 +1,87 @@
+"""Search speed against the exhaustive numpy enumeration of the same space, in one run.
+
+    python bench/bench_search.py [--runs 5] [--quick]
+
+Prints the space size, the median search time per objective (proven optimal top 10), the
+enumeration's time, their ratio, that both found the same top-10 objective values, and how the
+search time grows with the catalog size and the maximum GPU count. Machines are shared and noisy:
+medians of several runs, and the baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from planner import catalog
+from planner.planning import build_lattice, enumerate_all, search
+from planner.scenario import resolve
+from planner.space import build_classes, build_request, gpu_table
+
+#: The full space: a 70B LoRA job at 8K tokens (so context parallelism is in play), relaxable to
+#: QLoRA, over every GPU type, up to 1,024 GPUs, every layout.
+FULL = {
+    "profile": "seed", "model": "llama-3-70b",
+    "workload": {"method": "lora", "seq_len": 8192, "tokens": 1e9, "allow_relax": ["method"]},
+    "search": {"max_gpus": 1024}, "top": 10,
+}
+
+
+def space_size(req) -> tuple[int, int]:
+    cls = build_classes(req)
+    lat = build_lattice(req, gpu_table(req), cls)
+    return len(cls), int(lat.count.sum())
+
+
+def median_search_s(raw: dict, runs: int) -> tuple[float, object]:
+    req = build_request(resolve(raw))
+    times, outcome = [], None
+    for _ in range(runs):
+        t = time.perf_counter()
+        outcome = search(req)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), outcome
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="skip the (slow) enumeration")
+    args = ap.parse_args()
+
+    req = build_request(resolve(FULL))
+    n_cls, n_cols = space_size(req)
+    print(f"space: {len(req.gpus)} GPU types, {n_cls:,} layouts without dp, {n_cols:,} complete plans")
+    print(f"{'objective':<8} {'search median s':>16} {'status':>9} {'columns evaluated':>18}")
+    medians = {}
+    for objective in ("cost", "gpus", "time", "hourly"):
+        raw = {**FULL, "objective": objective}
+        med, out = median_search_s(raw, args.runs)
+        medians[objective] = (med, out)
+        print(f"{objective:<8} {med:>16.3f} {out.status:>9} {int(out.stats['columns_evaluated']):>18,}")
+    if not args.quick:
+        for objective in ("cost", "time"):
+            req = build_request(resolve({**FULL, "objective": objective}))
+            t = time.perf_counter()
+            _, e_all, top_all = enumerate_all(req)
+            enum_s = time.perf_counter() - t
+            med, out = medians[objective]
+            same = [float(out.evaluated.key[j]) for j in out.picked] == [float(e_all.key[j]) for j in top_all]
+            print(f"enumeration ({objective}): {enum_s:.1f} s for {n_cols:,} plans "
+                  f"({n_cols / enum_s:,.0f} plans/s); search is {enum_s / med:.0f}× faster; "
+                  f"same top 10: {same}")
+    names = [g.id for g in catalog.gpus()]
+    print("\nscaling (objective cost, median s):")
+    for n_types in (4, 8, 16, len(names)):
+        raw = {**FULL, "objective": "cost", "search": {"max_gpus": 1024, "gpu_types": names[:n_types]}}
+        med, _ = median_search_s(raw, args.runs)
+        print(f"  {n_types:>2} GPU types, ≤ 1024 GPUs: {med:.3f}")
+    for max_gpus in (64, 256, 1024):
+        raw = {**FULL, "objective": "cost", "search": {"max_gpus": max_gpus}}
+        med, _ = median_search_s(raw, args.runs)
+        print(f"  all types, ≤ {max_gpus:>4} GPUs: {med:.3f}")
+
+
+if __name__ == "__main__":
+    main()
