@@ -173,3 +173,12 @@ def exact_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LOR
     shapes = lora_module_shapes(spec)
     per_layer = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
     return spec.layers * per_layer
+
+
+def expert_params(spec: ModelSpec) -> int:
+    """Routed-expert MLP parameters of all MoE layers (what expert parallelism shards); 0 for
+    dense models. Routers and shared experts stay on every expert-parallel rank."""
+    if spec.moe is None or spec.params_b is not None and not has_full_architecture(spec):
+        return 0
+    moe_layers = sum(1 for i in range(spec.layers) if is_moe_layer(spec, i))
+    return moe_layers * spec.moe.experts * dense_mlp_params(spec, spec.moe.expert_ffn)

@@ -87,7 +87,7 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
             model_flops(rs.model), perf, method=METHODS.index(p["method"]),
             checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
             zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
-            tp=p["tp"], pp=p["pp"], cp=p["cp"], dp=p["dp"], n_lora=n_lora,
+            tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora,
             weight_bytes=0.5 if p["method"] == "qlora" else 2.0)
         t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
                              dp=p["dp"], grad_accum=p["grad_accum"]))

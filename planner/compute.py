@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.arch import has_full_architecture, param_counts, total_params
+from planner.arch import has_full_architecture, is_moe_layer, param_counts, total_params
 from planner.specs import GpuSpec, ModelSpec
 
 # --------------------------------------------------------------------------------------------
@@ -65,6 +65,8 @@ class ModelFlops:
     hidden: int
     attn_width: int  # heads · head_dim
     kv_width: int  # kv_heads · head_dim
+    moe_layers: int = 0  # layers with routed experts
+    experts_per_token: int = 0  # top-k routing
 
 
 def model_flops(model: ModelSpec) -> ModelFlops:
@@ -75,7 +77,9 @@ def model_flops(model: ModelSpec) -> ModelFlops:
     heads = model.heads or max(1, model.hidden // 128)
     head_dim = model.head_dim_eff or model.hidden // heads
     kv = model.kv_heads_eff or heads
-    return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim)
+    moe_layers = sum(1 for i in range(model.layers) if is_moe_layer(model, i))
+    return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim,
+                      moe_layers, model.moe.active if model.moe is not None else 0)
 
 
 def flops_per_token(mf: ModelFlops, *, method: Any, seq_len: Any, checkpointing: Any, n_lora: Any = 0.0) -> Any:
@@ -142,6 +146,7 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, **x: Any) -> Any:
 
     Arguments: ``method``, ``checkpointing``, ``offload``, ``zero`` (codes as in
     planner.memory), ``seq_len``, ``micro_batch``, ``grad_accum``, ``tp``, ``pp``, ``cp``, ``dp``,
+    ``ep`` (expert parallelism: all-to-all per MoE layer),
     ``n_lora``, ``weight_bytes`` (bytes per parameter of the stored weights).
 
     step = (m + pp − 1) · t_microbatch  (1F1B: m micro-batches plus the pipeline bubble;
@@ -177,7 +182,13 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, **x: Any) -> Any:
     cp_bps = np.where(tp * cp <= node, perf.intra_bps, perf.inter_bps)
     kv_bytes = tokens_mb / cp * 2.0 * mf.kv_width * 2.0  # K and V, 16-bit, one layer
     cp_comm = np.where(cp > 1, 3.0 * (cp - 1) * kv_bytes * mf.layers / pp / cp_bps, 0.0)
-    comm_mb = (tp_comm + pp_comm + cp_comm) * (1.0 - COMM_OVERLAP)
+    ep = x.get("ep", 1)
+    ep_bps = np.where(tp * cp * ep <= node, perf.intra_bps, perf.inter_bps)
+    # Expert parallelism: each MoE layer sends every token's hidden state to its top-k experts and
+    # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU.
+    a2a_bytes = tokens_mb / cp * mf.hidden * 2.0 * mf.experts_per_token * (ep - 1) / np.maximum(ep, 1)
+    ep_comm = np.where(ep > 1, 4.0 * a2a_bytes * mf.moe_layers / pp / ep_bps, 0.0)
+    comm_mb = (tp_comm + pp_comm + cp_comm + ep_comm) * (1.0 - COMM_OVERLAP)
     t_microbatch = compute + comm_mb
     pipeline = (ga + pp - 1) * t_microbatch
 

@@ -49,7 +49,7 @@ def closest_layout(req: SearchRequest) -> dict[str, Any] | None:
     a = {k: int(v[best]) for k, v in cls.a.items()}
     gpu = req.gpus[a["gpu"]]
     return {
-        "gpu": gpu.id, "dp": int(dp[best]), "tp": a["tp"], "pp": a["pp"], "cp": a["cp"],
+        "gpu": gpu.id, "dp": int(dp[best]), "tp": a["tp"], "pp": a["pp"], "cp": a["cp"], "ep": a["ep"],
         "gpus": int(dp[best]) * a["tp"] * a["pp"] * a["cp"], "zero": a["zero"],
         "offload": OFFLOADS[a["offload"]], "sp": bool(a["sp"]), "precision": PRECISIONS[a["precision"]],
         "micro_batch": a["micro_batch"], "checkpointing": CHECKPOINTING[a["checkpointing"]],
@@ -59,7 +59,7 @@ def closest_layout(req: SearchRequest) -> dict[str, Any] | None:
 
 
 def _walk_estimate(raw: dict[str, Any], layout: dict[str, Any], change: dict[str, Any]) -> Any:
-    keys = ("gpu", "gpus", "dp", "tp", "pp", "cp", "sp", "zero", "offload", "checkpointing", "attention")
+    keys = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention")
     scenario = {k: v for k, v in raw.items() if k not in ("search", "constraints", "objective", "top",
                                                            "time_limit_s")}
     scenario = deep_merge(scenario, {"layout": {k: layout[k] for k in keys}})

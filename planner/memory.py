@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.arch import seed_lora_params, total_params
+from planner.arch import expert_params, seed_lora_params, total_params
 from planner.specs import Layout, ModelSpec, Overrides, Workload
 from planner.units import DTYPE_BYTES
 
@@ -144,14 +144,23 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
     method, prec, opt = x["method"], x["precision"], x["optimizer"]
     tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
     n = float(total_params(model))
+    # Expert parallelism: routed experts are split over ep ranks, and ZeRO shards them over
+    # the remaining D/ep replicas, so a ZeRO-sharded part is N/D either way, an unsharded one
+    # (N_dense + N_experts/ep).
+    ep = x.get("ep", 1)
+    n_exp = float(expert_params(model))
+    n_dense = n - n_exp
     w_b = _COMPUTE_BYTES[prec]
     opt_b = _OPTIMIZER_BYTES[prec, opt]
     master_b = _MASTER_BYTES[prec]
     mp = tp * pp
     d = dp * cp
-    div_w = mp * np.where(zero >= 3, d, 1)
-    div_g = mp * np.where(zero >= 2, d, 1)
-    div_o = mp * np.where(zero >= 1, d, 1)
+    s_w, s_g, s_o = (np.where(zero >= stage, d, 1) for stage in (3, 2, 1))
+    div_w, div_g, div_o = mp * s_w, mp * s_g, mp * s_o
+
+    def spread(per_param: Any, shard: Any) -> Any:
+        """Bytes per GPU of ``per_param`` bytes for each model parameter, sharded ``shard`` ways."""
+        return n_dense * per_param / (mp * shard) + n_exp * per_param / (mp * np.maximum(shard, ep))
     keep_o = np.where(offload >= 1, 0.0, 1.0)  # optimizer states stay on the GPU
     keep_w = np.where(offload >= 2, 0.0, 1.0)  # weights stay on the GPU
     is_full = method == 0
@@ -161,7 +170,7 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
     qlora_base = overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM
     inference_base = overrides.base_bytes_per_param or w_b
     base_b = np.where(method == 1, w_b, np.where(method == 2, qlora_base, np.where(is_full, w_b, 0.0)))
-    weights = n * base_b / div_w
+    weights = spread(base_b, s_w)
     if overrides.lora_params is not None:
         n_lora = float(overrides.lora_params)
     else:
@@ -176,14 +185,14 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
 
     zero_arr = 0.0 * weights
     out = {
-        "weights": np.where(is_train, weights * keep_w, n * inference_base / mp),
-        "gradients": np.where(is_full, n * w_b / div_g, zero_arr),
-        "optimizer_states": np.where(is_full, n * opt_b / div_o * keep_o, zero_arr),
-        "master_weights": np.where(is_full, n * master_b / div_o * keep_o, zero_arr),
+        "weights": np.where(is_train, weights * keep_w, spread(inference_base, 1)),
+        "gradients": np.where(is_full, spread(w_b, s_g), zero_arr),
+        "optimizer_states": np.where(is_full, spread(opt_b, s_o) * keep_o, zero_arr),
+        "master_weights": np.where(is_full, spread(master_b, s_o) * keep_o, zero_arr),
         "adapter_states": np.where(is_adapter, adapter_dev, zero_arr),
     }
     host = np.where(is_train, weights * (1 - keep_w), zero_arr)
-    host = host + np.where(is_full, n * (opt_b + master_b) / div_o * (1 - keep_o), zero_arr)
+    host = host + np.where(is_full, spread(opt_b + master_b, s_o) * (1 - keep_o), zero_arr)
     out["host"] = host + np.where(is_adapter, adapter_host, zero_arr)
 
     b = w_b
@@ -227,7 +236,7 @@ def codes(workload: Workload, layout: Layout, *, dp: int, grad_accum: int | None
         "seq_len": workload.seq_len,
         "micro_batch": workload.micro_batch,
         "lora_rank": workload.lora_rank,
-        "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "sp": int(layout.sp),
+        "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "sp": int(layout.sp),
         "zero": layout.zero, "dp": dp, "grad_accum": grad_accum or 0,
     }
 

@@ -38,20 +38,23 @@ BATCH_COLUMNS = 200_000
 #: Groups handed to CP-SAT per plan asked for: the best by key, a superset of the top k.
 CANDIDATES_PER_PLAN = 5
 
-GROUP_KEYS = ("gpu", "tier", "precision", "tp", "pp", "cp", "zero", "offload")
+GROUP_KEYS = ("gpu", "tier", "precision", "tp", "pp", "cp", "ep", "zero", "offload")
 
 
 @dataclass
 class Lattice:
-    """Each class's allowed data-parallel degrees: ``value(i, j)`` for j < ``count[i]``."""
+    """Each class's allowed data-parallel degrees: ``value(i, j)`` for j < ``count[i]``:
+    multiples of the class's expert-parallel degree (``step``) up to the GPU limit, and, with a
+    global batch, only those dividing global_batch / micro_batch."""
 
     count: np.ndarray
     q_index: np.ndarray | None  # row of ``divisors`` (global batch given), else None
     divisors: np.ndarray | None
+    step: np.ndarray | None = None  # ep per class (None: 1)
 
     def value(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         if self.divisors is None:
-            return j + 1
+            return (j + 1) * (1 if self.step is None else self.step[i])
         return self.divisors[self.q_index[i], j]
 
 
@@ -60,19 +63,21 @@ def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
     if len(cls) == 0:
         return Lattice(np.zeros(0, dtype=np.int64), None, None)
     mp = a["tp"] * a["pp"] * a["cp"]
+    ep = a["ep"]
     dmax = table.limit[a["gpu"]] // mp
     if req.dp_pin is not None:
-        ok = req.dp_pin <= dmax
+        ok = (req.dp_pin <= dmax) & (req.dp_pin % ep == 0)
         if req.global_batch:
             ok &= (req.global_batch // a["micro_batch"]) % req.dp_pin == 0
         return Lattice(ok.astype(np.int64), np.zeros(len(cls), dtype=np.int64),
                        np.full((1, 1), req.dp_pin, dtype=np.int64))
     if not req.global_batch:
-        return Lattice(np.maximum(dmax, 0), None, None)
+        return Lattice(np.maximum(dmax // ep, 0), None, None, ep)
     q = req.global_batch // a["micro_batch"]
-    uniq, q_index = np.unique(q, return_inverse=True)
-    divs = [[d for d in range(1, int(u) + 1) if u % d == 0] for u in uniq]
-    width = max(len(d) for d in divs)
+    uniq, q_index = np.unique(np.stack([q, ep], axis=1), axis=0, return_inverse=True)
+    q_index = q_index.ravel()
+    divs = [[d for d in range(u_ep, int(u_q) + 1, u_ep) if u_q % d == 0] for u_q, u_ep in uniq]
+    width = max(1, max(len(d) for d in divs))
     big = np.iinfo(np.int64).max
     mat = np.full((len(uniq), width), big, dtype=np.int64)
     for r, d in enumerate(divs):
@@ -320,7 +325,7 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
             start = first_fitting(req, table, cls, lat, idx)
             fits = start < lat.count[idx]
             cls.rejected["does not fit in memory at any allowed GPU count"] += int((~fits).sum())
-            sub_lat = Lattice(lat.count[idx], None if lat.q_index is None else lat.q_index[idx], lat.divisors)
+            sub_lat = Lattice(lat.count[idx], None, None)  # only the counts: windows of indices
             wc, ws, we = _windows(sub_lat, start)
             wc = idx[wc]
             lb = lower_bounds(req, table, cls.take(wc), lat.value(wc, ws), lat.value(wc, we - 1))

@@ -37,6 +37,7 @@ class Plan(BaseModel):
     tp: int
     pp: int
     cp: int
+    ep: int
     sp: bool
     zero: int
     offload: str
@@ -82,7 +83,7 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     wl = {k: fields[k] for k in ("method", "precision", "seq_len", "micro_batch", "grad_accum")}
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
-    lay = {k: fields[k] for k in ("gpu", "gpus", "dp", "tp", "pp", "cp", "sp", "zero", "offload",
+    lay = {k: fields[k] for k in ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
                                   "checkpointing", "attention")}
     out = deep_merge(out, {"workload": wl, "layout": lay})
     if out["workload"].get("global_batch") is None:
@@ -104,7 +105,8 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
         tier = req.tiers[a["tier"]]
         fields = {
             "gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]), "tp": a["tp"], "pp": a["pp"],
-            "cp": a["cp"], "sp": bool(a["sp"]), "zero": a["zero"], "offload": OFFLOADS[a["offload"]],
+            "cp": a["cp"], "ep": a["ep"], "sp": bool(a["sp"]), "zero": a["zero"],
+            "offload": OFFLOADS[a["offload"]],
             "micro_batch": a["micro_batch"], "grad_accum": int(ev["grad_accum"]), "seq_len": a["seq_len"],
             "method": METHODS[a["method"]], "precision": PRECISIONS[a["precision"]],
             "attention": ATTENTION[a["attention"]], "checkpointing": CHECKPOINTING[a["checkpointing"]],

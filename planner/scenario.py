@@ -209,6 +209,13 @@ def resolve(
     wl = scenario.workload
     if not _divides(lay.cp, wl.seq_len):
         problems.append(f"layout.cp: {lay.cp} does not divide workload.seq_len {wl.seq_len}")
+    if lay.ep > 1:
+        if model is not None and model.moe is None:
+            problems.append(f"layout.ep: {lay.ep} needs a mixture-of-experts model")
+        elif model is not None and model.moe.experts % lay.ep:
+            problems.append(f"layout.ep: {lay.ep} does not divide the model's {model.moe.experts} experts")
+        if dp % lay.ep:
+            problems.append(f"layout.ep: {lay.ep} does not divide dp = {dp} (experts are split within dp)")
     if lay.offload != "none" and lay.zero == 0:
         problems.append(f"layout.offload: {lay.offload!r} needs ZeRO/FSDP (layout.zero ≥ 1)")
     if lay.offload == "optimizer+params" and lay.zero != 3:

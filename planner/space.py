@@ -35,6 +35,8 @@ DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_PP = (1, 2, 4, 8, 16)
 DEFAULT_CP = (1, 2, 4, 8)
+#: Expert-parallel degrees tried for mixture-of-experts models (those dividing the experts).
+DEFAULT_EP = (1, 2, 4, 8, 16, 32, 64)
 #: Context parallelism is only considered from this sequence length up (shorter sequences gain
 #: nothing from splitting; Llama 3 used CP from 8K up, catalog-facts §9/§13).
 MIN_SEQ_LEN_FOR_CP = 8192
@@ -49,7 +51,7 @@ METHOD_LADDER = ("full", "lora", "qlora")
 HOST_RAM_USABLE_SHARE = 0.8
 
 CLASS_KEYS = (
-    "gpu", "tier", "method", "precision", "optimizer", "seq_len", "micro_batch", "tp", "pp", "cp",
+    "gpu", "tier", "method", "precision", "optimizer", "seq_len", "micro_batch", "tp", "pp", "cp", "ep",
     "sp", "zero", "offload", "checkpointing", "attention",
 )
 
@@ -172,6 +174,7 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
         "tp": pick("tp", s.tp, DEFAULT_TP),
         "pp": pick("pp", s.pp, DEFAULT_PP),
         "cp": pick("cp", s.cp, DEFAULT_CP),
+        "ep": pick("ep", s.ep, DEFAULT_EP) if model.moe is not None else (1,),
         "zero": pick("zero", s.zero, (0, 1, 2, 3)),
         "offload": pick("offload", s.offload, OFFLOADS),
         "checkpointing": pick("checkpointing", s.checkpointing, CHECKPOINTING),
@@ -252,24 +255,26 @@ def build_classes(req: SearchRequest) -> Classes:
         for tier in req.tiers:
             cps = [c for c in req.lists["cp"] if tier.seq_len % c == 0
                    and (c == 1 or tier.seq_len >= MIN_SEQ_LEN_FOR_CP or len(req.lists["cp"]) == 1)]
+            eps = [e for e in req.lists["ep"] if model.moe is None and e == 1
+                   or model.moe is not None and model.moe.experts % e == 0]
             grid = np.meshgrid(
                 np.array([PRECISIONS.index(p) for p in precisions]),
                 np.array(req.lists["micro_batch"]),
-                np.array(tps or [0]), np.array(pps or [0]), np.array(cps or [0]),
+                np.array(tps or [0]), np.array(pps or [0]), np.array(cps or [0]), np.array(eps or [0]),
                 np.array(req.lists["zero"]),
                 np.array([OFFLOADS.index(o) for o in req.lists["offload"]]),
                 np.array([CHECKPOINTING.index(c) for c in req.lists["checkpointing"]]),
                 np.array([ATTENTION.index(a) for a in attentions]),
                 indexing="ij",
             )
-            prec, mb, tp, pp, cp, zero, off, ckpt, attn = (g.ravel() for g in grid)
+            prec, mb, tp, pp, cp, ep, zero, off, ckpt, attn = (g.ravel() for g in grid)
             n = len(prec)
-            ok = (tp > 0) & (pp > 0) & (cp > 0)
+            ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
             bad_offload = ((off >= 1) & (zero == 0)) | ((off == 2) & (zero != 3))
             rejected["offload needs ZeRO (params: ZeRO-3)"] += int((ok & bad_offload).sum())
             ok &= ~bad_offload
-            too_many = tp * pp * cp > limit
-            rejected["tp·pp·cp exceeds the GPU limit"] += int((ok & too_many).sum())
+            too_many = tp * pp * cp * ep > limit  # dp is a multiple of ep
+            rejected["tp·pp·cp·ep exceeds the GPU limit"] += int((ok & too_many).sum())
             ok &= ~too_many
             if req.global_batch:
                 ragged = req.global_batch % np.maximum(mb, 1) != 0
@@ -281,7 +286,7 @@ def build_classes(req: SearchRequest) -> Classes:
                 "gpu": np.full(n, gi), "tier": np.full(n, tier.rank),
                 "method": np.full(n, METHODS.index(tier.method)), "precision": prec,
                 "optimizer": np.full(n, OPTIMIZERS.index(req.rs.workload.optimizer)),
-                "seq_len": np.full(n, tier.seq_len), "micro_batch": mb, "tp": tp, "pp": pp, "cp": cp,
+                "seq_len": np.full(n, tier.seq_len), "micro_batch": mb, "tp": tp, "pp": pp, "cp": cp, "ep": ep,
                 "sp": sp.astype(np.int64), "zero": zero, "offload": off, "checkpointing": ckpt,
                 "attention": attn,
             }
@@ -343,7 +348,8 @@ def grad_accum_of(req: SearchRequest, micro_batch: np.ndarray, dp: np.ndarray) -
 def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> tuple:
     """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them."""
     comps = memory_components(req.rs.profile, req.model, req.rs.overrides,
-                              **{k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier")},
+                              **{k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier")
+                                 and (k != "ep" or req.model.moe is not None)},
                               lora_rank=req.rs.workload.lora_rank, dp=dp, grad_accum=ga)
     return comps["total"], comps["host"]
 
@@ -374,7 +380,8 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     weight_bytes = np.where(c["method"] == 2, 0.5, 2.0)
     x = dict(method=c["method"], checkpointing=c["checkpointing"], offload=c["offload"], zero=c["zero"],
              seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
-             cp=c["cp"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora), weight_bytes=weight_bytes)
+             cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
+             weight_bytes=weight_bytes)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host}
     tokens_per_step = c["micro_batch"] * dp * ga * c["seq_len"]

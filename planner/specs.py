@@ -249,6 +249,8 @@ class Layout(StrictModel):
     tp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
     pp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
     cp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    #: Expert parallelism (MoE): routed experts split over ep ranks carved out of dp (ep | dp).
+    ep: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
     sp: bool = False
     zero: Literal[0, 1, 2, 3] = 0
     offload: Offload = "none"
@@ -280,6 +282,7 @@ class SearchSpace(StrictModel):
     tp: list[Count] | None = None
     pp: list[Count] | None = None
     cp: list[Count] | None = None
+    ep: list[Count] | None = None
     method: list[Method] | None = None
     precision: list[Precision] | None = None
     seq_len: list[Count] | None = None
