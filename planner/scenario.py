@@ -29,7 +29,7 @@ FLAG_SECTIONS: dict[str, str] = {
         "global_batch", "tokens", "lora_rank", "lora_alpha", "lora_targets", "quant_bits",
         "double_quant", "allow_relax")},
     **{k: "layout" for k in (
-        "gpu", "gpus", "dp", "tp", "pp", "cp", "sp", "zero", "offload", "checkpointing",
+        "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing",
         "attention")},
     **{k: "overrides" for k in (
         "activation_bytes", "k_factor", "lora_params", "lora_bytes_per_param",
