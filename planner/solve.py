@@ -28,12 +28,12 @@ def plan_raw(
     outcome = search(req, time_limit_s=rs.scenario.time_limit_s)
     plans = assemble(req, raw, outcome)
     explanation = None
-    if not plans and explain_infeasible:
+    status = outcome.status if plans else ("infeasible" if outcome.status == "optimal" else outcome.status)
+    if status == "infeasible" and explain_infeasible:
         explanation = explain(req, raw, outcome,
                               research=lambda r: plan_raw(r, base_dir=base_dir, explain_infeasible=False))
     elif plans and plans[0].relaxations:
         explanation = {"steps": document_steps(req, raw, plans[0].model_dump())}
-    status = outcome.status if plans else ("infeasible" if outcome.status == "optimal" else outcome.status)
     return PlanResult(status=status, scenario=rs.name, objective=req.objective, plans=plans,
                       explanation=explanation, stats=outcome.stats)
 

@@ -229,3 +229,20 @@ def test_cli_plan_infeasible_exit_1_and_invalid_exit_2():
     assert infeasible.exit_code == 1 and "Why:" in infeasible.output
     invalid = runner.invoke(app, ["plan", "--model", "llama-3.1-70b", "--objective", "cost"])
     assert invalid.exit_code == 2 and "workload.tokens: required" in invalid.output
+
+
+def test_time_limit_is_honoured_and_reported():
+    """A tiny limit stops the search early; the answer says it is not proven optimal."""
+    import time
+
+    raw = {"profile": "seed", "model": "llama-3-70b",
+           "workload": {"method": "lora", "seq_len": 8192, "tokens": 1e9}, "time_limit_s": 0.05}
+    t = time.perf_counter()
+    result = planner.plan(raw)
+    assert time.perf_counter() - t < 5
+    assert result.status in ("feasible", "unknown")
+    assert result.explanation is None or "binding" not in result.explanation
+    full = planner.plan({**raw, "time_limit_s": 60})
+    assert full.status == "optimal"
+    if result.plans:
+        assert result.plans[0].cost_usd >= full.plans[0].cost_usd
