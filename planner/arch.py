@@ -168,11 +168,27 @@ def lora_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def exact_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> int:
-    """Σ r·(d_in + d_out) over the adapted linear layers of every layer (dense models)."""
+def lora_adapters(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS) -> list[tuple[int, int, int]]:
+    """(count, d_in, d_out) of each adapted linear layer. With ``fused_qkv`` the targeted q/k/v
+    projections are one linear (d_out = the sum of their widths, as PEFT adapts Qwen's c_attn);
+    ``lm_head`` adapts the output layer once."""
     shapes = lora_module_shapes(spec)
-    per_layer = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
-    return spec.layers * per_layer
+    per_layer = [t for t in targets if t in shapes]
+    out = []
+    qkv = [t for t in per_layer if t in ("q", "k", "v")]
+    if spec.fused_qkv and qkv:
+        out.append((spec.layers, spec.hidden, sum(shapes[t][1] for t in qkv)))
+        per_layer = [t for t in per_layer if t not in qkv]
+    out += [(spec.layers, *shapes[t]) for t in per_layer]
+    if "lm_head" in targets:
+        _need(spec, "vocab")
+        out.append((1, spec.hidden, spec.vocab))
+    return out
+
+
+def exact_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> int:
+    """Σ r·(d_in + d_out) over the adapted linear layers (dense models; see :func:`lora_adapters`)."""
+    return sum(n * rank * (d_in + d_out) for n, d_in, d_out in lora_adapters(spec, targets))
 
 
 def expert_params(spec: ModelSpec) -> int:

@@ -41,10 +41,20 @@ class Estimate(BaseModel):
     host_bytes: int
     assumptions: list[str]
     warnings: list[str]
+    #: allocated_bytes, reserved_bytes, device_bytes (profiles that model the allocator).
+    predicted: dict[str, int] | None = None
+    #: The relative error validation measured for this method; tight: headroom inside it.
+    error_band: float | None = None
+    tight: bool | None = None
 
 
 def memory_of(rs: ResolvedScenario) -> MemoryBreakdown:
     """The memory breakdown of a resolved scenario under its profile."""
+    if rs.profile == "detailed":
+        from planner.detailed import detailed_memory
+
+        return detailed_memory(rs.model, rs.workload, rs.layout, rs.overrides,
+                               dp=rs.layout.dp, grad_accum=rs.grad_accum)
     return seed_memory(
         rs.model, rs.workload, rs.layout, rs.overrides, dp=rs.layout.dp, grad_accum=rs.grad_accum
     )
@@ -61,12 +71,14 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
     total = mem.total_bytes
     reserve = rs.overrides.reserve
     capacity = usable = headroom = None
-    fits = None
+    fits = tight = None
     if rs.gpu is not None:
         capacity = rs.gpu.memory_bytes
         usable = usable_bytes(capacity, reserve)
         headroom = usable - total
         fits = total <= usable
+        if mem.error_band is not None:
+            tight = fits and headroom < mem.error_band * total
     lay = rs.layout
     return Estimate(
         scenario=rs.name,
@@ -92,4 +104,7 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         host_bytes=mem.host_bytes,
         assumptions=list(mem.assumptions),
         warnings=list(rs.warnings),
+        predicted=mem.predicted,
+        error_band=mem.error_band,
+        tight=tight,
     )

@@ -95,6 +95,10 @@ class MemoryBreakdown:
     components: dict[str, int]
     host_bytes: int = 0
     assumptions: tuple[str, ...] = field(default=())
+    #: Profiles that model the allocator: allocated_bytes, reserved_bytes, device_bytes.
+    predicted: dict[str, int] | None = None
+    #: Relative error that validation measured for this kind of run (e.g. 0.12 = ±12 %).
+    error_band: float | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -293,9 +297,16 @@ def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides:
     return notes
 
 
-def memory_components(profile: str, model: ModelSpec, overrides: Overrides, **x: Any) -> dict[str, Any]:
+def memory_components(profile: str, model: ModelSpec, overrides: Overrides, *,
+                      base: tuple[Workload, Layout] | None = None, **x: Any) -> dict[str, Any]:
     """Per-GPU memory of many layouts at once (arrays broadcast): ``total`` (device bytes,
-    summed exactly as an estimate sums its components) and ``host`` (offloaded bytes)."""
+    summed exactly as an estimate sums its components) and ``host`` (offloaded bytes).
+    ``base`` (the scenario's workload and layout) supplies the recipe details the arrays lack."""
+    if profile == "detailed":
+        from planner.detailed_array import detailed_components
+
+        workload, layout = base if base is not None else (Workload(), Layout())
+        return detailed_components(model, overrides, workload=workload, layout=layout, **x)
     if profile != "seed":
         raise NotImplementedError(f"profile {profile!r} has no array form")
     raw = seed_components(model, overrides, **x)

@@ -205,7 +205,11 @@ def resolve(
         if kv is not None and model.mla is None and kv % lay.tp and lay.tp % kv:
             problems.append(f"layout.tp: {lay.tp} does not divide the model's {kv} KV heads")
         if not _divides(lay.pp, model.layers):
-            problems.append(f"layout.pp: {lay.pp} does not divide the model's {model.layers} layers")
+            if scenario.profile != "detailed":
+                problems.append(f"layout.pp: {lay.pp} does not divide the model's {model.layers} layers")
+            else:
+                warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
+                                f"heaviest stage holds {-(-model.layers // lay.pp)}")
     wl = scenario.workload
     if not _divides(lay.cp, wl.seq_len):
         problems.append(f"layout.cp: {lay.cp} does not divide workload.seq_len {wl.seq_len}")
@@ -240,8 +244,9 @@ def resolve(
                 f"{wl.micro_batch}·{dp}·{grad_accum} = {per_step * grad_accum}"
             )
 
-    if scenario.profile == "detailed":
-        problems.append("profile: 'detailed' is not available in this version; use 'seed'")
+    if scenario.profile == "detailed" and model is not None and not has_full_architecture(model):
+        problems.append("profile: 'detailed' needs the full architecture (heads, ffn, vocab), "
+                        "not only params_b; give them or use profile: seed")
 
     if gpu is not None:
         if wl.precision == "bf16" and not gpu.supports_bf16:

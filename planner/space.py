@@ -348,6 +348,7 @@ def grad_accum_of(req: SearchRequest, micro_batch: np.ndarray, dp: np.ndarray) -
 def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> tuple:
     """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them."""
     comps = memory_components(req.rs.profile, req.model, req.rs.overrides,
+                              base=(req.rs.workload, req.rs.layout),
                               **{k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier")
                                  and (k != "ep" or req.model.moe is not None)},
                               lora_rank=req.rs.workload.lora_rank, dp=dp, grad_accum=ga)

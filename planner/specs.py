@@ -174,6 +174,7 @@ class ModelSpec(StrictModel):
     gated_mlp: bool = True
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     norms_per_layer: NonNegCount = 2
+    fused_qkv: bool = False  # one QKV linear (Qwen v1 c_attn, GPT-NeoX, litgpt): one LoRA input
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
@@ -228,10 +229,21 @@ class Workload(StrictModel):
     tokens: PosFloat | None = None
     lora_rank: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=65_536)] = 16
     lora_alpha: PosFloat | None = None
-    lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "all"]] = ["all"]
+    lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "all", "lm_head"]] = ["all"]
     quant_bits: Literal[4, 8] = 4
     double_quant: bool = True
     allow_relax: list[Literal["method", "seq_len"]] = []
+    # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
+    # 4-bit base: bitsandbytes NF4 (its matmul keeps the input), torchao NF4 (torchtune), GPTQ
+    quant_type: Literal["nf4", "torchao-nf4", "gptq"] = "nf4"
+    adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
+    lora_dropout: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.0
+    grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)
+    optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
+    optimizer_step: Literal["foreach", "fused", "in_backward"] = "foreach"
+    loss: Literal["standard", "chunked", "fused"] = "standard"  # cross-entropy over the vocabulary
+    compile: bool = False  # torch.compile: fused norms and activations
+    fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
 
     @property
     def lora_target_set(self) -> tuple[str, ...]:
@@ -256,6 +268,12 @@ class Layout(StrictModel):
     offload: Offload = "none"
     checkpointing: Checkpointing = "none"
     attention: Attention = "flash"
+    # Layout details the ``detailed`` profile models (the ``seed`` profile ignores them).
+    activation_offload: bool = False  # checkpointed layer inputs kept in host memory
+    pp_schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    pp_virtual_stages: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1024)] = 1
+    unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
+    full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once
 
 
 class Overrides(StrictModel):
@@ -314,7 +332,7 @@ UNION_TAGS = frozenset({"name", "dims"})
 
 class Scenario(StrictModel):
     name: str = "scenario"
-    profile: Profile = "seed"
+    profile: Profile = "detailed"  # detailed beats seed on measured runs (planner validate)
     model: ModelField
     workload: Workload = Workload()
     layout: Layout = Layout()

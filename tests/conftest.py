@@ -13,6 +13,7 @@ def seed_7b() -> dict:
     """The setting of the worked examples in 000_… §五: 7B, L=32, H=4096, T=2048, B=4,
     FlashAttention + checkpointing (K = 3)."""
     return {
+        "profile": "seed",
         "model": {"params_b": 7, "layers": 32, "hidden": 4096},
         "workload": {"seq_len": 2048, "micro_batch": 4},
         "layout": {"checkpointing": "full", "attention": "flash"},

@@ -72,7 +72,8 @@ def test_count_given_as_1e3_string():
 def test_multi_scenario_file_with_defaults(tmp_path):
     path = tmp_path / "two.yaml"
     path.write_text(
-        "defaults:\n  model: {params_b: 7, layers: 32, hidden: 4096}\n  layout: {gpu: a100-40gb}\n"
+        "defaults:\n  profile: seed\n  model: {params_b: 7, layers: 32, hidden: 4096}\n"
+        "  layout: {gpu: a100-40gb}\n"
         "scenarios:\n  - {name: fits, workload: {method: qlora}}\n"
         "  - {name: too-big, workload: {method: full}}\n"
     )
@@ -102,7 +103,7 @@ def write(tmp_path, text: str) -> str:
     return str(path)
 
 
-BASE = "model: llama-3.1-8b\nlayout: {gpu: h100}\n"
+BASE = "profile: seed\nmodel: llama-3.1-8b\nlayout: {gpu: h100}\n"
 
 BAD_INPUTS = [
     ("unknown gpu", BASE.replace("h100", "h1000"), "layout.gpu: unknown gpu 'h1000'; did you mean"),
@@ -123,7 +124,8 @@ BAD_INPUTS = [
      "layout.gpus: 8 ≠ dp·tp·pp·cp = 2·2·1·1 = 4"),
     ("malformed yaml", "model: [llama\nlayout: {gpu: h100\n", "malformed YAML: line"),
     ("not a mapping", "- 1\n- 2\n", "a scenario must be a mapping"),
-    ("detailed profile", BASE + "profile: detailed\n", "profile: 'detailed' is not available"),
+    ("detailed without architecture", "model: {params_b: 7, layers: 32, hidden: 4096}\n",
+     "profile: 'detailed' needs the full architecture"),
     ("offload without zero", BASE + "layout: {gpu: h100, offload: optimizer}\n", "layout.offload:"),
     ("global batch", BASE + "workload: {micro_batch: 3, global_batch: 16}\n",
      "workload.global_batch: 16 is not a multiple of micro_batch·dp = 3·1 = 3"),
@@ -145,7 +147,7 @@ def test_every_problem_reported_at_once(tmp_path):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(lines) == 2  # schema errors first: the typo and the negative count
-    text = "model: llama-3.1-8b\nlayout: {gpu: h1000, pp: 5, gpus: 5}\n"
+    text = "profile: seed\nmodel: llama-3.1-8b\nlayout: {gpu: h1000, pp: 5, gpus: 5}\n"
     result = run("estimate", write(tmp_path, text))
     lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(lines) == 2 and "layout.gpu" in lines[0] and "layout.pp" in lines[1]

@@ -79,7 +79,7 @@ def test_000_case_c_is_tight_on_4090(seed_7b):
     assert 0 < est.headroom_bytes < 3 * GB
 
 
-DOC_004 = {"model": {"params_b": 1, "layers": 16, "hidden": 2048}, "overrides": {"activation_bytes": 4e9}}
+DOC_004 = {"profile": "seed", "model": {"params_b": 1, "layers": 16, "hidden": 2048}, "overrides": {"activation_bytes": 4e9}}
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_004_one_billion_examples(method, overrides, expected_gb):
 def test_zero_paper_figure_1(zero, expected_gb):
     """ZeRO paper Figure 1: Ψ = 7.5B, N_d = 64, mixed-precision Adam (2 + 2 + 12 bytes)."""
     est = planner.estimate(
-        {"model": {"params_b": 7.5, "layers": 32, "hidden": 4096},
+        {"profile": "seed", "model": {"params_b": 7.5, "layers": 32, "hidden": 4096},
          "workload": {"method": "full"},
          "layout": {"gpus": 64, "zero": zero},
          "overrides": {"activation_bytes": 0}}
@@ -114,7 +114,7 @@ def test_zero_paper_figure_1(zero, expected_gb):
 def test_002_errata_not_followed():
     """002_… claims 1B FP16 weights take ~1 GB and FP32 training takes 12 bytes/param;
     memory-model.md: they take 2 GB, and FP32 AdamW training takes 4 + 4 + 8 = 16."""
-    base = {"model": {"params_b": 1, "layers": 16, "hidden": 2048}, "overrides": {"activation_bytes": 0}}
+    base = {"profile": "seed", "model": {"params_b": 1, "layers": 16, "hidden": 2048}, "overrides": {"activation_bytes": 0}}
     inference = planner.estimate(deep_merge(base, {"workload": {"method": "inference", "seq_len": 1}}))
     assert inference.components["weights"] == 2_000_000_000
     fp32 = planner.estimate(deep_merge(base, {"workload": {"method": "full", "precision": "fp32"}}))

@@ -1,0 +1,327 @@
+"""Activation memory of one training step, from the tensors each layer saves for backward.
+
+Every figure is bytes on one GPU. The per-layer inventory follows, op by op, what eager PyTorch
+kernels save in a Hugging Face Llama-style layer (RMSNorm, gated SiLU MLP, GQA, no dropout) or a
+GPT-style one (LayerNorm, plain GELU MLP), as measured byte for byte on CPU (see
+``tests/truth/``; the derivation is in the docstring of :func:`layer_saved`). Each storage is
+counted once even when several ops save it (q/k/v share their input, gate/up theirs).
+
+Symbols: b micro-batch, s sequence length per GPU (after context parallelism), h hidden, h_q =
+heads·head_dim, h_kv = kv_heads·head_dim, f FFN width, a heads, e bytes of the compute dtype,
+c bytes of the LoRA adapters, r LoRA rank, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.specs import ModelSpec
+
+#: Bytes of a saved RMSNorm/LayerNorm statistic per token: rsqrt (RMSNorm) in FP32 = 4;
+#: LayerNorm keeps mean and rstd in FP32 = 8 (``aten.native_layer_norm``).
+FP32 = 4
+#: A dropout mask on CUDA is a bool tensor (``aten.native_dropout``): 1 byte per element.
+#: (On CPU it is a float tensor in the input dtype; the CPU harness passes that instead.)
+CUDA_DROPOUT_MASK_BYTES = 1.0
+#: Bytes per element of an FP8 (e4m3) tensor: Float8 linears save their input cast to FP8.
+FP8_BYTES = 1
+
+
+@dataclass(frozen=True)
+class LayerRecipe:
+    """What decides which tensors a layer saves (everything but the shapes)."""
+
+    e: int  # bytes per element of activations (compute dtype)
+    attention: str = "flash"  # eager | flash (any kernel that saves q, k, v, out and an FP32 lse)
+    trainable_base: bool = True  # full fine-tuning: every weight needs its input saved
+    lora_targets: frozenset[str] = frozenset()
+    c: int = 2  # bytes per element of the LoRA adapters (PEFT's default: FP32 = 4)
+    lora_rank: int = 0
+    lora_dropout: bool = False
+    mask_bytes: float = CUDA_DROPOUT_MASK_BYTES
+    input_requires_grad: bool = True  # False for layer 0 of LoRA without checkpointing
+    fused: bool = False  # torch.compile: fused norms and SwiGLU (pointwise results recomputed)
+    fp8: bool = False  # Float8 linears: the saved linear inputs are FP8
+    #: bitsandbytes' 4-bit matmul (``MatMul4Bit``) keeps its input for backward even when the
+    #: weight is frozen (``ctx.tensors = (A, B)``), so a QLoRA base saves what full FT saves.
+    frozen_saves_input: bool = False
+
+
+@dataclass
+class Inventory:
+    """Named saved storages of one layer, bytes; ``split`` ones are divided by TP."""
+
+    split: dict[str, float] = field(default_factory=dict)
+    whole: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, n_bytes: float, *, split: bool = True) -> None:
+        (self.split if split else self.whole).setdefault(name, n_bytes)
+
+    def total(self, tp: int = 1, sp: bool = False) -> float:
+        """Bytes on one GPU: TP splits the head/FFN-wide tensors; SP also the h-wide ones."""
+        whole = sum(self.whole.values())
+        return sum(self.split.values()) / tp + (whole / tp if sp else whole)
+
+
+def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, rec: LayerRecipe,
+          kind: str, tokens: int) -> None:
+    """A norm's saved tensors: HF RMSNorm keeps an FP32 copy of its input (4h) and rsqrt (4),
+    plus y (e·h) for its weight's gradient; LayerNorm keeps its input (e·h), mean and rstd (8);
+    a fused (compiled) RMSNorm keeps its input and rsqrt (e·h + 4)."""
+    if not (rg or weight_trainable):
+        return
+    if kind == "layernorm":
+        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
+        inv.add(f"{name}.stats", tokens * 2 * FP32, split=False)
+    elif rec.fused:
+        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
+        inv.add(f"{name}.rstd", tokens * FP32, split=False)
+    else:
+        inv.add(f"{name}.fp32_input", tokens * FP32 * h, split=False)
+        inv.add(f"{name}.rstd", tokens * FP32, split=False)
+        if weight_trainable:
+            inv.add(f"{name}.y", tokens * rec.e * h, split=False)
+
+
+def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str], rec: LayerRecipe,
+                   tokens: int, *, split_input: bool, x_rg: bool = True) -> None:
+    """Inputs that linear layers save for their weight gradients.
+
+    A trainable base weight saves its input (FP8 with Float8 linears). A LoRA module saves the
+    input of lora_A: the tensor itself when c = e, else its own cast copy (``x.to(c)``) per
+    module; with dropout the dropped copy replaces it, plus a mask per module when the input
+    needs a gradient (``x_rg``; not in layer 0 of LoRA). lora_A's output
+    (r wide, dtype c) is saved by lora_B.
+    """
+    if (rec.trainable_base or rec.frozen_saves_input) and modules:
+        if rec.fp8:
+            inv.add(f"{x_name}.fp8", tokens * FP8_BYTES * x_width, split=split_input)
+        else:
+            inv.add(x_name, tokens * rec.e * x_width, split=split_input)
+    for m in modules:
+        if m not in rec.lora_targets and not (m == "qkv" and rec.lora_targets & {"q", "k", "v"}):
+            continue
+        if rec.lora_dropout:
+            if x_rg:
+                inv.add(f"{m}.lora_dropout_mask", tokens * rec.mask_bytes * x_width, split=split_input)
+            inv.add(f"{m}.lora_dropped", tokens * rec.c * x_width, split=split_input)
+        elif rec.c == rec.e:
+            inv.add(x_name, tokens * rec.e * x_width, split=split_input)
+        else:
+            inv.add(f"{m}.lora_cast", tokens * rec.c * x_width, split=split_input)
+        inv.add(f"{m}.lora_a_out", tokens * rec.c * rec.lora_rank, split=True)
+
+
+def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe, tokens: int,
+         prefix: str = "mlp") -> bool:
+    """Gated: gate·up products keep gate, up, act(gate) and the product (4e·f); fused keeps
+    gate and up only. Plain: fc output and act output (2e·f). Returns: output requires grad."""
+    e, t = rec.e, rec.lora_targets
+    trainable = rec.trainable_base
+    if model.gated_mlp:
+        _linear_inputs(inv, f"{prefix}.input", model.hidden, ["gate", "up"], rec, tokens,
+                       split_input=False)
+        gate_rg = rg_in or trainable or "gate" in t
+        up_rg = rg_in or trainable or "up" in t
+        if gate_rg:
+            inv.add(f"{prefix}.gate_out", tokens * e * f)  # saved by act
+        if rec.fused:
+            if gate_rg or up_rg:
+                inv.add(f"{prefix}.gate_out", tokens * e * f)
+                inv.add(f"{prefix}.up_out", tokens * e * f)
+        else:
+            if gate_rg:
+                inv.add(f"{prefix}.up_out", tokens * e * f)  # mul saves up for d(act)
+            if up_rg:
+                inv.add(f"{prefix}.act_out", tokens * e * f)  # mul saves act for d(up)
+        prod_rg = gate_rg or up_rg
+        if rec.fused and trainable and not rec.fp8:
+            pass  # the product is recomputed from gate and up for down's weight gradient
+        else:
+            _linear_inputs(inv, f"{prefix}.product", f, ["down"], rec, tokens, split_input=True)
+        return prod_rg or trainable or "down" in t
+    _linear_inputs(inv, f"{prefix}.input", model.hidden, ["up"], rec, tokens, split_input=False)
+    fc_rg = rg_in or trainable or "up" in t
+    if fc_rg:
+        inv.add(f"{prefix}.fc_out", tokens * e * f)  # saved by GELU
+    _linear_inputs(inv, f"{prefix}.act_out", f, ["down"], rec, tokens, split_input=True)
+    return fc_rg or trainable or "down" in t
+
+
+def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Storages one decoder layer saves for backward (no checkpointing).
+
+    HF Llama, full fine-tuning, flash/SDPA, per token: 2 norms × (4h + 4 + e·h y + e·h output)
+    + q, k, v after RoPE (e·h_q + 2e·h_kv) + attention output (e·h_q) + FP32 lse (4a) + MLP 4e·f
+    = 8h + 8 + 4e·h + 2e·h_q + 2e·h_kv + 4e·f + 4a. Eager attention instead saves a contiguous q,
+    K and V repeated to all a heads (GQA saves nothing there), the FP32 softmax (4·a·s per
+    token), its e-byte copy when e ≠ 4, and the output: 4e·h_q + a·s·(4 + e·[e≠4]).
+    A frozen base (LoRA) saves only what gradients flowing to earlier adapters need. Sources:
+    ``../shared/design/cpu-ground-truth.md`` §4–5, re-measured by ``tests/truth``; Korthikanti
+    et al. 2022 for the GPT layer's structure. Excludes: dropout other than LoRA's (none in
+    these models), the causal mask and RoPE tables (shared by all layers: :func:`shared_saved`).
+    """
+    inv = Inventory()
+    tokens = b * s
+    h, e = model.hidden, rec.e
+    a, d = model.heads, model.head_dim_eff
+    h_q, h_kv = a * d, model.kv_heads_eff * d
+    t = rec.lora_targets
+    rg_in = rec.input_requires_grad
+    norm = model.norm
+    # --- attention block
+    _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, norm, tokens)
+    out1_rg = rg_in or rec.trainable_base
+    qkv = ["qkv"] if model.fused_qkv else ["q", "k", "v"]
+    _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg)
+    qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
+    if qkv_rg:
+        if rec.attention == "eager":
+            inv.add("attn.q", tokens * e * h_q)
+            inv.add("attn.k_repeated", tokens * e * h_q)
+            inv.add("attn.v_repeated", tokens * e * h_q)
+            inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
+            if e != FP32:
+                inv.add("attn.softmax_copy", tokens * e * a * s)
+        else:
+            inv.add("attn.q", tokens * e * h_q)
+            inv.add("attn.k", tokens * e * h_kv)
+            inv.add("attn.v", tokens * e * h_kv)
+            inv.add("attn.out", tokens * e * h_q)
+            inv.add("attn.lse", tokens * FP32 * a)
+    name_o = "attn.out" if rec.attention != "eager" else "attn.out_contiguous"
+    _linear_inputs(inv, name_o, h_q, ["o"], rec, tokens, split_input=True)
+    h1_rg = rg_in or qkv_rg or rec.trainable_base or "o" in t
+    # --- MLP block (with one norm per layer, a parallel block: the MLP reads norm1's output)
+    if model.norms_per_layer >= 2:
+        _norm(inv, "norm2", h1_rg, rec.trainable_base, h, rec, norm, tokens)
+    if model.norms_per_layer > 2:  # Gemma 2: post-attention and post-MLP norms
+        _norm(inv, "norm3", h1_rg, rec.trainable_base, h, rec, norm, tokens)
+        _norm(inv, "norm4", h1_rg, rec.trainable_base, h, rec, norm, tokens)
+    mlp_rg_in = h1_rg or rec.trainable_base
+    moe = model.moe
+    if moe is None:
+        _mlp(inv, model, model.ffn, mlp_rg_in, rec, tokens)
+    else:
+        _moe(inv, model, mlp_rg_in, rec, tokens)
+    return inv
+
+
+def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens: int) -> None:
+    """A MoE layer: each token goes through ``active`` experts (its hidden state copied once per
+    expert by the dispatch, e·h each) plus the shared experts; the router saves FP32 logits
+    (4·E per token). Routing imbalance is not modelled: the mean load is assumed."""
+    moe = model.moe
+    inv.add("moe.router_logits", tokens * FP32 * moe.experts)
+    inv.add("moe.dispatched", tokens * moe.active * rec.e * model.hidden)
+    sub = Inventory()
+    _mlp(sub, model, moe.expert_ffn, rg_in, rec, tokens * moe.active, prefix="experts")
+    if moe.shared_experts and moe.shared_ffn:
+        _mlp(sub, model, moe.shared_ffn * moe.shared_experts, rg_in, rec, tokens, prefix="shared")
+    for k, v in sub.split.items():
+        inv.add(k, v)
+    for k, v in sub.whole.items():
+        inv.add(k, v, split=False)
+
+
+def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Gradients that exist, beside the saved tensors, while one layer runs backward: those of the
+    MLP's intermediates (gate, up and their product: 3·e·f; plain MLP: 2·e·f) and of the layer's
+    input and output (2·e·h) per token. Not visible in a saved-tensor count; derived from the
+    order in which autograd frees them (each is released once consumed)."""
+    inv = Inventory()
+    tokens, e = b * s, rec.e
+    f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    inv.add("grad.mlp", tokens * e * f * (3 if model.gated_mlp else 2))
+    inv.add("grad.residual", tokens * e * 2 * model.hidden, split=False)
+    return inv
+
+
+def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Op-level selective checkpointing (torchtitan's ``selective_ac_option: op``, the common
+    PyTorch policy): keep the layer input, the attention kernel's outputs (out + FP32 lse) and
+    every other matmul output in forward order (Llama: q, v, gate, down); recompute the rest.
+    Source: torchtitan ``_save_list`` / ``_custom_policy`` ("save all compute-intensive ops
+    except every second mm"). With eager attention nothing s²-sized is kept (Korthikanti's
+    selective recomputation)."""
+    inv = Inventory()
+    tokens, e = b * s, rec.e
+    h, d = model.hidden, model.head_dim_eff
+    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    inv.add("layer_input", tokens * e * h, split=False)
+    f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    mms = [("q", h_q), ("k", h_kv), ("v", h_kv), ("o", h)]
+    mms += [("gate", f), ("up", f), ("down", h)] if model.gated_mlp else [("up", f), ("down", h)]
+    for i, (name, width) in enumerate(mms):
+        if i % 2 == 0:
+            inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
+    inv.add("attn.out", tokens * e * h_q)
+    if rec.attention != "eager":
+        inv.add("attn.lse", tokens * FP32 * model.heads)
+    return inv
+
+
+def checkpoint_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Full checkpointing (HF ``gradient_checkpointing``, non-reentrant): only the layer input,
+    e·b·s·h, is kept per layer."""
+    inv = Inventory()
+    inv.add("layer_input", b * s * rec.e * model.hidden, split=False)
+    return inv
+
+
+def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
+    """Tensors made once per forward and saved by every layer: the RoPE cos/sin tables
+    (2·s·d·e, no batch dimension)."""
+    return 2 * s * model.head_dim_eff * rec.e if model.position == "rope" else 0.0
+
+
+def eager_mask_bytes(rec: LayerRecipe, b: int, s: int) -> float:
+    """Alive through the step but not saved: eager attention's causal mask (e·b·s²)."""
+    return rec.e * b * s * s if rec.attention == "eager" else 0.0
+
+
+def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_trainable: bool,
+               embedding_trainable: bool) -> float:
+    """Outside the layers, saved for backward (loss excluded, see :func:`loss_bytes`): the final
+    norm (as any norm), lm_head's input (e·h) when lm_head is trained, the shifted labels
+    (int64, 8 per token) and the input ids when the embedding is trained (8 per token)."""
+    inv = Inventory()
+    tokens = b * s
+    _norm(inv, "final_norm", True, rec.trainable_base, model.hidden, rec, model.norm, tokens)
+    if lm_head_trainable:
+        inv.add("lm_head.input", tokens * rec.e * model.hidden, split=False)
+    n = inv.total() + 8 * tokens
+    if embedding_trainable:
+        n += 8 * tokens
+    return n
+
+
+#: Chunks of torchtune's ``CEWithChunkedOutputLoss`` (``num_output_chunks = 8``).
+LOSS_CHUNKS = 8
+
+
+def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
+               compiled: bool = False) -> tuple[float, float]:
+    """(saved at the end of forward, peak while the loss runs) for the logits and cross-entropy.
+
+    ``standard`` (HF ``ForCausalLMLoss``, torchtitan): logits in the compute dtype are upcast
+    to FP32 and ``log_softmax`` keeps its FP32 output (4V per token) for backward; at the start
+    of backward the FP32 gradient of the log-probabilities and of the logits exist beside it:
+    12V per token (forward: e + 4 + 4). ``chunked`` (torchtune ``CEWithChunkedOutputLoss``,
+    litgpt chunked CE): the compute-dtype logits stay (e·V) and FP32 exists for one chunk at a
+    time (12V/chunks). ``fused`` (Liger FLCE, Cut Cross-Entropy): logits never exist whole;
+    Liger's chunks are N/⌈V/h⌉ tokens, so about 12·h per token. Vocab-parallel loss divides by TP.
+    ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
+    log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient.
+    """
+    v = model.vocab / tp
+    if loss == "standard":
+        saved = FP32 * v
+        peak = max(e + 2 * FP32, 3 * FP32) * v
+    elif loss == "chunked":
+        saved = e * v
+        peak = e * v + (e if compiled else 3 * FP32) * v / LOSS_CHUNKS
+    else:
+        saved = 0.0
+        peak = 3 * FP32 * model.hidden
+    return saved * tokens, peak * tokens

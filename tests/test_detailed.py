@@ -1,0 +1,156 @@
+"""The ``detailed`` profile: per-layer formulas against published CPU measurements, state bytes,
+phases and views, and the estimate contract.
+
+Golden figures: ``../shared/design/cpu-ground-truth.md`` §4 (HF Llama, h=256, f=688, L=4, a=8,
+a_kv=2, V=1000, s=128, b=2, random init, torch 2.13 CPU), re-measured by ``tests/truth``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import planner
+from planner import activations as act
+from planner.arch import exact_lora_params
+from planner.specs import ModelSpec
+from planner.states import NF4_DQ_BYTES, NF4_BYTES
+
+TINY = ModelSpec(layers=4, hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=688, vocab=1000)
+ALL = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
+
+
+def _rec(e, attention, lora=False, c=None, first=False, dropout=False):
+    return act.LayerRecipe(e=e, attention=attention, trainable_base=not lora,
+                           lora_targets=ALL if lora else frozenset(), c=c or e,
+                           lora_rank=8 if lora else 0, lora_dropout=dropout, mask_bytes=c or e,
+                           input_requires_grad=not first)
+
+
+# (label, recipe, bytes per decoder layer measured on CPU) — cpu-ground-truth.md §4 table
+LAYER_CASES = [
+    ("bf16 eager full", _rec(2, "eager"), 4_556_800),
+    ("bf16 sdpa full", _rec(2, "flash"), 2_795_520),
+    ("fp32 eager full", _rec(4, "eager"), 6_490_112),
+    ("fp32 sdpa full", _rec(4, "flash"), 5_056_512),
+    ("bf16 eager lora fp32 adapters", _rec(2, "eager", True, 4), 5_883_904),
+    ("bf16 eager lora layer 0", _rec(2, "eager", True, 4, first=True), 5_620_736),
+    ("bf16 sdpa lora fp32 adapters", _rec(2, "flash", True, 4), 4_253_696),
+    ("bf16 sdpa lora layer 0", _rec(2, "flash", True, 4, first=True), 3_990_528),
+    ("fp32 eager lora", _rec(4, "eager", True, 4), 6_023_168),
+    ("fp32 sdpa lora", _rec(4, "flash", True, 4), 4_589_568),
+    ("fp32 sdpa lora layer 0", _rec(4, "flash", True, 4, first=True), 4_326_400),
+    ("bf16 sdpa lora dropout 0.05 (CPU float masks)", _rec(2, "flash", True, 4, dropout=True), 6_531_072),
+]
+
+
+@pytest.mark.parametrize("label, rec, expected", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
+def test_layer_saved_matches_cpu_measurements(label, rec, expected):
+    assert act.layer_saved(TINY, rec, 2, 128).total() == expected
+
+
+def test_checkpoint_head_and_shared_match_cpu_measurements():
+    """GC keeps e·b·s·h per layer (131,072 bf16; 262,144 fp32); the head saves 1,551,364 bytes
+    in bf16 full FT and 1,289,220 with LoRA (final norm, LM-head input, FP32 log-probs, labels,
+    nll's 4-byte total_weight); RoPE cos/sin 16,384 (bf16)."""
+    bf16, fp32 = _rec(2, "flash"), _rec(4, "flash")
+    assert act.checkpoint_saved(TINY, bf16, 2, 128).total() == 131_072
+    assert act.checkpoint_saved(TINY, fp32, 2, 128).total() == 262_144
+    loss_saved, _ = act.loss_bytes(TINY, 2, 256, "standard")
+    head = act.head_saved(TINY, bf16, 2, 128, lm_head_trainable=True, embedding_trainable=False)
+    assert head + loss_saved + 4 == 1_551_364
+    lora_head = act.head_saved(TINY, _rec(2, "flash", True, 4), 2, 128, lm_head_trainable=False,
+                               embedding_trainable=False)
+    assert lora_head + loss_saved + 4 == 1_289_220
+    assert act.shared_saved(TINY, bf16, 2, 128) == 16_384
+
+
+def test_exact_lora_count_and_nf4_bytes():
+    """cpu-ground-truth.md §3: r=8 on all 7 projections = 143,872 trainable parameters.
+    memory-references.md §6: NF4 4.5 bits/param, with double quantization 4.127 bits."""
+    assert exact_lora_params(TINY, 8) == 143_872
+    assert NF4_BYTES * 8 == pytest.approx(4.5)
+    assert NF4_DQ_BYTES * 8 == pytest.approx(4.127, abs=0.001)
+
+
+def test_korthikanti_selective_and_tp_split():
+    """TP with sequence parallelism divides everything by t; without it the h-wide tensors
+    (norms, layer input) stay whole — Korthikanti et al. 2022 §4.2."""
+    inv = act.layer_saved(TINY, _rec(2, "flash"), 2, 128)
+    assert inv.total(tp=4, sp=True) == pytest.approx(inv.total() / 4)
+    assert inv.total() / 4 < inv.total(tp=4, sp=False) < inv.total()
+
+
+LLAMA_8B_LORA = {"model": "llama-3.1-8b", "workload": {"method": "lora", "seq_len": 2048},
+                 "layout": {"gpu": "a100-80gb"}}
+
+
+def test_estimate_contract_detailed():
+    est = planner.estimate(LLAMA_8B_LORA)
+    assert est.profile == "detailed"  # the default once it beat seed on measured runs
+    p = est.predicted
+    assert p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"] == est.total_bytes
+    assert sum(est.components.values()) == est.total_bytes
+    assert est.components["overhead"] == p["device_bytes"] - p["allocated_bytes"]
+    assert est.error_band > 0 and est.tight is (est.headroom_bytes < est.error_band * est.total_bytes)
+    seed = planner.estimate(LLAMA_8B_LORA, profile="seed")
+    assert seed.predicted is None and seed.error_band is None and seed.tight is None
+
+
+def test_tight_when_headroom_inside_band():
+    """A plan that fits with less headroom than the method's measured error is marked tight."""
+    est = planner.estimate(LLAMA_8B_LORA)
+    usable_needed = est.total_bytes * (1 + est.error_band / 2)
+    reserve = 1 - usable_needed / est.capacity_bytes
+    tight = planner.estimate(LLAMA_8B_LORA, reserve=reserve)
+    assert tight.fits and tight.tight
+
+
+@pytest.mark.parametrize("change, smaller", [
+    ({"layout": {"checkpointing": "full"}}, True),
+    ({"layout": {"checkpointing": "selective"}}, True),
+    ({"workload": {"loss": "chunked"}}, True),
+    ({"workload": {"optimizer_step": "in_backward"}, "layout": {"checkpointing": "full"}}, True),
+    ({"workload": {"micro_batch": 2}}, False),
+])
+def test_recipe_knobs_move_memory_the_right_way(change, smaller):
+    base = {"model": "llama-3.2-3b", "workload": {"method": "full", "seq_len": 4096, "precision": "bf16"}}
+    if "layout" in change and "checkpointing" in change["layout"] and "workload" in change:
+        base = planner.scenario.deep_merge(base, {"layout": change["layout"]})  # vary one knob
+    a = planner.estimate(base).predicted["allocated_bytes"]
+    b = planner.estimate(planner.scenario.deep_merge(base, change)).predicted["allocated_bytes"]
+    assert (b < a) if smaller else (b > a)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_stages_never_add_memory(zero):
+    base = {"model": "llama-3.1-8b", "workload": {"method": "full", "precision": "mixed"},
+            "layout": {"gpus": 8, "checkpointing": "full"}}
+    lower = planner.estimate(planner.scenario.deep_merge(base, {"layout": {"zero": max(zero - 1, 0)}}))
+    here = planner.estimate(planner.scenario.deep_merge(base, {"layout": {"zero": zero}}))
+    assert here.components.get("optimizer_states", 0) <= lower.components.get("optimizer_states", 0)
+    assert here.components.get("weights", 0) <= lower.components.get("weights", 0)
+
+
+def test_array_form_equals_estimates():
+    """The search's array evaluation gives exactly the totals single estimates give."""
+    import numpy as np
+
+    from planner.memory import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
+    from planner.memory import memory_components
+    from planner.scenario import resolve
+
+    rs = resolve({"model": "llama-3.1-8b", "workload": {"method": "lora"}})
+    ckpts = np.array([0, 2, 2])
+    dps = np.array([1, 1, 4])
+    zeros = np.array([0, 0, 3])
+    got = memory_components("detailed", rs.model, rs.overrides, base=(rs.workload, rs.layout),
+                            method=METHODS.index("lora"), precision=PRECISIONS.index("mixed"),
+                            optimizer=OPTIMIZERS.index("adamw"), checkpointing=ckpts,
+                            attention=ATTENTION.index("flash"), offload=OFFLOADS.index("none"),
+                            seq_len=2048, micro_batch=1, lora_rank=16, tp=1, pp=1, cp=1, sp=0,
+                            zero=zeros, dp=dps, grad_accum=0)
+    for i in range(3):
+        est = planner.estimate({"model": "llama-3.1-8b", "workload": {"method": "lora"},
+                                "layout": {"checkpointing": CHECKPOINTING[ckpts[i]],
+                                           "dp": int(dps[i]), "zero": int(zeros[i])}})
+        assert got["total"][i] == est.total_bytes
