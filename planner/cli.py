@@ -251,6 +251,30 @@ def schema() -> None:
     typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
 
 
+@app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(help="Measured runs, CSV (columns of data/measured_calibration.csv).")],
+    profile: Annotated[str, typer.Option(help="seed | detailed")] = "detailed",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Predict every measured run of a CSV and score the profile: per row and per method."""
+    from planner.validate import render_tables, validate_file
+
+    if profile not in ("seed", "detailed"):
+        _fail([f"profile: {profile!r} is not seed or detailed"])
+    try:
+        result = validate_file(file, profile)
+    except InputError as exc:
+        _fail(exc.problems)
+        return
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        return
+    console = _console()
+    for table in render_tables(result):
+        console.print(table)
+
+
 #: Exit code for a bug in planner itself (not the user's input): report it.
 EXIT_INTERNAL = 3
 

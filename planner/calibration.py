@@ -1,0 +1,212 @@
+"""Measured-run rows (the columns of ``data/measured_calibration.csv``) -> scenario mappings.
+
+Each row describes a real run in words; this module reads the recipe those words state (precision,
+optimizer, loss, checkpointing, sharding, quantization) into scenario keys. It knows no per-row or
+per-source figure: only architecture facts of the models (from their published configs) and what
+the named frameworks do by default when the row names the framework's setting.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from planner import catalog
+from planner.catalog import UnknownName
+
+#: Architecture facts the CSV columns lack, from each model's published Hugging Face config.json
+#: (norm type, gated MLP, biases, tied embeddings, head size, norms per layer).
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    # microsoft/phi-1_5, phi-2: parallel attention+MLP on one LayerNorm, GELU MLP, biases.
+    "phi-1.5": {"norm": "layernorm", "norms_per_layer": 1, "gated_mlp": False, "qkv_bias": True,
+                "o_bias": True, "mlp_bias": True, "tied_embeddings": False},
+    "phi-2": {"norm": "layernorm", "norms_per_layer": 1, "gated_mlp": False, "qkv_bias": True,
+              "o_bias": True, "mlp_bias": True, "tied_embeddings": False},
+    # stabilityai/stablelm-base-alpha-3b: GPT-NeoX, two LayerNorms, GELU MLP, biases, untied.
+    "stablelm-base-alpha-3b": {"norm": "layernorm", "gated_mlp": False, "qkv_bias": True,
+                               "o_bias": True, "mlp_bias": True, "tied_embeddings": False},
+    # tiiuae/falcon-7b: multi-query, one LayerNorm (parallel attention), GELU MLP, tied, no bias.
+    "falcon-7b": {"norm": "layernorm", "norms_per_layer": 1, "gated_mlp": False,
+                  "tied_embeddings": True},
+    # google/gemma-2b, gemma-7b: GeGLU, RMSNorm, head_dim 256, tied embeddings.
+    "gemma-2b": {"head_dim": 256, "tied_embeddings": True},
+    "gemma-7b": {"head_dim": 256, "tied_embeddings": True},
+    # Qwen/Qwen-*: RMSNorm, SwiGLU (w1, w2 branches of intermediate_size/2), QKV bias, untied.
+    "qwen": {"qkv_bias": True, "tied_embeddings": False, "fused_qkv": True},
+}
+
+#: Row model names that are catalog entries under another name.
+CATALOG_NAMES = {"phi-3-mini-4k": "phi-3-mini"}
+
+#: litgpt's GPT: one fused QKV linear (``attn.qkv``) and its own ``lm_head`` even for models that
+#: tie it (``convert_hf_checkpoint`` copies the embedding into ``lm_head.weight``).
+LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False}
+#: litgpt's LoRA recipes (``config_hub/finetune/*/lora.yaml``, ``finetune/lora.py``): dropout 0.05.
+LITGPT_LORA_DROPOUT = 0.05
+
+_TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
+            "lm_head": "lm_head"}
+
+
+class Unmodelable(ValueError):
+    """A row the planner cannot express; the message says why."""
+
+
+def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
+    text = (row.get(key) or "").strip()
+    return float(text) if text else default
+
+
+def model_of(row: dict[str, str]) -> dict[str, Any]:
+    """The model's architecture: the row's columns, over the catalog entry or the facts above."""
+    name = row["model"].strip()
+    key = name.lower()
+    base: dict[str, Any] = {}
+    try:
+        base = catalog.get_model(CATALOG_NAMES.get(key, key)).model_dump(
+            exclude={"aliases", "id", "name", "hf_repo"})
+    except UnknownName:
+        facts = ARCHITECTURES.get(key) or ARCHITECTURES.get(key.split("-")[0])
+        if facts is None:
+            raise Unmodelable(f"model {name!r}: architecture unknown beyond the CSV columns") from None
+        base = dict(facts)
+    for col in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
+        value = _num(row, col)
+        if value is not None:
+            base[col] = int(value)
+    base.pop("params_b", None)
+    base.pop("official_params_b", None)
+    base["id"] = key
+    if _is_litgpt(row):
+        base.update(LITGPT_MODEL)
+    return base
+
+
+def _is_litgpt(row: dict[str, str]) -> bool:
+    return row.get("source", "").lower().startswith(("litgpt", "lit-gpt"))
+
+
+def lora_targets(text: str) -> list[str]:
+    """'q,v' -> [q, v]; 'mlp(...)' adds gate, up and down; 'all linear' -> all."""
+    text = text.lower()
+    if "all linear" in text:
+        out = ["all"]
+        return out + (["lm_head"] if "except lm_head" not in text and "lm_head" in text else [])
+    out: list[str] = []
+    if "mlp" in text:
+        out += ["gate", "up", "down"]
+        text = re.sub(r"mlp\([^)]*\)|mlp", "", text)
+    for part in re.split(r"[,\s]+", text):
+        if part in _TARGETS and _TARGETS[part] not in out:
+            out.append(_TARGETS[part])
+    return out
+
+
+def _checkpointing(text: str) -> str:
+    text = text.lower()
+    if text.startswith("selective"):
+        return "selective"
+    return "none" if text in ("", "no") else "full"
+
+
+def _zero(text: str) -> int:
+    text = text.lower()
+    if "zero3" in text or "full_shard" in text:
+        return 3
+    if "zero2" in text:
+        return 2
+    if "zero1" in text or "distributed optimizer" in text:
+        return 1
+    return 0
+
+
+def scenario_of(row: dict[str, str]) -> dict[str, Any]:
+    """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
+    method = row["method"].strip()
+    if method not in ("full", "lora", "qlora"):
+        raise Unmodelable(f"method {method!r}: only full, lora and qlora runs are modelled")
+    notes = row.get("notes", "")
+    opt_text = row["optimizer"].lower()
+    prec_text = row["precision"].lower()
+    low = notes.lower()
+    wl: dict[str, Any] = {"method": method, "seq_len": int(_num(row, "seq_len")),
+                          "micro_batch": int(_num(row, "micro_batch"))}
+    # Precision: FP32 master weights ("mixed") only where the row says so.
+    if "fp32 master" in prec_text or "deepspeed" in opt_text and method == "full":
+        wl["precision"] = "mixed"
+    elif "fp16" in prec_text:
+        wl["precision"] = "fp16"
+    else:
+        wl["precision"] = "bf16"
+    wl["optimizer"] = "adam8bit" if "8bit" in opt_text or "8-bit" in opt_text else "adamw"
+    wl["optimizer_paged"] = "paged" in opt_text
+    if "optimizer_in_bwd" in opt_text or re.search(r"optimizer_in_bwd\s*=\s*(yes|true)", low):
+        wl["optimizer_step"] = "in_backward"
+    elif "fused" in opt_text or "deepspeed" in opt_text:
+        wl["optimizer_step"] = "fused"  # torch fused AdamW; DeepSpeed's fused Adam kernels
+    # Adapters: FP32 under Hugging Face PEFT (its default) and with FP16 AMP; otherwise the
+    # framework keeps them in the parameter dtype ("states in param dtype", torchtune bf16).
+    if method != "full":
+        hf_peft = "hf trainer" in opt_text or "deepspeed" in opt_text or "fp16 amp" in prec_text
+        wl["adapter_dtype"] = "fp32" if hf_peft else "compute"
+        wl["lora_rank"] = int(_num(row, "lora_rank", 8))
+        wl["lora_targets"] = lora_targets(row.get("lora_targets", "")) or ["all"]
+        drop = re.search(r"dropout\s*=?\s*([0-9.]+)", low)
+        default = LITGPT_LORA_DROPOUT if _is_litgpt(row) else 0.0
+        wl["lora_dropout"] = float(drop.group(1)) if drop else default
+    if method == "qlora":
+        if "gptq" in prec_text or "gptq" in low:
+            wl["quant_type"] = "gptq"
+        elif "nf4 base" in prec_text:  # torchtune: torchao's NF4Tensor
+            wl["quant_type"] = "torchao-nf4"
+        else:
+            wl["quant_type"] = "nf4"  # bitsandbytes
+        # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
+        wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
+    if re.search(r"chunked_ce\s*=\s*(no|false)", low):
+        pass
+    elif "full-ft script does not chunk" in low:  # litgpt: only its LoRA script chunks
+        wl["loss"] = "chunked" if method != "full" else "standard"
+    elif re.search(r"chunked[ _]ce|cewithchunkedoutputloss", low):
+        wl["loss"] = "chunked"
+    if not re.search(r"compile\s*=\s*(no|false)", low) and re.search(r"\bcompile\b", low):
+        wl["compile"] = True
+    wl["fp8"] = "float8" in prec_text
+    accum = re.search(r"grad(?:ient)? accumulation (\d+)", low)
+    micro = re.search(r"split into (\d+) micro-batches", low)
+    if micro:
+        wl["grad_accum"] = int(micro.group(1))
+    elif accum:
+        wl["grad_accum"] = int(accum.group(1))
+    elif "no grad accumulation" in low:
+        wl["grad_accum"] = 1
+    offload = row.get("cpu_offload", "").lower()
+    lay: dict[str, Any] = {
+        "gpus": int(_num(row, "gpus", 1)), "tp": int(_num(row, "tp", 1)),
+        "pp": int(_num(row, "pp", 1)), "cp": int(_num(row, "cp", 1)),
+        "zero": _zero(row.get("zero_or_fsdp", "")),
+        "checkpointing": _checkpointing(row.get("grad_ckpt", "")),
+        "attention": "eager" if row.get("flash_attn", "").strip() == "eager" else "flash",
+        "activation_offload": offload == "activations",
+    }
+    if lay["gpus"] == 1 and lay["zero"]:
+        lay["zero"] = 0 if lay["zero"] < 3 else 3
+    if "params" in offload:
+        lay["offload"] = "optimizer+params"
+        lay["zero"] = 3
+    fsdp = row.get("zero_or_fsdp", "").lower()
+    # FSDP1 with a full state dict (litgpt's FSDPStrategy always uses state_dict_type="full")
+    # materialises the unsharded model on each GPU at least once.
+    if lay["zero"] == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp
+                             or "lightning fsdpstrategy" in fsdp):
+        lay["full_state_dict"] = True
+    if lay["tp"] > 1:
+        lay["sp"] = True  # torchtitan's TP shards norms and dropout regions (sequence parallel)
+    return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
+            "workload": wl, "layout": lay}
+
+
+def measured_bytes(row: dict[str, str]) -> float:
+    """The measured peak in bytes: GiB where the notes say so, else GB = 1e9."""
+    value = float(row["measured_gb"])
+    return value * 2**30 if "gib" in row.get("notes", "").lower() else value * 1e9

@@ -1,0 +1,96 @@
+"""``planner validate``: scoring, unmodelled rows, and the figures on the shipped calibration set.
+
+``data/measured_calibration.csv`` is a copy of the published measurements in
+``../shared/data/`` (105 runs, each with its source). The thresholds below are the figures the
+detailed profile reached when they were written (see the README); a change that makes the model
+worse fails here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.detailed import ERROR_BANDS
+from planner.validate import error_bands, validate_file, validate_rows, read_rows
+
+CSV = Path(__file__).resolve().parent.parent / "data" / "measured_calibration.csv"
+
+
+@pytest.fixture(scope="module")
+def detailed():
+    return validate_file(CSV, "detailed")
+
+
+def test_every_row_is_modelled_and_scored(detailed):
+    assert detailed["rows"] == 105 and detailed["modelled"] == 105
+    assert set(detailed["by_method"]) == {"full", "lora", "qlora"}
+    assert sum(m["rows"] for m in detailed["by_method"].values()) == 105
+
+
+def test_detailed_beats_seed_on_every_figure(detailed):
+    seed = validate_file(CSV, "seed")
+    assert detailed["median_ape"] < seed["median_ape"]
+    assert detailed["within_10"] > seed["within_10"] and detailed["within_25"] > seed["within_25"]
+    for method, figures in detailed["by_method"].items():
+        assert figures["median_ape"] < seed["by_method"][method]["median_ape"], method
+
+
+def test_calibration_figures_do_not_regress(detailed):
+    """Reached when written: MdAPE 10.7 %, 48 % within 10 %, 92 % within 25 %."""
+    assert detailed["median_ape"] <= 0.11
+    assert detailed["within_10"] >= 0.47
+    assert detailed["within_25"] >= 0.92
+
+
+def test_error_bands_are_what_validation_measures(detailed):
+    from planner.validate import RowResult
+
+    results = [RowResult(**r) for r in detailed["results"]]
+    measured = error_bands(results)
+    for method, band in ERROR_BANDS.items():
+        assert measured[method] <= band < measured[method] + 0.02, method
+
+
+def _write(tmp_path, rows):
+    with CSV.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        fields = reader.fieldnames
+        first = next(reader)
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for change in rows:
+            w.writerow({**first, **change})
+    return path
+
+
+def test_unmodelled_rows_are_listed_with_reason_and_count_as_misses(tmp_path):
+    path = _write(tmp_path, [{"id": "1"}, {"id": "2", "method": "other"},
+                             {"id": "3", "model": "Mystery-9B"}])
+    results = validate_rows(read_rows(path), "detailed")
+    reasons = {r.id: r.reason for r in results}
+    assert reasons["1"] is None
+    assert "only full, lora and qlora" in reasons["2"]
+    assert "architecture unknown" in reasons["3"]
+    assert [r.ape for r in results][1:] == [1.0, 1.0]
+
+
+def test_cli_table_and_json(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["validate", str(_write(tmp_path, [{"id": "1"}, {"id": "2"}])), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    for key in ("rows", "median_ape", "mean_ape", "within_10", "within_25", "by_method", "results"):
+        assert key in data
+    assert data["rows"] == 2 and 0 <= data["within_10"] <= 1
+    table = runner.invoke(app, ["validate", str(CSV), "--profile", "seed"])
+    assert table.exit_code == 0 and "method qlora" in table.output and "MdAPE" in table.output
+    bad = runner.invoke(app, ["validate", "nope.csv"])
+    assert bad.exit_code == 2 and "no such file" in bad.output
