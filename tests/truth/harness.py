@@ -1,0 +1,179 @@
+"""Ground truth on the CPU: build a tiny Hugging Face Llama from a config (random init, nothing
+downloaded), train one step with real PyTorch / transformers / PEFT, and count exact bytes.
+
+Measured per run:
+- parameters, gradients and AdamW state (``exp_avg`` + ``exp_avg_sq``) in bytes;
+- tensors saved for backward, through ``torch.autograd.graph.saved_tensors_hooks``, each
+  storage once (keyed by its data pointer; parameters excluded), attributed to the decoder layer
+  that saved it: ``layers[i]`` (saved by layer i only), ``shared`` (saved by several layers: the
+  RoPE tables) and ``outside`` (saved outside the layers: final norm, LM head, loss, input ids).
+
+Needs the ``truth`` extra (torch, transformers, peft). CPU caveats: dropout masks are float in
+the input dtype (bool on CUDA); AdamW runs its single-tensor path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Shape:
+    b: int = 2
+    s: int = 64
+    h: int = 128
+    f: int = 344
+    heads: int = 4
+    kv_heads: int = 2
+    layers: int = 2
+    vocab: int = 512
+
+
+@dataclass
+class Measured:
+    layers: list[int]
+    shared: int
+    outside: int
+    param_bytes: int
+    trainable_params: int
+    trainable_bytes: int
+    grad_bytes: int
+    adam_bytes: int
+
+
+def build(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, adapter_fp32: bool = True,
+          rank: int = 4, targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
+          dropout: float = 0.0, checkpointing: bool = False):
+    """A LlamaForCausalLM from a LlamaConfig (untied, no biases), optionally wrapped by PEFT."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=shape.h, intermediate_size=shape.f, num_hidden_layers=shape.layers,
+                      num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                      vocab_size=shape.vocab, max_position_embeddings=max(shape.s, 128),
+                      tie_word_embeddings=False, use_cache=False, attn_implementation=attention)
+    model = LlamaForCausalLM(cfg).to(dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj",
+                 "up": "up_proj", "down": "down_proj"}
+        conf = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout,
+                          target_modules=[names[t] for t in targets])
+        model = get_peft_model(model, conf, autocast_adapter_dtype=adapter_fp32)
+    model.train()
+    return model
+
+
+def _decoder_layers(model) -> list:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+
+
+def measure(model, shape: Shape) -> Measured:
+    """One forward (saved tensors counted), backward and AdamW step; byte counts."""
+    layers = _decoder_layers(model)
+    current: list[int | None] = [None]
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    param_ptrs |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    saved: dict[int, tuple[int, set]] = {}
+
+    def pre(i):
+        def hook(module, args, kwargs=None):
+            current[0] = i
+        return hook
+
+    def post(module, args, output):
+        current[0] = None
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(pre(i)))
+        handles.append(layer.register_forward_hook(post))
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in param_ptrs:
+            entry = saved.setdefault(ptr, (storage.nbytes(), set()))
+            entry[1].add(current[0])
+        return t
+
+    torch.manual_seed(1)
+    ids = torch.randint(0, shape.vocab, (shape.b, shape.s))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids, labels=ids)
+    for h in handles:
+        h.remove()
+    per_layer = [0] * len(layers)
+    shared = outside = 0
+    for n_bytes, owners in saved.values():
+        in_layers = {o for o in owners if o is not None}
+        if len(in_layers) > 1:
+            shared += n_bytes
+        elif in_layers:
+            per_layer[in_layers.pop()] += n_bytes
+        else:
+            outside += n_bytes
+    out.loss.backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4)
+    opt.step()
+    adam = sum(v.numel() * v.element_size() for st in opt.state.values()
+               for k, v in st.items() if k in ("exp_avg", "exp_avg_sq"))
+    return Measured(
+        layers=per_layer, shared=shared, outside=outside,
+        param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        trainable_params=sum(p.numel() for p in trainable),
+        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in trainable if p.grad is not None),
+        adam_bytes=adam,
+    )
+
+
+def spec_of(shape: Shape):
+    """The planner's ModelSpec for the same architecture."""
+    from planner.specs import ModelSpec
+
+    return ModelSpec(layers=shape.layers, hidden=shape.h, heads=shape.heads, kv_heads=shape.kv_heads,
+                     head_dim=shape.h // shape.heads, ffn=shape.f, vocab=shape.vocab,
+                     tied_embeddings=False, gated_mlp=True, norm="rmsnorm")
+
+
+#: The loss's FP32 ``total_weight`` scalar that ``nll_loss`` saves (4 bytes).
+NLL_TOTAL_WEIGHT_BYTES = 4
+
+
+def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, adapter_fp32: bool = True,
+              rank: int = 4, targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
+              dropout: float = 0.0, checkpointing: bool = False) -> dict:
+    """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
+    from planner import activations as act
+
+    spec = spec_of(shape)
+    e = 4 if dtype == torch.float32 else 2
+    c = (4 if adapter_fp32 else e) if lora else e
+
+    def rec(first: bool) -> act.LayerRecipe:
+        return act.LayerRecipe(
+            e=e, attention="eager" if attention == "eager" else "flash", trainable_base=not lora,
+            lora_targets=frozenset(targets) if lora else frozenset(), c=c,
+            lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
+            input_requires_grad=not (first and lora and not checkpointing))
+
+    b, s = shape.b, shape.s
+    if checkpointing:
+        layers = [act.checkpoint_saved(spec, rec(False), b, s).total()] * shape.layers
+        shared = 0.0
+    else:
+        layers = [act.layer_saved(spec, rec(i == 0), b, s).total() for i in range(shape.layers)]
+        shared = act.shared_saved(spec, rec(False), b, s)
+    loss_saved, _ = act.loss_bytes(spec, e, b * s, "standard")
+    outside = (act.head_saved(spec, rec(False), b, s, lm_head_trainable=not lora,
+                              embedding_trainable=not lora) + loss_saved + NLL_TOTAL_WEIGHT_BYTES)
+    return {"layers": layers, "shared": shared, "outside": outside}

@@ -1,0 +1,94 @@
+"""The detailed profile's formulas against real PyTorch + transformers + PEFT on the CPU.
+
+Every saved-for-backward byte of a tiny Llama (random init, built from a config) is counted and
+compared with ``planner.activations`` over a grid of shapes and recipes: per decoder layer and
+the RoPE tables exactly; outside the layers (final norm, LM head, loss) within
+:data:`OUTSIDE_TOLERANCE_BYTES` (with b = 1 the loss saves one more int64 scalar). Parameter,
+gradient and AdamW-state bytes are compared with ``planner.states`` and ``planner.arch``.
+Skipped when the ``truth`` extra (torch, transformers, peft) is not installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from harness import Shape, build, measure, predicted, spec_of  # noqa: E402
+
+from planner.arch import exact_lora_params, param_counts  # noqa: E402
+
+#: Outside the layers the loss saves an extra 8-byte int64 scalar for some shapes (b = 1): the
+#: one tolerance of the comparison, far below any figure the planner reports.
+OUTSIDE_TOLERANCE_BYTES = 8
+BASE = Shape()
+#: Shapes that move one dimension each (b, s, h with heads, f, KV heads, layers, vocab).
+SHAPES = [BASE, Shape(b=1, s=96), Shape(h=192, heads=6, kv_heads=3), Shape(f=512),
+          Shape(kv_heads=4), Shape(kv_heads=1), Shape(layers=3), Shape(vocab=1000)]
+RECIPES = [
+    # (label, dtype, attention, lora, adapter_fp32, checkpointing, dropout)
+    ("bf16-sdpa-full", torch.bfloat16, "sdpa", False, True, False, 0.0),
+    ("bf16-eager-full", torch.bfloat16, "eager", False, True, False, 0.0),
+    ("fp32-sdpa-full", torch.float32, "sdpa", False, True, False, 0.0),
+    ("fp32-eager-full", torch.float32, "eager", False, True, False, 0.0),
+    ("bf16-sdpa-lora-fp32adapters", torch.bfloat16, "sdpa", True, True, False, 0.0),
+    ("bf16-eager-lora-fp32adapters", torch.bfloat16, "eager", True, True, False, 0.0),
+    ("bf16-sdpa-lora-bf16adapters", torch.bfloat16, "sdpa", True, False, False, 0.0),
+    ("bf16-eager-lora-bf16adapters", torch.bfloat16, "eager", True, False, False, 0.0),
+    ("bf16-sdpa-full-ckpt", torch.bfloat16, "sdpa", False, True, True, 0.0),
+    ("bf16-sdpa-lora-ckpt", torch.bfloat16, "sdpa", True, True, True, 0.0),
+    ("bf16-sdpa-lora-dropout", torch.bfloat16, "sdpa", True, True, False, 0.1),
+]
+
+
+def _run(shape, label, dtype, attention, lora, fp32, ckpt, dropout, targets=None):
+    kw = dict(dtype=dtype, attention=attention, lora=lora, adapter_fp32=fp32,
+              checkpointing=ckpt, dropout=dropout)
+    if targets is not None:
+        kw["targets"] = targets
+    return measure(build(shape, **kw), shape), predicted(shape, **kw)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r[0] for r in RECIPES])
+def test_saved_activations_exact_over_recipes(recipe):
+    got, want = _run(BASE, *recipe)
+    assert got.layers == [int(x) for x in want["layers"]], recipe[0]
+    assert got.shared == want["shared"]
+    assert abs(got.outside - want["outside"]) <= OUTSIDE_TOLERANCE_BYTES
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=[str(s) for s in SHAPES[1:]])
+@pytest.mark.parametrize("recipe", [RECIPES[0], RECIPES[1], RECIPES[4]], ids=lambda r: r[0])
+def test_saved_activations_exact_over_shapes(shape, recipe):
+    got, want = _run(shape, *recipe)
+    assert got.layers == [int(x) for x in want["layers"]]
+    assert got.shared == want["shared"]
+    assert abs(got.outside - want["outside"]) <= OUTSIDE_TOLERANCE_BYTES
+
+
+def test_lora_targets_subset_exact():
+    """q and v only (layer 0 then saves only what reaches those adapters)."""
+    got, want = _run(BASE, *RECIPES[4], targets=("q", "v"))
+    assert got.layers == [int(x) for x in want["layers"]]
+
+
+@pytest.mark.parametrize("lora, fp32", [(False, True), (True, True), (True, False)])
+def test_parameter_gradient_and_adam_bytes(lora, fp32):
+    """Full FT in pure BF16: weights, gradients, m and v all 2 bytes per parameter. PEFT: FP32
+    adapters (4 + 4 + 8 bytes) by default, BF16 with autocast_adapter_dtype=False."""
+    shape = BASE
+    got = measure(build(shape, dtype=torch.bfloat16, attention="sdpa", lora=lora, adapter_fp32=fp32), shape)
+    spec = spec_of(shape)
+    n_base = param_counts(spec).total
+    if not lora:
+        assert got.param_bytes == 2 * n_base
+        assert got.trainable_bytes == got.grad_bytes == 2 * n_base
+        assert got.adam_bytes == 4 * n_base
+    else:
+        n_lora = exact_lora_params(spec, 4)
+        c = 4 if fp32 else 2
+        assert got.trainable_params == n_lora
+        assert got.param_bytes == 2 * n_base + c * n_lora
+        assert got.grad_bytes == c * n_lora and got.adam_bytes == 2 * c * n_lora
