@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -95,9 +96,27 @@ def _load_yaml(path: Path, key: str) -> list[dict]:
 
 
 @lru_cache(maxsize=1)
-def gpus() -> Catalog[GpuSpec]:
+def _gpus_from_file() -> Catalog[GpuSpec]:
     rows = _load_yaml(catalog_dir() / "gpus.yaml", "gpus")
     return Catalog("gpu", (GpuSpec.model_validate(row) for row in rows))
+
+
+#: GPU specs that replace the file's while :func:`gpus_overlaid` is active (e.g. imported prices).
+_GPU_OVERLAY: list[Catalog[GpuSpec]] = []
+
+
+def gpus() -> Catalog[GpuSpec]:
+    return _GPU_OVERLAY[-1] if _GPU_OVERLAY else _gpus_from_file()
+
+
+@contextmanager
+def gpus_overlaid(entries: Iterable[GpuSpec]):
+    """Within the block, the GPU catalog is ``entries`` (same ids, e.g. with other prices)."""
+    _GPU_OVERLAY.append(Catalog("gpu", entries))
+    try:
+        yield
+    finally:
+        _GPU_OVERLAY.pop()
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,87 @@
+"""Price import: SkyPilot catalog CSVs, planner price lists, dates and staleness, kinds kept apart."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+import planner
+from planner import catalog
+from planner.errors import InputError
+from planner.prices import apply_to_catalog, from_catalog, load_price_table, read_prices
+
+from conftest import FIXTURES
+
+SKY = FIXTURES / "prices" / "skypilot-vms.csv"
+TEAM = FIXTURES / "prices" / "team-prices.csv"
+
+
+def test_skypilot_names_map_through_aliases_and_prices_are_per_gpu():
+    t = read_prices(SKY, date="2026-11-20")
+    # SkyPilot's A100 is the 40 GB card; A100-80GB the 80 GB one.
+    # p4d.24xlarge: $32.7726 per instance-hour for 8 GPUs (the fixture's row) -> 4.096575 per GPU-hour;
+    # the cheaper of two regions is kept.
+    assert t.usd("a100-sxm-40gb", "on_demand") == pytest.approx(32.7726 / 8)
+    assert t.get("a100-sxm-40gb", "on_demand").region == "us-east-1"
+    assert t.usd("a100-sxm-80gb", "on_demand") == pytest.approx(40.9657 / 8)
+    assert t.usd("a100-sxm-80gb", "spot") == pytest.approx(12.2897 / 8)
+    assert t.usd("a10g", "on_demand") == pytest.approx(1.006)
+    assert t.get("a10g", "purchase") is None  # a rental list has no purchase prices
+    assert t.skipped == {"unknown accelerator Trainium": 1, "no GPU": 1, "fractional GPU": 1}
+    assert {p.date for p in t.prices.values()} == {dt.date(2026, 11, 20)}
+
+
+def test_skypilot_csv_without_a_date_takes_the_files_own(tmp_path):
+    path = tmp_path / "vms.csv"
+    path.write_text(SKY.read_text())
+    t = read_prices(path)
+    assert t.get("a10g", "on_demand").date == dt.date.fromtimestamp(path.stat().st_mtime)
+
+
+def test_stale_prices_are_flagged_by_age():
+    t = read_prices(TEAM)
+    as_of = dt.date(2026, 11, 29)
+    stale = {(p.gpu, p.kind) for p in t.stale(as_of, max_age_days=180)}
+    assert stale == {("a100-sxm-80gb", "spot")}  # dated 2025-01-15: 683 days old
+    assert {(p.gpu, p.kind) for p in t.stale(as_of, max_age_days=30)} == {
+        ("a100-sxm-80gb", "spot"), ("h100-sxm-80gb", "purchase")}  # 2026-10-01: 59 days
+
+
+def test_kinds_stay_distinct_and_later_files_win():
+    base = from_catalog()
+    t = load_price_table([TEAM])
+    assert t.usd("h100-sxm-80gb", "on_demand") == 2.10 and t.usd("h100-sxm-80gb", "purchase") == 24000
+    # The spot price the file does not give is still the catalog's (catalog: 6.57, S1).
+    assert t.usd("h100-sxm-80gb", "spot") == base.usd("h100-sxm-80gb", "spot") == 6.57
+
+
+def test_bad_price_rows_name_the_field(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("gpu,kind,price_usd,date\nh100,rental,2,2026-01-01\nnope,spot,-1,yesterday\n")
+    with pytest.raises(InputError) as exc:
+        read_prices(path)
+    lines = exc.value.problems
+    assert any("[0].kind" in m for m in lines)
+    assert any("[1].gpu" in m for m in lines) and any("[1].price_usd" in m for m in lines)
+    assert any("[1].date" in m for m in lines)
+
+
+def test_not_a_skypilot_file(tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text("AcceleratorName,Price\nA100,1\n")
+    with pytest.raises(InputError, match="missing column"):
+        read_prices(path)
+
+
+def test_imported_prices_change_the_plan_cost_in_proportion():
+    """The same plan at $2.10 instead of the catalog's $3.99 costs 2.10/3.99 as much."""
+    scenario = dict(profile="seed", model="llama-3.1-8b", top=1,
+                    workload=dict(method="lora", tokens=1e8, seq_len=2048),
+                    layout=dict(gpu="h100", gpus=8))
+    before = planner.plan(scenario).plans[0]
+    with catalog.gpus_overlaid(apply_to_catalog(load_price_table([TEAM]))):
+        after = planner.plan(scenario).plans[0]
+    assert after.time_s == pytest.approx(before.time_s)
+    assert after.cost_usd == pytest.approx(before.cost_usd * 2.10 / 3.99)
+    assert catalog.get_gpu("h100").price_on_demand_usd_per_hour == 3.99  # the overlay is gone
