@@ -99,13 +99,13 @@ def scenario_from_flags(**flags: Any) -> dict[str, Any]:
     return out
 
 
-def read_scenario_file(path: str | Path) -> list[dict[str, Any]]:
-    """The raw scenario mappings of a file, ``defaults:`` merged in."""
+def load_yaml(path: str | Path) -> Any:
+    """A YAML file's content; a missing, malformed or non-UTF-8 file is one line of InputError."""
     path = Path(path)
     if not path.is_file():
         raise InputError([f"{path}: no such file"])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -113,6 +113,12 @@ def read_scenario_file(path: str | Path) -> list[dict[str, Any]]:
         raise InputError([f"{path}: malformed YAML: {where}{problem}"]) from None
     except UnicodeDecodeError:
         raise InputError([f"{path}: not a UTF-8 text file"]) from None
+
+
+def read_scenario_file(path: str | Path) -> list[dict[str, Any]]:
+    """The raw scenario mappings of a file, ``defaults:`` merged in."""
+    path = Path(path)
+    data = load_yaml(path)
     defaults: dict[str, Any] = {}
     if isinstance(data, dict) and "scenarios" in data:
         extra = sorted(set(data) - {"scenarios", "defaults"})

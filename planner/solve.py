@@ -21,6 +21,8 @@ def plan_raw(
     raw: dict[str, Any], *, source: str | None = None, base_dir: Path | None = None,
     pareto: bool = False, explain_infeasible: bool = True,
 ) -> PlanResult:
+    if base_dir is not None:
+        raw = absolute_model_path(raw, base_dir)  # plans are re-checked from elsewhere
     rs = resolve(raw, source=source, base_dir=base_dir)
     req = build_request(rs)
     if pareto:
@@ -36,6 +38,14 @@ def plan_raw(
         explanation = {"steps": document_steps(req, raw, plans[0].model_dump())}
     return PlanResult(status=status, scenario=rs.name, objective=req.objective, plans=plans,
                       explanation=explanation, stats=outcome.stats)
+
+
+def absolute_model_path(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A model given as a path relative to its scenario file, made absolute."""
+    model = raw.get("model")
+    if isinstance(model, str) and not Path(model).is_absolute() and (Path(base_dir) / model).exists():
+        return {**raw, "model": str((Path(base_dir) / model).resolve())}
+    return raw
 
 
 def pareto_front(req: SearchRequest, raw: dict[str, Any]) -> PlanResult:
