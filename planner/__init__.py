@@ -21,7 +21,7 @@ from planner.specs import Scenario
 if TYPE_CHECKING:
     from planner.plans import PlanResult
 
-__all__ = ["Estimate", "InputError", "PlanResult", "Scenario", "estimate", "plan"]
+__all__ = ["Estimate", "InputError", "PlanResult", "Scenario", "batch", "estimate", "plan", "procure"]
 __version__ = "0.1.0"
 
 
@@ -69,3 +69,28 @@ def plan(scenario: str | Path | dict[str, Any] | Scenario | None = None, *, pare
 
     raw, source, base_dir = _raw_of(scenario, options)
     return plan_raw(raw, source=source, base_dir=base_dir, pareto=pareto)
+
+
+def batch(*paths: str | Path, top: int = 1, workers: int | None = None, prices: list[str | Path] = (),
+          price_date: str | None = None, out: str | Path | None = None):
+    """Plan every scenario in the files and folders given: a pandas DataFrame, one row per plan
+    (the best ``top`` of each scenario) or per invalid/infeasible scenario, with its error.
+    ``out`` also writes it (.csv, .json, .parquet, .md, .html), atomically."""
+    from planner.batch_run import PriceOptions, run_batch
+
+    run = run_batch(paths, top=top, workers=workers,
+                    prices=PriceOptions(tuple(str(p) for p in prices), price_date))
+    if out is not None:
+        from planner.reports import write_frame
+
+        write_frame(run.frame, out)
+    return run.frame
+
+
+def procure(portfolio: str | Path, *, time_limit_s: float | None = None, workers: int | None = None):
+    """The fleet to buy or rent for a portfolio file, the schedule and the costs
+    (:class:`planner.procure_report.ProcureTables`: summary, fleet, schedule, costs, compare)."""
+    from planner.procurement import procure as run
+    from planner.procure_report import tables
+
+    return tables(run(portfolio, time_limit_s=time_limit_s, workers=workers))

@@ -246,9 +246,16 @@ def list_models(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
 
 
 @app.command()
-def schema() -> None:
-    """The scenario format as JSON Schema."""
-    typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
+def schema(
+    kind: Annotated[str, typer.Option("--kind", help="scenario | file (one, a list, or scenarios + "
+                                      "defaults) | portfolio (planner procure)")] = "scenario",
+) -> None:
+    """The scenario format (or a scenario file's, or a portfolio's) as JSON Schema."""
+    from planner.schemas import SCHEMAS
+
+    if kind not in SCHEMAS:
+        _fail([f"--kind: must be one of {', '.join(SCHEMAS)} (got {kind!r})"])
+    typer.echo(json.dumps(SCHEMAS[kind](), indent=2))
 
 
 @app.command()
@@ -273,6 +280,11 @@ def validate(
     console = _console()
     for table in render_tables(result):
         console.print(table)
+
+
+from planner.commands import register as _register_commands  # noqa: E402 - batch, procure
+
+_register_commands(app)
 
 
 #: Exit code for a bug in planner itself (not the user's input): report it.

@@ -23,7 +23,7 @@ def test_shipped_scenario_loads_and_estimates(path):
     assert f"planner estimate scenarios/{path.name}" in text or "planner plan" in text
     for rs in load_scenarios(path):
         est = estimate_resolved(rs)
-        assert est.total_bytes > 0 and est.fits is not None
+        assert est.total_bytes > 0 and (est.fits is not None or rs.gpu is None)  # a plan picks the GPU
 
 
 def test_seed_cases_file_verdicts():

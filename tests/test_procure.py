@@ -1,0 +1,244 @@
+"""Procurement: the fleet model's constraints alone, a brute-force oracle, the checker, the naive
+answer, portfolio validation, and the shipped portfolio end to end."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.errors import InputError
+from planner.fleet_model import (
+    Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, check, objective_of,
+)
+from planner.options import gpu_counts
+from planner.portfolio import load_portfolio
+
+from conftest import ROOT
+
+SHIPPED = ROOT / "scenarios" / "portfolios" / "team-h1-procurement.yaml"
+
+
+def own(option, t=0, gpus=1, duration=2, cost=10):
+    return OwnOption(option, t, gpus, duration, cost)
+
+
+def inst(runs, unit_gpus=(1,), unit_cost=(100,), horizon=10):
+    return FleetInstance(horizon, list(unit_gpus), list(unit_cost), runs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Each constraint on a tiny instance: feasible; a forbidden assignment pinned is infeasible.
+
+def test_one_run_buys_one_unit_or_rents_whichever_is_cheaper():
+    cheap_rent = inst([Run(0, 0, 0, 10, [own(0)], RentOption(1, "on_demand", 2, 50))])
+    sol = FleetModel(cheap_rent).solve(5)
+    assert sol.status == "optimal" and sol.units == [0] and sol.choices[0].rent is not None
+    dear_rent = inst([Run(0, 0, 0, 10, [own(0)], RentOption(1, "on_demand", 2, 500))])
+    sol = FleetModel(dear_rent).solve(5)
+    assert sol.units == [1] and sol.objective_cents == 110
+
+
+def test_fleet_runs_share_one_unit_over_time_when_windows_allow():
+    runs = [Run(0, k, 0, 4, [own(0)], None) for k in range(2)]  # 2 + 2 fits in [0, 4]
+    sol = FleetModel(inst(runs)).solve(5)
+    assert sol.units == [1] and sorted(c.start for c in sol.choices) == [0, 2]
+    assert check(inst(runs), sol) == []
+
+
+def test_fleet_needs_two_units_when_runs_must_overlap():
+    runs = [Run(0, k, 0, 3, [own(0)], None) for k in range(2)]  # both must run within [0, 3)
+    sol = FleetModel(inst(runs)).solve(5)
+    assert sol.units == [2]
+    model = FleetModel(inst(runs))
+    model.m.Add(model.b[0] == 1)  # forbidden: one unit cannot hold both
+    assert model.solve(5).status == "infeasible"
+
+
+def test_window_forbids_a_late_start():
+    runs = [Run(0, 0, 2, 6, [own(0, duration=3)], None)]
+    model = FleetModel(inst(runs))
+    model.m.Add(model.s[0] == 4)  # 4 + 3 > 6
+    assert model.solve(5).status == "infeasible"
+    model = FleetModel(inst(runs))
+    model.m.Add(model.s[0] == 3)
+    assert model.solve(5).status == "optimal"
+
+
+def test_whole_units_are_bought():
+    runs = [Run(0, 0, 0, 10, [own(0, gpus=3)], None)]
+    sol = FleetModel(inst(runs, unit_gpus=(8,), unit_cost=(800,))).solve(5)
+    assert sol.units == [1]  # 3 GPUs need one 8-GPU node
+
+
+def test_symmetry_orders_the_runs_of_one_job():
+    runs = [Run(0, k, 0, 10, [own(0)], None) for k in range(3)]
+    sol = FleetModel(inst(runs)).solve(5)
+    starts = [c.start for c in sol.choices]
+    assert starts == sorted(starts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracle: brute force over choices and starts on random tiny instances.
+
+def brute_force(i: FleetInstance) -> int:
+    best = None
+    per_run = []
+    for r in i.runs:
+        opts = [(o, None, s) for o in r.own for s in range(r.release, r.deadline - o.duration + 1)]
+        if r.rent:
+            opts.append((None, r.rent, r.release))
+        per_run.append(opts)
+    for combo in itertools.product(*per_run):
+        units = []
+        for t, u in enumerate(i.unit_gpus):
+            peak = max((sum(o.gpus for o, _, s in combo if o and o.gpu_type == t and s <= x < s + o.duration)
+                        for x in range(i.horizon)), default=0)
+            units.append(-(-peak // u))
+        cost = sum(c * n for c, n in zip(i.unit_cost_cents, units))
+        cost += sum(o.cost_cents if o else rent.cost_cents for o, rent, _ in combo)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cp_sat_matches_brute_force(seed):
+    rng = random.Random(seed)
+    runs = []
+    for job, copies in enumerate((2, 1)):  # runs of one job are identical (the symmetry rule's premise)
+        release = rng.randint(0, 2)
+        deadline = rng.randint(release + 3, 7)
+        opts = [own(j, t=rng.randint(0, 1), gpus=rng.choice([1, 2, 4]), duration=rng.randint(1, 3),
+                    cost=rng.randint(1, 30)) for j in range(rng.randint(1, 3))]
+        rent = RentOption(9, "spot", 1, rng.randint(20, 400)) if rng.random() < 0.7 else None
+        runs += [Run(job, k, release, deadline, opts, rent) for k in range(copies)]
+    i = inst(runs, unit_gpus=(2, 4), unit_cost=(rng.randint(10, 200), rng.randint(10, 200)), horizon=7)
+    sol = FleetModel(i).solve(10, workers=1)
+    assert sol.status == "optimal"
+    assert check(i, sol) == []
+    assert sol.objective_cents == objective_of(i, sol) == brute_force(i)
+
+
+def test_checker_finds_overuse_and_window_violations():
+    runs = [Run(0, k, 0, 4, [own(0, duration=2)], None) for k in range(2)]
+    i = inst(runs)
+    o = runs[0].own[0]
+    overlap = FleetSolution("feasible", None, None, [1], [Choice(0, 0, o, None), Choice(1, 1, o, None)], 0)
+    assert any("in use" in m for m in check(i, overlap))
+    late = FleetSolution("feasible", None, None, [2], [Choice(0, 0, o, None), Choice(1, 3, o, None)], 0)
+    assert any("outside window" in m for m in check(i, late))
+
+
+def test_gpu_counts_grid():
+    assert gpu_counts(1024)[:12] == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32]
+    assert gpu_counts(1024)[-2:] == [768, 1024] and gpu_counts(20) == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Portfolio files: bad input names the field.
+
+def write(tmp_path, text):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_portfolio_problems_one_line_each(tmp_path):
+    path = write(tmp_path, """\
+horizon_days: 10
+jobs:
+  - name: a
+    scenario: {model: llama-3.1-8b, workload: {method: lora, tokens: 1e8}}
+    deadline_date: 2027-01-05
+  - name: b
+    scenario: {model: llama-3.1-8b}
+    deadline_hours: 500
+    earliest_start_hours: 600
+""")
+    with pytest.raises(InputError) as exc:
+        load_portfolio(path)
+    text = "\n".join(exc.value.problems)
+    assert "jobs[0].deadline: a date needs the portfolio's start_date" in text
+    assert "jobs[1].deadline: 500 h is past the horizon (240 h)" in text
+    assert "jobs[1]: earliest start 600 h is not before the deadline" in text
+
+
+def test_portfolio_schema_errors_and_cli_exit_2(tmp_path):
+    path = write(tmp_path, "horizon_days: 10\nlifetime_month: 36\njobs: []\n")
+    result = CliRunner().invoke(app, ["procure", str(path)])
+    assert result.exit_code == 2
+    assert "lifetime_month: unknown key; did you mean 'lifetime_months'?" in result.output
+    assert "jobs" in result.output and "Traceback" not in result.output
+
+
+def test_job_without_tokens_is_invalid(tmp_path):
+    path = write(tmp_path, """\
+horizon_hours: 100
+gpu_types: [rtx-4090]
+jobs: [{name: a, scenario: {profile: seed, model: llama-3.1-8b, workload: {method: qlora}}}]
+""")
+    result = CliRunner().invoke(app, ["procure", str(path), "--workers", "1"])
+    assert result.exit_code == 2 and "workload.tokens: required" in result.output
+
+
+def test_a_job_that_cannot_finish_in_its_window_is_exit_1(tmp_path):
+    path = write(tmp_path, """\
+horizon_hours: 5
+gpu_types: [rtx-4090]
+max_gpus_per_job: 8
+jobs: [{name: slow, scenario: {profile: seed, model: llama-3.1-8b, workload: {method: qlora, tokens: 1e10}}}]
+""")
+    result = CliRunner().invoke(app, ["procure", str(path), "--workers", "1"])
+    assert result.exit_code == 1 and "slow: fastest plan takes" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped portfolio, end to end.
+
+@pytest.fixture(scope="module")
+def shipped():
+    from planner.procure_report import tables
+    from planner.procurement import procure
+
+    result = procure(SHIPPED, time_limit_s=20)
+    return result, tables(result)
+
+
+def test_shipped_portfolio_beats_the_naive_answer(shipped):
+    result, t = shipped
+    assert result.problems == []
+    assert result.solution.status in ("optimal", "feasible")
+    s = t.summary
+    assert s["total_usd"] < s["naive_usd"] and s["savings_vs_naive"]["usd"] > 0
+    assert s["total_usd"] <= s["rent_all_usd"] + 0.01 * len(result.problem.inst.runs)  # cents rounding
+    # The model's objective and the independent USD recomputation agree (within cent rounding).
+    assert s["total_usd"] == pytest.approx(result.solution.objective_cents / 100, abs=0.01 * 40)
+
+
+def test_shipped_portfolio_schedule_respects_windows_and_fleet(shipped):
+    result, t = shipped
+    assert len(t.schedule) == sum(j.count for j in result.problem.runs)
+    windows = {j.name: (j.release_hours, j.deadline_hours) for j in result.problem.runs}
+    for row in t.schedule.itertuples():
+        lo, hi = windows[row.job]
+        assert lo <= row.start_hours and row.end_hours <= hi + 1e-6
+    for row in t.fleet.itertuples():  # bought GPUs in use never exceed what was bought
+        events = sorted([(r.start_hours, r.gpus) for r in t.schedule.itertuples() if r.gpu == row.gpu
+                         and r.mode == "buy"] + [(r.end_hours, -r.gpus) for r in t.schedule.itertuples()
+                                                 if r.gpu == row.gpu and r.mode == "buy"], key=lambda e: (e[0], e[1]))
+        level = 0
+        for _, d in events:
+            level += d
+            assert level <= row.gpus
+    costs = dict(zip(t.costs["item"], t.costs["usd"]))
+    parts = costs["amortised_purchase_usd"] + costs["hosting_usd"] + costs["power_usd"] + costs["rent_usd"]
+    assert parts == pytest.approx(costs["total_usd"])
+
+
+def test_shipped_portfolio_plans_fit_in_memory(shipped):
+    _, t = shipped
+    for plan in t.plans:
+        assert plan.memory["fits"] is True and plan.memory["total_bytes"] <= plan.memory["usable_bytes"]
