@@ -19,6 +19,8 @@ from rich.table import Table
 from planner import catalog
 from planner.errors import InputError
 from planner.estimate import estimate_resolved
+from planner.launch.checks import annotate
+from planner.launch.importing import CONFIG_HELP, merge_configs
 from planner.report import print_estimate, print_plans, to_json
 from planner.scenario import deep_merge, read_scenario_file, resolve, scenario_from_flags
 from planner.specs import Scenario
@@ -73,6 +75,7 @@ def estimate(
     attention: Annotated[Optional[str], typer.Option(help="eager | flash")] = None,
     reserve: Annotated[Optional[float], typer.Option(help="Share of capacity kept free (default 0.10).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="seed | detailed")] = None,
+    config: Annotated[Optional[list[Path]], typer.Option("--config", help=CONFIG_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     gib: Annotated[bool, typer.Option("--gib", help="Show GiB (2^30) as nvidia-smi does.")] = False,
 ) -> None:
@@ -93,15 +96,18 @@ def estimate(
             raws = read_scenario_file(file)
             sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
         else:
-            if model is None:
+            if model is None and not config:
                 raise InputError(["model: required (give a scenario FILE or --model)"])
             raws, sources = [{"name": "cli"}], [None]
         results, problems = [], []
         for raw, source in zip(raws, sources):
             try:
                 merged = deep_merge(raw, overlay)
+                if config:
+                    merged, found = merge_configs(raw, overlay, config)
                 base_dir = file.parent if file is not None else None
-                results.append(estimate_resolved(resolve(merged, source=source, base_dir=base_dir)))
+                est = estimate_resolved(resolve(merged, source=source, base_dir=base_dir))
+                results.append(annotate(est, found) if config else est)
             except InputError as exc:
                 problems.extend(exc.problems)
         if problems:
@@ -156,6 +162,7 @@ def plan(
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds (default 30).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="seed | detailed")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="The time-versus-cost front instead.")] = False,
+    config: Annotated[Optional[list[Path]], typer.Option("--config", help=CONFIG_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     gib: Annotated[bool, typer.Option("--gib", help="Show GiB (2^30).")] = False,
 ) -> None:
@@ -176,13 +183,18 @@ def plan(
             raws = read_scenario_file(file)
             sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
         else:
-            if model is None:
+            if model is None and not config:
                 raise InputError(["model: required (give a scenario FILE or --model)"])
             raws, sources = [{"name": "cli"}], [None]
         results, problems = [], []
         for raw, source in zip(raws, sources):
             try:
-                results.append(plan_raw(deep_merge(raw, overlay), source=source,
+                merged = deep_merge(raw, overlay)
+                if config:
+                    merged, found = merge_configs(raw, overlay, config, for_plan=True)
+                    for note in found.notes:
+                        typer.echo(f"note: {note}", err=True)
+                results.append(plan_raw(merged, source=source,
                                         base_dir=file.parent if file else None, pareto=pareto))
             except InputError as exc:
                 problems.extend(exc.problems)
@@ -256,6 +268,11 @@ def schema(
     if kind not in SCHEMAS:
         _fail([f"--kind: must be one of {', '.join(SCHEMAS)} (got {kind!r})"])
     typer.echo(json.dumps(SCHEMAS[kind](), indent=2))
+
+
+from planner.launch.cli import export as _export  # noqa: E402 - the command lives with its library
+
+app.command("export")(_export)
 
 
 @app.command()

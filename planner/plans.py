@@ -59,6 +59,8 @@ class Plan(BaseModel):
     cost_usd_band: Band
     tokens_per_s: float
     relaxations: list[str]
+    #: The scenario with this plan's decisions pinned (what `planner export` turns into configs).
+    pinned_scenario: dict[str, Any] | None = None
 
 
 class PlanResult(BaseModel):
@@ -111,7 +113,8 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             "method": METHODS[a["method"]], "precision": PRECISIONS[a["precision"]],
             "attention": ATTENTION[a["attention"]], "checkpointing": CHECKPOINTING[a["checkpointing"]],
         }
-        est = estimate_resolved(resolve(plan_scenario(raw, fields)))
+        pinned = plan_scenario(raw, fields)
+        est = estimate_resolved(resolve(pinned))
         if est.total_bytes != int(ev["memory_bytes"]):
             raise AssertionError(
                 f"search memory {int(ev['memory_bytes'])} ≠ estimate {est.total_bytes} for plan {fields}")
@@ -131,6 +134,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             else Band(low=None, high=None),
             tokens_per_s=float(ev["tokens_per_s"]),
             relaxations=list(tier.relaxations),
+            pinned_scenario=pinned,
             **fields,
         ))
     return plans

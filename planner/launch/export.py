@@ -1,0 +1,179 @@
+"""``planner export``: a plan (from ``planner plan --json``, or a scenario and a rank) -> files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import InputError
+from planner.launch.common import FORMATS, Bundle, Ctx
+from planner.launch.frameworks import (accelerate_config, deepspeed_config, dump_json, dump_yaml,
+                                       skypilot_task, torchrun_command)
+from planner.launch.recipes import hf_files, megatron_args, torchtune_override
+from planner.scenario import ResolvedScenario, read_scenario_file, resolve
+
+#: Plan fields that pin a scenario (what ``plans.plan_scenario`` sets).
+_WORKLOAD = ("method", "precision", "seq_len", "micro_batch", "grad_accum", "optimizer")
+_LAYOUT = ("gpu", "gpus", "dp", "tp", "pp", "cp", "sp", "zero", "offload", "checkpointing", "attention")
+
+
+def _read(path: Path) -> Any:
+    if not path.is_file():
+        raise InputError([f"{path}: no such file"])
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise InputError([f"{path}: neither JSON nor YAML"]) from None
+
+
+def _is_plan_output(data: Any) -> bool:
+    items = data if isinstance(data, list) else [data]
+    return bool(items) and all(isinstance(d, dict) and ("plans" in d or "memory" in d) for d in items)
+
+
+def load_plan(path: str | Path, rank: int = 1) -> tuple[dict[str, Any], Path]:
+    """The pinned scenario of plan ``rank`` in a file: ``plan --json`` output or a scenario file."""
+    path = Path(path)
+    data = _read(path)
+    if _is_plan_output(data):
+        return _pinned_from_output(data, rank, path), path.parent
+    from planner.solve import plan_raw
+
+    raws = read_scenario_file(path)
+    if len(raws) != 1:
+        raise InputError([f"{path}: holds {len(raws)} scenarios; export takes one"])
+    result = plan_raw(raws[0], source=str(path), base_dir=path.parent, explain_infeasible=False)
+    plans = [p.model_dump(mode="json") for p in result.plans]
+    return _pick(plans, rank, path), path.parent
+
+
+def _pinned_from_output(data: Any, rank: int, path: Path) -> dict[str, Any]:
+    results = data if isinstance(data, list) else [data]
+    if len(results) > 1:
+        raise InputError([f"{path}: holds the plans of {len(results)} scenarios; export one"])
+    plans = results[0]["plans"] if "plans" in results[0] else [results[0]]
+    return _pick(plans, rank, path)
+
+
+def _pick(plans: list[dict[str, Any]], rank: int, path: Path) -> dict[str, Any]:
+    if not plans:
+        raise InputError([f"{path}: no feasible plan to export"])
+    chosen = [p for p in plans if p.get("rank", 1) == rank]
+    if not chosen:
+        raise InputError([f"rank: {rank} is not in {path} (ranks 1–{len(plans)})"])
+    plan = chosen[0]
+    if plan.get("pinned_scenario"):
+        return plan["pinned_scenario"]
+    missing = [k for k in (*_WORKLOAD, *_LAYOUT) if k not in plan]
+    if missing or not isinstance(plan.get("memory"), dict):
+        raise InputError([f"{path}: plan {rank}: {k}: missing" for k in missing or ["memory"]])
+    memory = plan["memory"]
+    if memory.get("model") in (None, "custom"):
+        raise InputError([f"{path}: plan {rank}: model: the plan names no catalog model; export "
+                          "from the scenario file instead (planner export SCENARIO --rank N)"])
+    workload = {k: plan[k] for k in _WORKLOAD}
+    if plan.get("lora_rank"):
+        workload["lora_rank"] = plan["lora_rank"]
+    return {"name": memory.get("scenario", "plan"), "profile": memory.get("profile", "seed"),
+            "model": memory["model"], "workload": workload,
+            "layout": {k: plan[k] for k in _LAYOUT}}
+
+
+def export_plan(path: str | Path, *, rank: int = 1,
+                formats: tuple[str, ...] = FORMATS) -> tuple[ResolvedScenario, Bundle]:
+    pinned, base_dir = load_plan(path, rank)
+    rs = resolve(pinned, source=f"{path} plan {rank}", base_dir=base_dir)
+    return rs, export_resolved(rs, formats)
+
+
+def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS) -> Bundle:
+    """Every requested format's files for a pinned plan, and what the user must fill in."""
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise InputError([f"format: {f!r} is not one of {', '.join(FORMATS)}" for f in unknown])
+    if rs.gpu is None:
+        raise InputError(["layout.gpu: a plan to export names its GPU"])
+    ctx, out = Ctx(rs), Bundle()
+    ds = deepspeed_config(ctx, out) if ("deepspeed" in formats or "hf" in formats) else None
+    if ds is not None and "deepspeed" in formats:
+        out.files["ds_config.json"] = dump_json(ds)
+    if "accelerate" in formats:
+        acc = accelerate_config(ctx, out)
+        if acc is not None:
+            out.files["accelerate_config.yaml"] = dump_yaml(acc)
+    if "hf" in formats:
+        ds_name = "ds_config.json" if ds is not None else None
+        if ds is not None and "deepspeed" not in formats:
+            out.files["ds_config.json"] = dump_json(ds)
+        for name, body in hf_files(ctx, out, ds_name).items():
+            out.files[name] = dump_json(body)
+    run = torchrun_command(ctx, out, []) if ("torchrun" in formats or "skypilot" in formats) else None
+    if run is not None and "torchrun" in formats:
+        out.files["launch.sh"] = _launch_script(run, ctx)
+    if "torchtune" in formats:
+        tt = torchtune_override(ctx, out)
+        if tt is not None:
+            cfg, command = tt
+            out.files["torchtune_override.yaml"] = f"# {command}\n" + dump_yaml(cfg)
+    if "megatron" in formats:
+        margs = megatron_args(ctx, out)
+        if margs is not None:
+            out.files["megatron_args.txt"] = "\n".join(margs) + "\n"
+    if "skypilot" in formats:
+        task = skypilot_task(ctx, out, run)
+        if task is not None:
+            out.files["sky_task.yaml"] = dump_yaml(task)
+    out.files["PLAN.md"] = out.readme(f"{rs.name}: {rs.model.id} {rs.workload.method} on "
+                                      f"{rs.layout.gpus}× {rs.gpu.name}", decided(ctx))
+    return out
+
+
+def decided(ctx: Ctx) -> list[str]:
+    wl, lay = ctx.wl, ctx.lay
+    items = [
+        f"GPU {ctx.gpu.name} × {lay.gpus} on {ctx.nodes} node(s)",
+        f"dp {lay.dp}, tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, sequence parallel {'on' if lay.sp else 'off'}",
+        f"ZeRO stage {lay.zero}, offload {lay.offload}",
+        f"micro-batch {wl.micro_batch}, gradient accumulation {ctx.grad_accum}, "
+        f"global batch {ctx.global_batch} sequences of {wl.seq_len} tokens",
+        f"method {wl.method}, optimizer {wl.optimizer}, precision {wl.precision} "
+        f"(16-bit compute: {ctx.half or 'none, FP32'})",
+        f"activation checkpointing {lay.checkpointing}, attention {lay.attention} ({ctx.hf_attention})",
+    ]
+    if ctx.lora:
+        items.append(f"LoRA rank {wl.lora_rank}, alpha {wl.lora_alpha if wl.lora_alpha else 'not set'}, "
+                     f"targets {', '.join(wl.lora_targets)}")
+    if wl.method == "qlora":
+        items.append(f"{wl.quant_bits}-bit base, double quantisation {'on' if wl.double_quant else 'off'}")
+    return items
+
+
+def _launch_script(run: str, ctx: Ctx) -> str:
+    lines = ["#!/usr/bin/env bash",
+             f"# {ctx.lay.gpus}× {ctx.gpu.name}: {ctx.nodes} node(s) × {ctx.per_node} GPU(s)",
+             "set -euo pipefail",
+             ': "${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"']
+    if ctx.nodes > 1:
+        lines += [': "${NODE_RANK:?set NODE_RANK (0 on the first node)}"',
+                  ': "${MASTER_ADDR:?set MASTER_ADDR to the first node}"']
+    return "\n".join([*lines, run, ""])
+
+
+def write_bundle(bundle: Bundle, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in bundle.files.items():
+        target = out_dir / name
+        target.write_text(text, encoding="utf-8")
+        if name.endswith(".sh"):
+            target.chmod(0o755)
+        written.append(target)
+    return written

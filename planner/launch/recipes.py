@@ -1,0 +1,229 @@
+"""Training recipes: Hugging Face Trainer + PEFT + bitsandbytes, torchtune, Megatron-LM."""
+
+from __future__ import annotations
+
+from planner.launch.common import PEFT_MODULES, Bundle, Ctx
+
+
+def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
+    """TrainingArguments, from_pretrained kwargs, LoraConfig and BitsAndBytesConfig (name -> JSON)."""
+    fmt = "hf"
+    wl, lay = ctx.wl, ctx.lay
+    if wl.method == "inference":
+        out.skipped[fmt] = "an inference plan has no TrainingArguments"
+        return {}
+    if lay.tp > 1 or lay.pp > 1 or lay.cp > 1:
+        out.skipped[fmt] = (f"the Trainer has no tensor/pipeline/context parallelism of its own "
+                            f"(tp={lay.tp} pp={lay.pp} cp={lay.cp}); use the Megatron-LM arguments")
+        return {}
+    args: dict = {
+        "per_device_train_batch_size": wl.micro_batch,
+        "gradient_accumulation_steps": ctx.grad_accum,
+        "bf16": ctx.half == "bf16",
+        "fp16": ctx.half == "fp16",
+        "gradient_checkpointing": lay.checkpointing == "full",
+        "optim": ctx.hf_optim,
+    }
+    if lay.checkpointing == "selective":
+        out.note(fmt, "the Trainer has no selective recomputation: gradient_checkpointing is off, "
+                      "enable it in the model code if it supports selective recompute")
+    if lay.zero > 0:
+        if ds_file is None:
+            out.skipped[fmt] = "ZeRO needs the DeepSpeed config, which was not written"
+            return {}
+        args["deepspeed"] = ds_file
+    files = {"training_args.json": args}
+    out.need(fmt, "output_dir, learning_rate, num_train_epochs or max_steps in training_args.json")
+
+    kwargs: dict = {"attn_implementation": ctx.hf_attention}
+    if ctx.model.hf_repo:
+        kwargs = {"pretrained_model_name_or_path": ctx.model.hf_repo, **kwargs}
+    else:
+        out.need(fmt, "pretrained_model_name_or_path in model_kwargs.json (the plan's model has no "
+                      "Hugging Face repository in the catalog)")
+    if wl.method == "full":
+        kwargs["dtype"] = "bfloat16" if wl.precision == "bf16" else "float32"
+    else:
+        kwargs["dtype"] = ctx.torch_dtype  # the frozen base in the compute dtype
+    if wl.method == "qlora":
+        bnb = bnb_config(ctx, out)
+        if bnb is not None:
+            files["bnb_config.json"] = bnb
+    files["model_kwargs.json"] = kwargs
+    if ctx.lora:
+        files["lora_config.json"] = lora_config(ctx, out)
+    return files
+
+
+def lora_config(ctx: Ctx, out: Bundle) -> dict:
+    wl = ctx.wl
+    targets = [t for t in wl.lora_targets if t != "lm_head"]
+    extra = ["lm_head"] if "lm_head" in wl.lora_targets else []
+    if ctx.all_targets and not extra:
+        modules: str | list[str] = "all-linear"
+    else:
+        modules = [PEFT_MODULES[t] for t in ctx.targets if t in targets or ctx.all_targets] + extra
+        if ctx.model.family not in (None, "llama", "mistral", "qwen", "gemma"):
+            out.note("hf", f"target_modules use Llama names; check them against {ctx.model.id}'s modules")
+    cfg: dict = {"r": wl.lora_rank, "target_modules": modules, "task_type": "CAUSAL_LM",
+                 "lora_dropout": ctx.detail("lora_dropout", 0.0)}
+    if wl.lora_alpha is not None:
+        cfg["lora_alpha"] = wl.lora_alpha
+    else:
+        out.need("hf", "lora_alpha in lora_config.json (the plan did not set it; PEFT's default is 8)")
+    return cfg
+
+
+def bnb_config(ctx: Ctx, out: Bundle) -> dict | None:
+    wl = ctx.wl
+    quant = ctx.detail("quant_type", "nf4")
+    if quant != "nf4":
+        out.note("hf", f"the plan's 4-bit base is {quant}, not bitsandbytes: no BitsAndBytesConfig")
+        return None
+    if wl.quant_bits == 8:
+        return {"load_in_8bit": True}
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": wl.double_quant, "bnb_4bit_compute_dtype": ctx.torch_dtype}
+
+
+TORCHTUNE_OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam8bit": "bitsandbytes.optim.AdamW8bit",
+                        "paged_adamw8bit": "bitsandbytes.optim.PagedAdamW8bit", "sgd": "torch.optim.SGD"}
+TORCHTUNE_ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
+
+
+def torchtune_override(ctx: Ctx, out: Bundle) -> tuple[dict, str] | None:
+    """A torchtune config override and the ``tune run`` command, or None (reason in skipped)."""
+    fmt = "torchtune"
+    wl, lay = ctx.wl, ctx.lay
+    if wl.method == "inference":
+        out.skipped[fmt] = "an inference plan has no torchtune training recipe"
+        return None
+    if ctx.half == "fp16":
+        out.skipped[fmt] = "torchtune trains in bf16 or fp32 only; the plan needs FP16 (no BF16 on this GPU)"
+        return None
+    if lay.pp > 1 or lay.cp > 1:
+        out.skipped[fmt] = f"torchtune's recipes have no pipeline/context parallelism (pp={lay.pp} cp={lay.cp})"
+        return None
+    if lay.tp > 1 and ctx.lora:
+        out.skipped[fmt] = "torchtune's LoRA recipes have no tensor parallelism"
+        return None
+    cfg: dict = {
+        "batch_size": wl.micro_batch,
+        "gradient_accumulation_steps": ctx.grad_accum,
+        "dtype": "fp32" if ctx.half is None else "bf16",
+        "enable_activation_checkpointing": lay.checkpointing == "full",
+        "enable_activation_offloading": bool(ctx.detail("activation_offload", False)),
+        "tokenizer": {"max_seq_len": wl.seq_len},
+        "optimizer": {"_component_": TORCHTUNE_OPTIMIZERS[wl.optimizer]},
+    }
+    if wl.precision == "mixed":
+        out.note(fmt, "torchtune's dtype bf16 keeps no FP32 master copy: it needs less memory than "
+                      "the plan's mixed precision")
+    distributed = lay.gpus > 1
+    if distributed:
+        cfg["fsdp_cpu_offload"] = lay.offload != "none"
+        if lay.zero < 3:
+            out.note(fmt, f"torchtune's distributed recipes shard fully (FSDP2): ZeRO {lay.zero} "
+                          "becomes full sharding, no more memory than planned")
+        if lay.tp > 1:
+            cfg["tensor_parallel_dim"] = lay.tp
+    elif lay.offload != "none":
+        out.note(fmt, "single-device recipes offload nothing: the plan's offload has no equivalent")
+    if ctx.lora:
+        attn = [TORCHTUNE_ATTN[t] for t in ctx.targets if t in TORCHTUNE_ATTN]
+        mlp = {t for t in ctx.targets if t in ("gate", "up", "down")}
+        if mlp and mlp != {"gate", "up", "down"}:
+            out.note(fmt, "torchtune adapts the whole MLP or none of it: apply_lora_to_mlp is on")
+        model = {"lora_attn_modules": attn, "apply_lora_to_mlp": bool(mlp),
+                 "apply_lora_to_output": "lm_head" in wl.lora_targets, "lora_rank": wl.lora_rank}
+        if wl.lora_alpha is not None:
+            model["lora_alpha"] = wl.lora_alpha
+        else:
+            out.need(fmt, "model.lora_alpha (the plan did not set it)")
+        cfg["model"] = model
+        if wl.method == "qlora":
+            out.need(fmt, "model._component_: the qlora_* builder of your model (e.g. "
+                          "torchtune.models.llama3_1.qlora_llama3_1_8b)")
+    recipe = ("lora" if ctx.lora else "full") + "_finetune_" + ("distributed" if distributed else "single_device")
+    head = ["tune", "run"]
+    if distributed:
+        head += [f"--nnodes={ctx.nodes}", f"--nproc_per_node={ctx.per_node or lay.gpus}"]
+    command = " ".join([*head, recipe, "--config", "${BASE_CONFIG}", "--config", "torchtune_override.yaml"])
+    out.need(fmt, f"BASE_CONFIG: the {recipe} config of your model (tune ls), which holds the "
+                  "checkpointer, dataset and learning rate")
+    return cfg, command
+
+
+def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
+    fmt = "megatron"
+    wl, lay, m = ctx.wl, ctx.lay, ctx.model
+    if wl.method != "full":
+        out.skipped[fmt] = f"Megatron-LM trains full models only (the plan's method is {wl.method})"
+        return None
+    args = [
+        f"--tensor-model-parallel-size {lay.tp}",
+        f"--pipeline-model-parallel-size {lay.pp}",
+        f"--context-parallel-size {lay.cp}",
+        f"--micro-batch-size {wl.micro_batch}",
+        f"--global-batch-size {ctx.global_batch}",
+        f"--seq-length {wl.seq_len}",
+    ]
+    vpp = ctx.detail("pp_virtual_stages", 1)
+    if lay.pp > 1 and vpp > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {m.layers // (lay.pp * vpp)}")
+    if lay.sp:
+        args.append("--sequence-parallel")
+    args.append({"bf16": "--bf16", "fp16": "--fp16", None: ""}[ctx.half])
+    if lay.checkpointing == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif lay.checkpointing == "selective":
+        args.append("--recompute-granularity selective")
+    if lay.zero >= 1:
+        args.append("--use-distributed-optimizer")
+        if lay.zero > 1:
+            out.note(fmt, f"Megatron's distributed optimizer shards optimizer states and master "
+                          f"weights (ZeRO-1); the plan's ZeRO-{lay.zero} sharding of "
+                          f"{'gradients' if lay.zero == 2 else 'gradients and weights'} needs "
+                          "--use-torch-fsdp2 instead")
+    if lay.offload != "none":
+        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+    if lay.attention == "flash":
+        args.append("--attention-backend flash")
+    if wl.optimizer != "adamw":
+        if wl.optimizer == "sgd":
+            args.append("--optimizer sgd")
+        else:
+            out.note(fmt, f"Megatron-LM has no {wl.optimizer}: the arguments keep its Adam")
+    args += _megatron_model(ctx, out)
+    out.need(fmt, "--lr, --train-iters, --data-path, --tokenizer-type/--tokenizer-model, --save/--load")
+    return [a for a in args if a]
+
+
+def _megatron_model(ctx: Ctx, out: Bundle) -> list[str]:
+    m = ctx.model
+    args = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}"]
+    if m.heads is None or m.ffn is None:
+        out.need("megatron", "--num-attention-heads and --ffn-hidden-size (the plan's model gives "
+                             "only its size)")
+        return args
+    args += [f"--num-attention-heads {m.heads}", f"--ffn-hidden-size {m.ffn}"]
+    if m.kv_heads_eff != m.heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.kv_heads_eff}"]
+    if m.head_dim is not None and m.head_dim * m.heads != m.hidden:
+        args.append(f"--kv-channels {m.head_dim}")
+    if m.gated_mlp:
+        args.append("--swiglu")
+    args.append("--normalization " + ("RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"))
+    if m.position == "rope":
+        args.append("--position-embedding-type rope")
+    if m.max_position:
+        args.append(f"--max-position-embeddings {m.max_position}")
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if m.qkv_bias:
+        args.append("--add-qkv-bias")
+    if not (m.qkv_bias or m.o_bias or m.mlp_bias):
+        args.append("--disable-bias-linear")
+    if m.moe is not None:
+        args += [f"--num-experts {m.moe.experts}", f"--moe-router-topk {m.moe.active}"]
+    return args

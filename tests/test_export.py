@@ -1,0 +1,156 @@
+"""`planner export`: every decided setting is in the files, nothing undecided is invented."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.launch.export import export_resolved
+from planner.scenario import resolve
+
+runner = CliRunner()
+
+FULL_16 = {"name": "full16", "profile": "seed", "model": "llama-3.1-8b",
+           "workload": {"method": "full", "micro_batch": 2, "grad_accum": 4, "seq_len": 4096},
+           "layout": {"gpu": "h100", "gpus": 16, "zero": 3, "offload": "optimizer+params",
+                      "checkpointing": "full"}}
+QLORA = {"name": "q", "profile": "seed", "model": "llama-3.1-8b",
+         "workload": {"method": "qlora", "optimizer": "paged_adamw8bit", "micro_batch": 1, "grad_accum": 16,
+                      "seq_len": 1024, "lora_rank": 8, "lora_alpha": 16, "lora_targets": ["q", "v", "down"]},
+         "layout": {"gpu": "rtx-4090", "gpus": 1, "checkpointing": "full"}}
+TP_PP = {"name": "tp", "profile": "seed", "model": "llama-3.1-70b",
+         "workload": {"method": "full", "micro_batch": 1, "global_batch": 64, "seq_len": 8192},
+         "layout": {"gpu": "h100", "gpus": 32, "tp": 8, "pp": 2, "sp": True, "zero": 1,
+                    "checkpointing": "selective", "pp_virtual_stages": 1}}
+
+
+def _export(raw):
+    if "pp_virtual_stages" in raw["layout"]:
+        from planner.specs import Layout
+
+        if "pp_virtual_stages" not in Layout.model_fields:
+            raw = {**raw, "layout": {k: v for k, v in raw["layout"].items() if k != "pp_virtual_stages"}}
+    return export_resolved(resolve(raw))
+
+
+def test_deepspeed_and_accelerate_carry_every_decision():
+    b = _export(FULL_16)
+    ds = json.loads(b.files["ds_config.json"])
+    assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 4
+    assert ds["train_batch_size"] == 2 * 16 * 4
+    assert ds["bf16"] == {"enabled": True} and "fp16" not in ds
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["zero_optimization"]["offload_param"]["device"] == "cpu"
+    acc = yaml.safe_load(b.files["accelerate_config.yaml"])
+    assert acc["distributed_type"] == "FSDP" and acc["num_processes"] == 16 and acc["num_machines"] == 2
+    assert acc["fsdp_config"]["fsdp_sharding_strategy"] == "FULL_SHARD"
+    assert acc["fsdp_config"]["fsdp_offload_params"] is True
+    assert acc["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    sky = yaml.safe_load(b.files["sky_task.yaml"])
+    assert sky["resources"]["accelerators"] == "H100:8" and sky["num_nodes"] == 2
+    assert "--nnodes=2 --nproc_per_node=8" in b.files["launch.sh"]
+    args = json.loads(b.files["training_args.json"])
+    assert args["deepspeed"] == "ds_config.json" and args["gradient_checkpointing"] is True
+
+
+def test_nothing_undecided_is_invented_and_the_gaps_are_listed():
+    b = _export(FULL_16)
+    text = "\n".join(t for name, t in b.files.items() if name != "PLAN.md").lower()
+    for invented in ("learning_rate", "\"lr\"", "gradient_clipping\":", "scheduler\":", "output_dir",
+                     "\"optimizer\":"):
+        assert invented not in text, invented
+    readme = b.files["PLAN.md"]
+    assert "learning rate" in readme and "MASTER_ADDR" in readme and "machine_rank" in readme
+    assert "output_dir" in readme  # said, not written
+
+
+def test_qlora_recipe_files():
+    b = _export(QLORA)
+    bnb = json.loads(b.files["bnb_config.json"])
+    assert bnb == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                   "bnb_4bit_compute_dtype": "bfloat16"}
+    lora = json.loads(b.files["lora_config.json"])
+    assert lora["r"] == 8 and lora["lora_alpha"] == 16
+    assert lora["target_modules"] == ["q_proj", "v_proj", "down_proj"]
+    args = json.loads(b.files["training_args.json"])
+    assert args["optim"] == "paged_adamw_8bit" and "deepspeed" not in args
+    tt = yaml.safe_load(b.files["torchtune_override.yaml"])
+    assert tt["model"]["lora_attn_modules"] == ["q_proj", "v_proj"] and tt["model"]["apply_lora_to_mlp"]
+    assert tt["optimizer"]["_component_"] == "bitsandbytes.optim.PagedAdamW8bit"
+    assert tt["tokenizer"]["max_seq_len"] == 1024 and tt["gradient_accumulation_steps"] == 16
+    assert "megatron" in b.skipped and "megatron_args.txt" not in b.files
+    assert any("whole MLP" in n for n in b.notes)  # down only cannot be said in torchtune
+
+
+def test_model_parallel_plan_goes_to_megatron_and_says_why_not_elsewhere():
+    b = _export(TP_PP)
+    margs = b.files["megatron_args.txt"].splitlines()
+    for arg in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 2", "--sequence-parallel",
+                "--micro-batch-size 1", "--global-batch-size 64", "--seq-length 8192", "--bf16",
+                "--recompute-granularity selective", "--use-distributed-optimizer", "--num-layers 80",
+                "--group-query-attention", "--num-query-groups 8"):
+        assert arg in margs, arg
+    for fmt in ("deepspeed", "accelerate", "hf"):
+        assert fmt in b.skipped and "Megatron" in b.skipped[fmt]
+    assert "ds_config.json" not in b.files
+
+
+def test_fp16_on_a_card_without_bf16():
+    raw = {**QLORA, "layout": {"gpu": "t4", "gpus": 1, "checkpointing": "full", "attention": "eager"}}
+    b = _export(raw)
+    assert json.loads(b.files["training_args.json"])["fp16"] is True
+    assert json.loads(b.files["bnb_config.json"])["bnb_4bit_compute_dtype"] == "float16"
+    assert json.loads(b.files["model_kwargs.json"])["attn_implementation"] == "eager"
+    assert "torchtune" in b.skipped  # torchtune has no fp16
+
+
+def test_cli_exports_plan_json_and_scenario_rank(tmp_path):
+    plan = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "lora", "--global-batch", "16",
+                               "--gpu-types", "a100-80gb", "--profile", "seed", "--top", "2", "--json"])
+    assert plan.exit_code == 0, plan.output
+    (tmp_path / "plan.json").write_text(plan.output)
+    plans = json.loads(plan.output)["plans"]
+    res = runner.invoke(app, ["export", str(tmp_path / "plan.json"), "--rank", "2", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    ds = json.loads((tmp_path / "o" / "ds_config.json").read_text())
+    assert ds["train_micro_batch_size_per_gpu"] == plans[1]["micro_batch"]
+    assert ds["zero_optimization"]["stage"] == plans[1]["zero"]
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(QLORA))
+    res = runner.invoke(app, ["export", str(scen), "--json", "--format", "hf"])
+    assert res.exit_code == 0, res.output
+    files = json.loads(res.output)["files"]
+    assert set(files) >= {"training_args.json", "lora_config.json", "bnb_config.json", "PLAN.md"}
+    assert "sky_task.yaml" not in files and "megatron_args.txt" not in files
+    uses_ds = "deepspeed" in json.loads(files["training_args.json"])
+    assert ("ds_config.json" in files) == uses_ds
+
+
+def test_plan_json_without_pinned_scenario_still_exports(tmp_path):
+    plan = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "qlora", "--global-batch", "8",
+                               "--profile", "seed", "--top", "1", "--json"])
+    data = json.loads(plan.output)
+    data["plans"][0].pop("pinned_scenario", None)
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    res = runner.invoke(app, ["export", str(tmp_path / "p.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    args = json.loads(json.loads(res.output)["files"]["training_args.json"])
+    assert args["gradient_accumulation_steps"] == data["plans"][0]["grad_accum"]
+
+
+def test_bad_export_input_is_one_line_per_problem(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps({"plans": [], "status": "infeasible"}))
+    res = runner.invoke(app, ["export", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and "no feasible plan" in res.output
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(QLORA))
+    res = runner.invoke(app, ["export", str(scen), "--rank", "9"])
+    assert res.exit_code == 2 and "rank: 9" in res.output and "Traceback" not in res.output
+    res = runner.invoke(app, ["export", str(scen), "--format", "deepspeed,slurm"])
+    assert res.exit_code == 2 and "format: 'slurm'" in res.output
+    res = runner.invoke(app, ["export", str(tmp_path / "missing.json")])
+    assert res.exit_code == 2 and "no such file" in res.output
