@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.memo import by_spec
 from planner.specs import ModelSpec
 
 #: Bytes of a saved RMSNorm/LayerNorm statistic per token: rsqrt (RMSNorm) in FP32 = 4;
@@ -148,6 +149,7 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
     return fc_rg or trainable or "down" in t
 
 
+@by_spec
 def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """Storages one decoder layer saves for backward (no checkpointing).
 
@@ -224,6 +226,7 @@ def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens
         inv.add(k, v, split=False)
 
 
+@by_spec
 def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """Gradients that exist, beside the saved tensors, while one layer runs backward: those of the
     MLP's intermediates (gate, up and their product: 3·e·f; plain MLP: 2·e·f) and of the layer's
@@ -237,6 +240,7 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     return inv
 
 
+@by_spec
 def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """Op-level selective checkpointing (torchtitan's ``selective_ac_option: op``, the common
     PyTorch policy): keep the layer input, the attention kernel's outputs (out + FP32 lse) and
@@ -261,6 +265,7 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
     return inv
 
 
+@by_spec
 def checkpoint_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """Full checkpointing (HF ``gradient_checkpointing``, non-reentrant): only the layer input,
     e·b·s·h, is kept per layer."""
@@ -269,6 +274,7 @@ def checkpoint_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inve
     return inv
 
 
+@by_spec
 def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
     """Tensors made once per forward and saved by every layer: the RoPE cos/sin tables
     (2·s·d·e, no batch dimension)."""
@@ -280,6 +286,7 @@ def eager_mask_bytes(rec: LayerRecipe, b: int, s: int) -> float:
     return rec.e * b * s * s if rec.attention == "eager" else 0.0
 
 
+@by_spec
 def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_trainable: bool,
                embedding_trainable: bool) -> float:
     """Outside the layers, saved for backward (loss excluded, see :func:`loss_bytes`): the final
@@ -300,6 +307,7 @@ def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_tr
 LOSS_CHUNKS = 8
 
 
+@by_spec
 def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
                compiled: bool = False) -> tuple[float, float]:
     """(saved at the end of forward, peak while the loss runs) for the logits and cross-entropy.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.memo import by_spec
 from planner.specs import LORA_TARGETS, ModelSpec
 
 
@@ -115,6 +116,7 @@ def _mlp_params(spec: ModelSpec) -> tuple[int, int]:
     return total, active
 
 
+@by_spec
 def param_counts(spec: ModelSpec) -> ParamCounts:
     """Exact parameter counts of a full architecture (raises if the spec is only dims)."""
     _need(spec, "vocab", "heads")

@@ -103,10 +103,18 @@ def first_fitting(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattic
     lo = np.zeros(n, dtype=np.int64)
     hi = count.copy()  # answer in [lo, hi]; hi = count means "never"
     has = count > 0
-    top_ok = np.zeros(n, dtype=bool)
+    # Many layouts fit at the smallest degree: test it first, then the largest, then bisect.
+    bottom_ok = np.zeros(n, dtype=bool)
     if has.any():
-        top_ok[has] = memory_fits(req, table, cls, idx[has], lat.value(idx[has], count[has] - 1))
-    hi[has & top_ok] = count[has & top_ok] - 1
+        bottom_ok[has] = memory_fits(req, table, cls, idx[has], lat.value(idx[has], np.zeros(int(has.sum()),
+                                                                                            dtype=np.int64)))
+    top_ok = bottom_ok.copy()
+    rest = has & ~bottom_ok & (count > 1)
+    if rest.any():
+        top_ok[rest] = memory_fits(req, table, cls, idx[rest], lat.value(idx[rest], count[rest] - 1))
+    hi[bottom_ok] = 0
+    lo[rest & top_ok] = 1
+    hi[rest & top_ok] = count[rest & top_ok] - 1
     active = top_ok & (lo < hi)
     while active.any():
         a = np.flatnonzero(active)
@@ -182,7 +190,7 @@ def _group_ids(req: SearchRequest, cls: Classes, ci: np.ndarray, dp: np.ndarray)
     return gid
 
 
-def _evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end) -> Evaluated:
+def _evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end, known_to_fit=False) -> Evaluated:
     counts = win_end - win_start
     total = int(counts.sum())
     ci = np.repeat(win_cls, counts)
@@ -190,7 +198,18 @@ def _evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end) -> Eval
     j = np.repeat(win_start, counts) + offsets
     dp = lat.value(ci, j)
     c = {k: v[ci] for k, v in cls.a.items()}
-    ev = evaluate(req, table, c, dp)
+    host_upper = None
+    if known_to_fit and req.rs.profile != "seed":
+        # Offloaded host bytes at each window's first degree bound the window's (see evaluate).
+        host_first = np.zeros(len(win_cls), dtype=np.int64)
+        off = np.flatnonzero(cls.a["offload"][win_cls] > 0)
+        if len(off):
+            w = win_cls[off]
+            dp0 = lat.value(w, win_start[off])
+            host_first[off] = memory_total(req, {k: v[w] for k, v in cls.a.items()}, dp0,
+                                           grad_accum_of(req, cls.a["micro_batch"][w], dp0))[1]
+        host_upper = np.repeat(host_first, counts)
+    ev = evaluate(req, table, c, dp, known_to_fit=known_to_fit, host_upper=host_upper)
     masks = feasible(req, ev)
     ok = np.ones(total, dtype=bool)
     rejected: dict[str, int] = {}
@@ -259,7 +278,9 @@ class SearchOutcome:
     stats: dict[str, float]
 
 
-#: Classes whose memory is bisected together when the search expands them.
+#: Classes whose memory is bisected together when the search expands them: few at first (the
+#: bound often stops the search early), doubling up to the largest batch.
+FIRST_CLASS_BATCH = 512
 CLASS_BATCH = 16_384
 
 
@@ -291,6 +312,7 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
     corder = has[np.argsort(lb0, kind="stable")]
     lb0_sorted = np.sort(lb0, kind="stable")
     cpos = 0
+    class_batch = FIRST_CLASS_BATCH
     pend_c = pend_s = pend_e = np.zeros(0, dtype=np.int64)
     pend_lb = np.zeros(0)
     e = _concat([])
@@ -314,14 +336,15 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
             batch_columns = min(2 * batch_columns, BATCH_COLUMNS)
             take, rest = order[:n_take], order[n_take:]
             e = _reduce(cls, [e, _evaluate_windows(req, table, cls, lat, pend_c[take], pend_s[take],
-                                                   pend_e[take])])
+                                                   pend_e[take], known_to_fit=True)])
             evaluated_cols += int(sizes[:n_take].sum())
             windows_evaluated += n_take
             pend_c, pend_s, pend_e, pend_lb = pend_c[rest], pend_s[rest], pend_e[rest], pend_lb[rest]
             threshold = _kth_key(e, np.arange(len(e.key)), req.top)
         else:
-            idx = corder[cpos: cpos + CLASS_BATCH]
+            idx = corder[cpos: cpos + class_batch]
             cpos += len(idx)
+            class_batch = min(2 * class_batch, CLASS_BATCH)
             start = first_fitting(req, table, cls, lat, idx)
             fits = start < lat.count[idx]
             cls.rejected["does not fit in memory at any allowed GPU count"] += int((~fits).sum())
@@ -336,6 +359,7 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
     n_cand = CANDIDATES_PER_PLAN * req.top
     if len(best) > n_cand:
         best = best[np.argsort(e.key, kind="stable")[:n_cand]]
+    _fill_memory(req, cls, e, best)
     left = time_limit_s - (time.perf_counter() - t0)
     status, picked_local = solve_top_k(req, table, cls, e, best, left)
     if not proven:
@@ -344,6 +368,18 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
              "columns_evaluated": evaluated_cols, "groups": len(best),
              "seconds": time.perf_counter() - t0}
     return SearchOutcome(status, cls, e, [int(best[j]) for j in picked_local], stats)
+
+
+def _fill_memory(req: SearchRequest, cls: Classes, e: Evaluated, rows: np.ndarray) -> None:
+    """Exact memory and host bytes of the candidate columns whose figures were skipped or
+    bounded (see ``evaluate``)."""
+    if not len(rows):
+        return
+    todo = rows[(e.ev["memory_bytes"][rows] < 0) | (e.ev["host_bytes"][rows] < 0)]
+    if len(todo):
+        c = {k: v[e.cls_index[todo]] for k, v in cls.a.items()}
+        mem, host = memory_total(req, c, e.ev["dp"][todo], e.ev["grad_accum"][todo])
+        e.ev["memory_bytes"][todo], e.ev["host_bytes"][todo] = mem, host
 
 
 def solve_top_k(req, table, cls, e: Evaluated, best: np.ndarray, time_limit_s: float) -> tuple[str, list[int]]:

@@ -87,6 +87,8 @@ class SearchRequest:
     grad_accum: int
     dp_pin: int | None
     pcie_model_parallel: bool
+    #: Memory of layouts already evaluated (profiles without an array form), by layout row.
+    memory_cache: dict = field(default_factory=dict)
 
     @property
     def model(self):
@@ -346,13 +348,34 @@ def grad_accum_of(req: SearchRequest, micro_batch: np.ndarray, dp: np.ndarray) -
 
 
 def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> tuple:
-    """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them."""
-    comps = memory_components(req.rs.profile, req.model, req.rs.overrides,
-                              base=(req.rs.workload, req.rs.layout),
-                              **{k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier")
-                                 and (k != "ep" or req.model.moe is not None)},
-                              lora_rank=req.rs.workload.lora_rank, dp=dp, grad_accum=ga)
-    return comps["total"], comps["host"]
+    """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them.
+
+    The seed profile is evaluated on the arrays directly. Other profiles evaluate each distinct
+    layout once per search (the GPU type does not change memory, so rows repeat across types and
+    across the bisection's probes): results are kept in ``req.memory_cache``."""
+    x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier") and (k != "ep" or req.model.moe is not None)}
+    x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
+
+    def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return memory_components(req.rs.profile, req.model, req.rs.overrides,
+                                 base=(req.rs.workload, req.rs.layout), **arrays)
+
+    if req.rs.profile == "seed":
+        comps = run(x)
+        return comps["total"], comps["host"]
+    keys = sorted(x)
+    stacked = np.stack([np.broadcast_to(np.asarray(x[k], dtype=np.int64), np.shape(dp)) for k in keys], axis=1)
+    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    rows = [tuple(r) for r in uniq.tolist()]
+    cache = req.memory_cache
+    missing = [i for i, r in enumerate(rows) if r not in cache]
+    if missing:
+        comps = run({k: uniq[missing, j] for j, k in enumerate(keys)})
+        for n, i in enumerate(missing):
+            cache[rows[i]] = (int(comps["total"][n]), int(comps["host"][n]))
+    vals = np.array([cache[r] for r in rows], dtype=np.int64).reshape(-1, 2)
+    inverse = inverse.reshape(-1)
+    return vals[inverse, 0], vals[inverse, 1]
 
 
 def n_lora_of(rs: ResolvedScenario) -> float:
@@ -367,15 +390,33 @@ def n_lora_of(rs: ResolvedScenario) -> float:
     return float(seed_lora_params(rs.model, wl.lora_rank))
 
 
-def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray) -> dict[str, np.ndarray]:
-    """Every metric and constraint flag of columns (classes ``c`` at data-parallel degree ``dp``)."""
+def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
+             *, known_to_fit: bool = False, host_upper: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every metric and constraint flag of columns (classes ``c`` at data-parallel degree ``dp``).
+
+    ``known_to_fit``: the caller has established that every column fits in memory (the search
+    starts each class at its smallest fitting degree); profiles without an array form then skip
+    the per-column memory (marked −1, filled in for the few columns that become candidates) and
+    take the offloaded host bytes from ``host_upper`` (their value at a smaller degree: host
+    bytes per GPU never rise with dp), computing them exactly only where that bound fails the
+    node's host RAM."""
     g = c["gpu"]
     ga = grad_accum_of(req, c["micro_batch"], dp)
     mp = c["tp"] * c["pp"] * c["cp"]
     gpus = dp * mp
     node = table.gpus_per_node[g]
     billed = np.where(table.whole_node[g], -(-gpus // node) * node, gpus)
-    mem, host = memory_total(req, c, dp, ga)
+    host_exact = True
+    if known_to_fit and req.rs.profile != "seed":
+        mem = np.full(np.shape(dp), -1, dtype=np.int64)
+        host = np.zeros(np.shape(dp), dtype=np.int64) if host_upper is None else host_upper.copy()
+        host_exact = False
+        # The bound times a full node is within the node's RAM: every column passes as it is.
+        over = np.flatnonzero(host * node > table.host_bytes_per_node[g])
+        if len(over):
+            host[over] = memory_total(req, {k: v[over] for k, v in c.items()}, dp[over], ga[over])[1]
+    else:
+        mem, host = memory_total(req, c, dp, ga)
     mf = model_flops(req.model)
     n_lora = n_lora_of(req.rs)
     weight_bytes = np.where(c["method"] == 2, 0.5, 2.0)
@@ -384,7 +425,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
              weight_bytes=weight_bytes)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
-           "host_bytes": host}
+           "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
     tokens_per_step = c["micro_batch"] * dp * ga * c["seq_len"]
     for label, perf in (("", table.perf), ("_slow", table.perf_low), ("_fast", table.perf_high)):
         rows = _perf_rows(perf, g)

@@ -84,3 +84,20 @@ def test_search_matches_enumeration(raw):
     assert got == want
     for plan in assemble(req, raw, outcome):
         assert check_plan(raw, plan) == []
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_search_matches_enumeration_detailed_profile(raw):
+    """The same under the detailed profile, where the search skips per-column memory for
+    columns it knows fit and bounds the offloaded host bytes."""
+    raw = {**raw, "profile": "detailed"}
+    if isinstance(raw["model"], dict):
+        raw["model"] = "qwen2.5-0.5b"
+    raw["search"] = {**raw["search"], "max_gpus": min(raw["search"]["max_gpus"], 8)}
+    req = build_request(resolve(raw))
+    outcome = search(req, time_limit_s=60)
+    _, e_all, top_all = enumerate_all(build_request(resolve(raw)))
+    assert [float(outcome.evaluated.key[j]) for j in outcome.picked] == [float(e_all.key[j]) for j in top_all]
+    for plan in assemble(req, raw, outcome):
+        assert check_plan(raw, plan) == []
