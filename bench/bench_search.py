@@ -71,6 +71,10 @@ def main() -> None:
             print(f"enumeration ({objective}): {enum_s:.1f} s for {n_cols:,} plans "
                   f"({n_cols / enum_s:,.0f} plans/s); search is {enum_s / med:.0f}× faster; "
                   f"same top 10: {same}")
+    print("\nthe detailed profile (the default; no array form, so no full enumeration baseline):")
+    for objective in ("cost", "gpus", "time", "hourly"):
+        med, out = median_search_s({**FULL, "profile": "detailed", "objective": objective}, args.runs)
+        print(f"  {objective:<8} {med:>8.3f} s  {out.status}")
     names = [g.id for g in catalog.gpus()]
     print("\nscaling (objective cost, median s):")
     for n_types in (4, 8, 16, len(names)):
