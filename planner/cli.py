@@ -50,6 +50,36 @@ def _console() -> Console:
     return console
 
 
+def _run_each(file: Path | None, flags: dict, config: list[Path] | None, run, *, for_plan: bool = False) -> list:
+    """Every scenario of FILE (or the one the flags describe), the flags merged over it, and
+    ``run(merged, source, base_dir, found)`` on each; all input problems of all scenarios are
+    reported together (exit 2)."""
+    try:
+        overlay = scenario_from_flags(**flags)
+        if file is not None:
+            raws = read_scenario_file(file)
+            sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
+        else:
+            if flags.get("model") is None and not config:
+                raise InputError(["model: required (give a scenario FILE or --model)"])
+            raws, sources = [{"name": "cli"}], [None]
+        base_dir = file.parent if file is not None else None
+        results, problems = [], []
+        for raw, source in zip(raws, sources):
+            try:
+                merged, found = deep_merge(raw, overlay), None
+                if config:
+                    merged, found = merge_configs(raw, overlay, config, for_plan=for_plan)
+                results.append(run(merged, source, base_dir, found))
+            except InputError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise InputError(problems)
+    except InputError as exc:
+        _fail(exc.problems)
+    return results
+
+
 @app.command()
 def estimate(
     file: Annotated[Optional[Path], typer.Argument(help="Scenario YAML (one scenario or a list).")] = None,
@@ -90,31 +120,11 @@ def estimate(
         offload=offload, checkpointing=checkpointing, attention=attention, reserve=reserve,
         profile=profile,
     ).items() if v is not None}
-    try:
-        overlay = scenario_from_flags(**flags)
-        if file is not None:
-            raws = read_scenario_file(file)
-            sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
-        else:
-            if model is None and not config:
-                raise InputError(["model: required (give a scenario FILE or --model)"])
-            raws, sources = [{"name": "cli"}], [None]
-        results, problems = [], []
-        for raw, source in zip(raws, sources):
-            try:
-                merged = deep_merge(raw, overlay)
-                if config:
-                    merged, found = merge_configs(raw, overlay, config)
-                base_dir = file.parent if file is not None else None
-                est = estimate_resolved(resolve(merged, source=source, base_dir=base_dir))
-                results.append(annotate(est, found) if config else est)
-            except InputError as exc:
-                problems.extend(exc.problems)
-        if problems:
-            raise InputError(problems)
-    except InputError as exc:
-        _fail(exc.problems)
-        return
+    def run(merged, source, base_dir, found):
+        est = estimate_resolved(resolve(merged, source=source, base_dir=base_dir))
+        return annotate(est, found) if found is not None else est
+
+    results = _run_each(file, flags, config, run)
     if as_json:
         typer.echo(to_json(results[0] if len(results) == 1 else results))
     else:
@@ -177,32 +187,12 @@ def plan(
         fleet=_fleet(fleet), allow_relax=_split(allow_relax), top=top, time_limit_s=time_limit,
         profile=profile,
     ).items() if v is not None}
-    try:
-        overlay = scenario_from_flags(**flags)
-        if file is not None:
-            raws = read_scenario_file(file)
-            sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
-        else:
-            if model is None and not config:
-                raise InputError(["model: required (give a scenario FILE or --model)"])
-            raws, sources = [{"name": "cli"}], [None]
-        results, problems = [], []
-        for raw, source in zip(raws, sources):
-            try:
-                merged = deep_merge(raw, overlay)
-                if config:
-                    merged, found = merge_configs(raw, overlay, config, for_plan=True)
-                    for note in found.notes:
-                        typer.echo(f"note: {note}", err=True)
-                results.append(plan_raw(merged, source=source,
-                                        base_dir=file.parent if file else None, pareto=pareto))
-            except InputError as exc:
-                problems.extend(exc.problems)
-        if problems:
-            raise InputError(problems)
-    except InputError as exc:
-        _fail(exc.problems)
-        return
+    def run(merged, source, base_dir, found):
+        for note in found.notes if found is not None else ():
+            typer.echo(f"note: {note}", err=True)
+        return plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto)
+
+    results = _run_each(file, flags, config, run, for_plan=True)
     if as_json:
         typer.echo(to_json(results[0] if len(results) == 1 else results))
     else:
