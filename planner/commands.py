@@ -103,8 +103,8 @@ def _rich_table(title: str, frame, columns: list[str] | None = None):
 
 def procure(
     portfolio: Annotated[Path, typer.Argument(help="Portfolio YAML: jobs with windows, horizon, prices.")],
-    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Solver seconds (default: the "
-                                                        "portfolio's time_limit_s, 30).")] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds for the whole answer, candidate "
+                                                        "generation included (default: the portfolio's time_limit_s, 30).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json | md | html")] = "table",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the report here (default: stdout).")]
     = None,

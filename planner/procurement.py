@@ -242,6 +242,10 @@ def generate_options(runs: list[JobRun], gpu_types, max_gpus: int, *, workers: i
     return out
 
 
+#: Seconds the solver always gets, even when generating the candidates used up the time limit.
+MIN_SOLVER_S = 1.0
+
+
 def procure(path: str | Path, *, time_limit_s: float | None = None, workers: int | None = None) -> ProcureResult:
     problem, gen_s = load_problem(path, workers=workers)
     missing = unplaceable(problem)
@@ -251,7 +255,10 @@ def procure(path: str | Path, *, time_limit_s: float | None = None, workers: int
     naive, notes = naive_solution(problem)
     model = FleetModel(problem.inst)
     model.hint(naive)
-    sol = model.solve(time_limit_s or problem.portfolio.time_limit_s)
+    # The limit covers the whole answer: the solver gets what candidate generation left of it
+    # (at least MIN_SOLVER_S, so that a hinted solution is always returned).
+    limit = time_limit_s or problem.portfolio.time_limit_s
+    sol = model.solve(max(MIN_SOLVER_S, limit - gen_s))
     findings = check(problem.inst, sol) if sol.choices else []
     if sol.choices and objective_of(problem.inst, sol) != sol.objective_cents:
         findings.append(f"objective {sol.objective_cents} ≠ recomputed {objective_of(problem.inst, sol)}")
