@@ -65,11 +65,23 @@ class Inventory:
 
 
 def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, rec: LayerRecipe,
-          kind: str, tokens: int) -> None:
+          kind: str, tokens: int, model: ModelSpec | None = None) -> None:
     """A norm's saved tensors: HF RMSNorm keeps an FP32 copy of its input (4h) and rsqrt (4),
     plus y (e·h) for its weight's gradient; LayerNorm keeps its input (e·h), mean and rstd (8);
-    a fused (compiled) RMSNorm keeps its input and rsqrt (e·h + 4)."""
+    a fused (compiled) RMSNorm keeps its input and rsqrt (e·h + 4).
+
+    litgpt's RMSNorm: before Oct 24, 2023 (``norm_upcast`` False; litgpt PR #606 added the
+    upcast) it computes in the input dtype and keeps its input and rsqrt (e·h + e), plus the
+    normalised x (e·h) for a trainable weight; since then it upcasts like HF, but multiplies the
+    weight with the FP32 normalised x, so a trainable weight keeps that FP32 tensor (4h)."""
     if not (rg or weight_trainable):
+        return
+    litgpt = model is not None and model.impl == "litgpt"
+    if kind == "rmsnorm" and not rec.fused and model is not None and not model.norm_upcast:
+        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
+        inv.add(f"{name}.rstd", tokens * rec.e, split=False)
+        if weight_trainable:
+            inv.add(f"{name}.y", tokens * rec.e * h, split=False)
         return
     if kind == "layernorm":
         inv.add(f"{name}.input", tokens * rec.e * h, split=False)
@@ -81,7 +93,7 @@ def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, r
         inv.add(f"{name}.fp32_input", tokens * FP32 * h, split=False)
         inv.add(f"{name}.rstd", tokens * FP32, split=False)
         if weight_trainable:
-            inv.add(f"{name}.y", tokens * rec.e * h, split=False)
+            inv.add(f"{name}.y", tokens * (FP32 if litgpt else rec.e) * h, split=False)
 
 
 def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str], rec: LayerRecipe,
@@ -172,12 +184,16 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     rg_in = rec.input_requires_grad
     norm = model.norm
     # --- attention block
-    _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, norm, tokens)
+    _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, norm, tokens, model)
     out1_rg = rg_in or rec.trainable_base
     qkv = ["qkv"] if model.fused_qkv else ["q", "k", "v"]
     _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg)
     qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
-    if qkv_rg:
+    if model.impl == "litgpt" and model.fused_qkv:
+        _litgpt_qkv_lora(inv, model, rec, tokens)
+    if qkv_rg and model.impl == "litgpt" and rec.attention != "eager":
+        _litgpt_attention(inv, model, rec, tokens)
+    elif qkv_rg:
         if rec.attention == "eager":
             inv.add("attn.q", tokens * e * h_q)
             inv.add("attn.k_repeated", tokens * e * h_q)
@@ -196,10 +212,10 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     h1_rg = rg_in or qkv_rg or rec.trainable_base or "o" in t
     # --- MLP block (with one norm per layer, a parallel block: the MLP reads norm1's output)
     if model.norms_per_layer >= 2:
-        _norm(inv, "norm2", h1_rg, rec.trainable_base, h, rec, norm, tokens)
+        _norm(inv, "norm2", h1_rg, rec.trainable_base, h, rec, norm, tokens, model)
     if model.norms_per_layer > 2:  # Gemma 2: post-attention and post-MLP norms
-        _norm(inv, "norm3", h1_rg, rec.trainable_base, h, rec, norm, tokens)
-        _norm(inv, "norm4", h1_rg, rec.trainable_base, h, rec, norm, tokens)
+        _norm(inv, "norm3", h1_rg, rec.trainable_base, h, rec, norm, tokens, model)
+        _norm(inv, "norm4", h1_rg, rec.trainable_base, h, rec, norm, tokens, model)
     mlp_rg_in = h1_rg or rec.trainable_base
     moe = model.moe
     if moe is None:
@@ -207,6 +223,44 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     else:
         _moe(inv, model, mlp_rg_in, rec, tokens)
     return inv
+
+
+def _litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
+    """litgpt's ``LoRAQKVLinear`` adapts a subset of q, k, v of the fused projection by
+    zero-padding the low-rank update to the fused width: ``index_copy`` keeps its source, the
+    update of the enabled parts (c bytes each). Nothing extra when q, k and v are all adapted
+    (``zero_pad`` returns its input). Source: litgpt ``lora.py`` ``zero_pad`` (``index_copy``;
+    its derivative ``grad.index_select(dim, index).expand_as(source)`` keeps ``source``)."""
+    t = rec.lora_targets
+    enabled = [p for p in ("q", "k", "v") if p in t]
+    if not enabled or len(enabled) == 3:
+        return
+    d = model.head_dim_eff
+    width = {"q": model.heads * d, "k": model.kv_heads_eff * d, "v": model.kv_heads_eff * d}
+    inv.add("qkv.lora_zero_pad_source", tokens * rec.c * sum(width[p] for p in enabled))
+    # lora_A has r rows per enabled part, so its output is r·parts wide; the int64 index of
+    # the padded columns is built once per forward (8 bytes per column, no token dimension).
+    inv.split["qkv.lora_a_out"] = tokens * rec.c * rec.lora_rank * len(enabled)
+    inv.add("qkv.lora_index", 8 * sum(width[p] for p in enabled))
+
+
+def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
+    """What SDPA keeps in litgpt's ``CausalSelfAttention``: q and k after RoPE (new tensors);
+    with grouped or multi-query attention k and v are expanded and reshaped to all heads
+    (copies: e·h_q each); with as many KV heads as heads, v is a view of the fused QKV output,
+    so SDPA's saved v keeps that whole output alive (e·(h_q + 2·h_kv)). Plus the output and the
+    FP32 log-sum-exp. Source: litgpt ``model.py`` (``qkv.split`` / ``expand`` / ``reshape``)."""
+    e, d = rec.e, model.head_dim_eff
+    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    inv.add("attn.q", tokens * e * h_q)
+    if model.kv_heads_eff == model.heads:
+        inv.add("attn.k", tokens * e * h_kv)
+        inv.add("attn.qkv_out", tokens * e * (h_q + 2 * h_kv))
+    else:
+        inv.add("attn.k_expanded", tokens * e * h_q)
+        inv.add("attn.v_expanded", tokens * e * h_q)
+    inv.add("attn.out", tokens * e * h_q)
+    inv.add("attn.lse", tokens * FP32 * model.heads)
 
 
 def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens: int) -> None:
@@ -294,7 +348,7 @@ def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_tr
     (int64, 8 per token) and the input ids when the embedding is trained (8 per token)."""
     inv = Inventory()
     tokens = b * s
-    _norm(inv, "final_norm", True, rec.trainable_base, model.hidden, rec, model.norm, tokens)
+    _norm(inv, "final_norm", True, rec.trainable_base, model.hidden, rec, model.norm, tokens, model)
     if lm_head_trainable:
         inv.add("lm_head.input", tokens * rec.e * model.hidden, split=False)
     n = inv.total() + 8 * tokens
@@ -303,6 +357,9 @@ def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_tr
     return n
 
 
+#: Tokens per chunk of litgpt's LoRA ``lm_head`` and chunked cross-entropy (``lm_head_chunk_size=128``,
+#: ``chunked_cross_entropy(chunk_size=128)`` in litgpt ``finetune/lora.py`` and ``utils.py``).
+LITGPT_LM_HEAD_CHUNK = 128
 #: Chunks of torchtune's ``CEWithChunkedOutputLoss`` (``num_output_chunks = 8``).
 LOSS_CHUNKS = 8
 
@@ -323,6 +380,12 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
     log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient.
     """
     v = model.vocab / tp
+    if loss == "chunked" and model.impl == "litgpt":
+        # litgpt: the training loop holds the list of 128-token logit chunks (e·V) and each
+        # chunk's cross-entropy runs in the compute dtype, keeping its log-probabilities (e·V);
+        # backward adds one chunk's gradients (2·e·V per token of the chunk).
+        chunk = min(LITGPT_LM_HEAD_CHUNK, tokens)
+        return 2 * e * v * tokens, 2 * e * v * tokens + 2 * e * v * chunk
     if loss == "standard":
         saved = FP32 * v
         peak = max(e + 2 * FP32, 3 * FP32) * v

@@ -40,7 +40,10 @@ CATALOG_NAMES = {"phi-3-mini-4k": "phi-3-mini"}
 
 #: litgpt's GPT: one fused QKV linear (``attn.qkv``) and its own ``lm_head`` even for models that
 #: tie it (``convert_hf_checkpoint`` copies the embedding into ``lm_head.weight``).
-LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False}
+LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False, "impl": "litgpt"}
+#: litgpt commits the rows name that predate litgpt PR #606 (2023-10-24, "Half precision
+#: fixes"), which made RMSNorm upcast to FP32: before it, RMSNorm computed in the input dtype.
+LITGPT_PRE_FP32_NORM_COMMITS = ("8641822", "29de2828")
 #: litgpt's LoRA recipes (``config_hub/finetune/*/lora.yaml``, ``finetune/lora.py``): dropout 0.05.
 LITGPT_LORA_DROPOUT = 0.05
 
@@ -79,6 +82,8 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
     base["id"] = key
     if _is_litgpt(row):
         base.update(LITGPT_MODEL)
+        if any(c in row.get("notes", "") for c in LITGPT_PRE_FP32_NORM_COMMITS):
+            base["norm_upcast"] = False
     return base
 
 

@@ -175,6 +175,10 @@ class ModelSpec(StrictModel):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     norms_per_layer: NonNegCount = 2
     fused_qkv: bool = False  # one QKV linear (Qwen v1 c_attn, GPT-NeoX, litgpt): one LoRA input
+    #: Whose module code saves the activations: Hugging Face transformers/PEFT, or litgpt's GPT
+    #: (q, k, v split as views of the fused QKV output; LoRA q/v updates zero-padded).
+    impl: Literal["hf", "litgpt"] = "hf"
+    norm_upcast: bool = True  # RMSNorm computes in FP32 (False: litgpt before Oct 24, 2023)
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
