@@ -164,7 +164,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, **x: Any) -> Any:
     seq, mb, ga = x["seq_len"], x["micro_batch"], x["grad_accum"]
     tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
     n_lora = x.get("n_lora", 0.0)
-    node = perf.gpus_per_node
+    # intra_only: price every group at the in-node link (a lower bound used by the search).
+    node = np.inf if x.get("intra_only") else perf.gpus_per_node
     tokens_mb = mb * seq
     mp = tp * pp * cp
 

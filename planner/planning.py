@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.compute import QLORA_SLOWDOWN, flops_per_token, microbatch_efficiency, model_flops
+from planner.compute import model_flops, step_time_s
 from planner.search import (
     TIER_WEIGHT, Columns, Limits, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
 )
 from planner.space import Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table, memory_total
-from planner.space import grad_accum_of, n_lora_of
+from planner.space import _perf_rows, grad_accum_of, n_lora_of
 
 #: Data-parallel degrees evaluated together as one unit of work.
 WINDOW = 64
@@ -151,17 +151,26 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
         billed = np.where(table.whole_node[g], -(-gpus // node) * node, gpus)
         units = objective_units(req.objective, {"gpus": gpus, "hourly_usd": billed * price})
     else:
-        mf = model_flops(req.model)
+        # Per micro-batch, everything but the data-parallel terms: compute, TP/PP/CP/EP traffic
+        # (at the faster in-node link, as if the group fitted one node) and the pipeline bubble
+        # at its smallest (the most accumulation steps in the range). Data-parallel traffic,
+        # ZeRO gathers and offload only add to it, and billed GPUs ≥ GPUs.
+        ga_lo = np.maximum(grad_accum_of(req, a["micro_batch"], dp_lo), 1)
+        ga_hi = np.maximum(grad_accum_of(req, a["micro_batch"], dp_hi), 1)
+        ga = ga_lo if req.objective == "cost" else ga_hi
+        perf = _perf_rows(table.perf, g)
         n_lora = np.where(a["method"] == 0, 0.0, n_lora_of(req.rs))
-        f = flops_per_token(mf, method=a["method"], seq_len=a["seq_len"], checkpointing=a["checkpointing"],
-                            n_lora=n_lora)
-        rate = (table.perf.peak_flops[g] * table.perf.utilization[g]
-                * microbatch_efficiency(a["micro_batch"] * a["seq_len"] / a["cp"]))
-        gpu_seconds = req.tokens * f / rate * np.where(a["method"] == 2, QLORA_SLOWDOWN, 1.0)
+        step = step_time_s(model_flops(req.model), perf, method=a["method"],
+                           checkpointing=a["checkpointing"], offload=np.zeros_like(g), zero=np.zeros_like(g),
+                           seq_len=a["seq_len"], micro_batch=a["micro_batch"], grad_accum=ga, tp=a["tp"],
+                           pp=a["pp"], cp=a["cp"], ep=a["ep"], dp=np.ones_like(g), n_lora=n_lora,
+                           weight_bytes=np.where(a["method"] == 2, 0.5, 2.0),
+                           intra_only=True)
+        per_token_s = step / (a["micro_batch"] * ga * a["seq_len"])  # seconds per token per pipeline
         if req.objective == "cost":
-            units = objective_units("cost", {"cost_usd": gpu_seconds / 3600.0 * price})
+            units = objective_units("cost", {"cost_usd": req.tokens * per_token_s * mp / 3600.0 * price})
         else:
-            units = objective_units("time", {"time_s": gpu_seconds / (dp_hi * mp)})
+            units = objective_units("time", {"time_s": req.tokens * per_token_s / dp_hi})
         units = np.floor(np.maximum(units - 1, 0))  # the bound is real-valued: never round it up
     return a["tier"] * float(TIER_WEIGHT) + units
 
