@@ -69,6 +69,9 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
             problems.append("offloaded states exceed the node's host RAM")
 
     user = sc.workload
+    for key, allowed_values in (("optimizer", s.optimizer), ("precision", s.precision)):
+        if p[key] not in (allowed_values or [getattr(user, key)]):
+            problems.append(f"{key} {p[key]!r} is neither the scenario's nor in search.{key}")
     rs_user = resolve(raw)
     tiers = {(t.method, t.seq_len): t for t in build_tiers(rs_user)}
     tier = tiers.get((p["method"], p["seq_len"]))

@@ -38,7 +38,7 @@ BATCH_COLUMNS = 200_000
 #: Groups handed to CP-SAT per plan asked for: the best by key, a superset of the top k.
 CANDIDATES_PER_PLAN = 5
 
-GROUP_KEYS = ("gpu", "tier", "precision", "tp", "pp", "cp", "ep", "zero", "offload")
+GROUP_KEYS = ("gpu", "tier", "precision", "optimizer", "tp", "pp", "cp", "ep", "zero", "offload")
 
 
 @dataclass

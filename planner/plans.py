@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from planner.estimate import estimate_resolved
-from planner.memory import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, PRECISIONS
+from planner.memory import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
 from planner.planning import SearchOutcome
 from planner.scenario import deep_merge, resolve
 from planner.space import SearchRequest
@@ -82,7 +82,7 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     out = copy.deepcopy(raw)
     for key in ("search", "constraints", "objective", "top", "time_limit_s"):
         out.pop(key, None)
-    wl = {k: fields[k] for k in ("method", "precision", "seq_len", "micro_batch", "grad_accum")}
+    wl = {k: fields[k] for k in ("method", "precision", "optimizer", "seq_len", "micro_batch", "grad_accum")}
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
     lay = {k: fields[k] for k in ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
@@ -111,6 +111,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             "offload": OFFLOADS[a["offload"]],
             "micro_batch": a["micro_batch"], "grad_accum": int(ev["grad_accum"]), "seq_len": a["seq_len"],
             "method": METHODS[a["method"]], "precision": PRECISIONS[a["precision"]],
+            "optimizer": OPTIMIZERS[a["optimizer"]],
             "attention": ATTENTION[a["attention"]], "checkpointing": CHECKPOINTING[a["checkpointing"]],
         }
         pinned = plan_scenario(raw, fields)
@@ -122,7 +123,6 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
         plans.append(Plan(
             rank=rank, nodes=-(-fields["gpus"] // gpu.gpus_per_node),
             global_batch=fields["micro_batch"] * fields["dp"] * fields["grad_accum"],
-            optimizer=req.rs.workload.optimizer,
             lora_rank=req.rs.workload.lora_rank if fields["method"] != "full" else None,
             memory=est.model_dump(mode="json"),
             hourly_usd=_num(ev["hourly_usd"]),

@@ -172,6 +172,7 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
     precisions = (wl.precision,) if not s.precision else tuple(dict.fromkeys(s.precision))
     lists = {
         "precision": precisions,
+        "optimizer": tuple(dict.fromkeys(s.optimizer)) if s.optimizer else (wl.optimizer,),
         "micro_batch": tuple(s.micro_batch) if s.micro_batch else DEFAULT_MICRO_BATCHES,
         "tp": pick("tp", s.tp, DEFAULT_TP),
         "pp": pick("pp", s.pp, DEFAULT_PP),
@@ -261,6 +262,7 @@ def build_classes(req: SearchRequest) -> Classes:
                    or model.moe is not None and model.moe.experts % e == 0]
             grid = np.meshgrid(
                 np.array([PRECISIONS.index(p) for p in precisions]),
+                np.array([OPTIMIZERS.index(o) for o in req.lists["optimizer"]]),
                 np.array(req.lists["micro_batch"]),
                 np.array(tps or [0]), np.array(pps or [0]), np.array(cps or [0]), np.array(eps or [0]),
                 np.array(req.lists["zero"]),
@@ -269,7 +271,7 @@ def build_classes(req: SearchRequest) -> Classes:
                 np.array([ATTENTION.index(a) for a in attentions]),
                 indexing="ij",
             )
-            prec, mb, tp, pp, cp, ep, zero, off, ckpt, attn = (g.ravel() for g in grid)
+            prec, opt, mb, tp, pp, cp, ep, zero, off, ckpt, attn = (g.ravel() for g in grid)
             n = len(prec)
             ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
             bad_offload = ((off >= 1) & (zero == 0)) | ((off == 2) & (zero != 3))
@@ -287,7 +289,7 @@ def build_classes(req: SearchRequest) -> Classes:
             part = {
                 "gpu": np.full(n, gi), "tier": np.full(n, tier.rank),
                 "method": np.full(n, METHODS.index(tier.method)), "precision": prec,
-                "optimizer": np.full(n, OPTIMIZERS.index(req.rs.workload.optimizer)),
+                "optimizer": opt,
                 "seq_len": np.full(n, tier.seq_len), "micro_batch": mb, "tp": tp, "pp": pp, "cp": cp, "ep": ep,
                 "sp": sp.astype(np.int64), "zero": zero, "offload": off, "checkpointing": ckpt,
                 "attention": attn,

@@ -307,6 +307,7 @@ class SearchSpace(StrictModel):
     ep: list[Count] | None = None
     method: list[Method] | None = None
     precision: list[Precision] | None = None
+    optimizer: list[Optimizer] | None = None
     seq_len: list[Count] | None = None
     distinct: Literal["layout", "none"] = "layout"
     utilization: Annotated[float | None, BeforeValidator(_parse_number), Field(gt=0, le=1)] = None

@@ -58,6 +58,9 @@ def scenarios(draw):
     }
     if draw(st.booleans()):
         raw["workload"]["global_batch"] = draw(st.sampled_from([8, 16, 24, 64]))
+    if draw(st.integers(0, 3)) == 0:
+        raw["search"]["optimizer"] = draw(st.lists(st.sampled_from(["adamw", "adam8bit", "sgd"]),
+                                                   min_size=1, max_size=2, unique=True))
     if draw(st.booleans()):
         raw["workload"]["allow_relax"] = draw(st.lists(st.sampled_from(["method", "seq_len"]), unique=True))
     cons = {}

@@ -246,3 +246,17 @@ def test_time_limit_is_honoured_and_reported():
     assert full.status == "optimal"
     if result.plans:
         assert result.plans[0].cost_usd >= full.plans[0].cost_usd
+
+
+def test_optimizer_list_is_searched():
+    """search.optimizer: the search may pick any listed optimizer; 8-bit Adam's smaller states
+    let a 7B full fine-tune fit where AdamW needs more sharding."""
+    raw = {"profile": "seed", "model": "mistral-7b", "workload": {"method": "full", "tokens": 1e8},
+           "search": {"optimizer": ["adamw", "adam8bit"], "gpu_types": ["a100-80gb"], "offload": ["none"],
+                      "zero": [0]},
+           "objective": "gpus", "top": 3}
+    plans = planner.plan(raw).plans
+    assert plans and plans[0].optimizer == "adam8bit"
+    assert {p.optimizer for p in plans} <= {"adamw", "adam8bit"}
+    for p in plans:
+        assert check_plan(raw, p) == []
