@@ -110,11 +110,17 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
             str(p.rank), f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
             f"{p.zero}/{p.offload}", f"{p.micro_batch}×{p.grad_accum}", f"{p.checkpointing}/{p.attention}",
             f"{p.method}/{p.seq_len}" + (" *" if p.relaxations else ""),
-            format_bytes(mem["total_bytes"], gib=gib), format_bytes(mem["headroom_bytes"], gib=gib), t,
+            format_bytes(mem["total_bytes"], gib=gib),
+            format_bytes(mem["headroom_bytes"], gib=gib) + (" [yellow]tight[/yellow]" if mem.get("tight") else ""), t,
             _band(p.cost_usd, p.cost_usd_band.low, p.cost_usd_band.high, _usd), _usd(p.hourly_usd),
         )
+    captions = []
     if any(p.relaxations for p in result.plans):
-        table.caption = "* relaxed: " + "; ".join(sorted({r for p in result.plans for r in p.relaxations}))
+        captions.append("* relaxed: " + "; ".join(sorted({r for p in result.plans for r in p.relaxations})))
+    if any(p.memory.get("tight") for p in result.plans):
+        captions.append("tight: the headroom lies inside the error that validation measured for this method")
+    if captions:
+        table.caption = "\n".join(captions)
     return table
 
 
