@@ -27,7 +27,7 @@ from planner.search import (
     TIER_WEIGHT, Columns, Limits, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
 )
 from planner.space import Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table, memory_total
-from planner.space import _perf_rows, grad_accum_of, n_lora_of
+from planner.space import perf_rows, grad_accum_of, n_lora_of
 
 #: Data-parallel degrees evaluated together as one unit of work.
 WINDOW = 64
@@ -158,7 +158,7 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
         ga_lo = np.maximum(grad_accum_of(req, a["micro_batch"], dp_lo), 1)
         ga_hi = np.maximum(grad_accum_of(req, a["micro_batch"], dp_hi), 1)
         ga = ga_lo if req.objective == "cost" else ga_hi
-        perf = _perf_rows(table.perf, g)
+        perf = perf_rows(table.perf, g)
         n_lora = np.where(a["method"] == 0, 0.0, n_lora_of(req.rs))
         step = step_time_s(model_flops(req.model), perf, method=a["method"],
                            checkpointing=a["checkpointing"], offload=np.zeros_like(g), zero=np.zeros_like(g),
@@ -199,7 +199,7 @@ def _group_ids(req: SearchRequest, cls: Classes, ci: np.ndarray, dp: np.ndarray)
     return gid
 
 
-def _evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end, known_to_fit=False) -> Evaluated:
+def evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end, known_to_fit=False) -> Evaluated:
     counts = win_end - win_start
     total = int(counts.sum())
     ci = np.repeat(win_cls, counts)
@@ -231,7 +231,7 @@ def _evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end, known_t
     return Evaluated(ci[sel], ev, key, _group_ids(req, cls, ci[sel], ev["dp"]), rejected)
 
 
-def _concat(parts: list[Evaluated]) -> Evaluated:
+def concat_evaluated(parts: list[Evaluated]) -> Evaluated:
     rejected: dict[str, int] = {}
     for p in parts:
         for k, v in p.rejected.items():
@@ -269,7 +269,7 @@ def _kth_key(e: Evaluated, best: np.ndarray, k: int) -> float:
     return float(np.partition(e.key[best], k - 1)[k - 1])
 
 
-def _windows(lat: Lattice, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def degree_windows(lat: Lattice, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_win = np.maximum(0, -(-(lat.count - start) // WINDOW))
     wc = np.repeat(np.arange(len(start)), n_win)
     k = np.arange(int(n_win.sum())) - np.repeat(np.cumsum(n_win) - n_win, n_win)
@@ -295,7 +295,7 @@ CLASS_BATCH = 16_384
 
 def _reduce(cls: Classes, parts: list[Evaluated]) -> Evaluated:
     """Merge evaluated columns, keeping only each group's best (all that can matter)."""
-    merged = _concat(parts)
+    merged = concat_evaluated(parts)
     if len(merged.key) == 0:
         return merged
     keep = best_per_group(cls, merged)
@@ -324,7 +324,7 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
     class_batch = FIRST_CLASS_BATCH
     pend_c = pend_s = pend_e = np.zeros(0, dtype=np.int64)
     pend_lb = np.zeros(0)
-    e = _concat([])
+    e = concat_evaluated([])
     threshold = np.inf
     batch_columns = FIRST_BATCH_COLUMNS
     evaluated_cols = windows_evaluated = 0
@@ -344,7 +344,7 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
             n_take = min(max(1, int(np.searchsorted(np.cumsum(sizes), batch_columns))), max(1, eligible))
             batch_columns = min(2 * batch_columns, BATCH_COLUMNS)
             take, rest = order[:n_take], order[n_take:]
-            e = _reduce(cls, [e, _evaluate_windows(req, table, cls, lat, pend_c[take], pend_s[take],
+            e = _reduce(cls, [e, evaluate_windows(req, table, cls, lat, pend_c[take], pend_s[take],
                                                    pend_e[take], known_to_fit=True)])
             evaluated_cols += int(sizes[:n_take].sum())
             windows_evaluated += n_take
@@ -358,7 +358,7 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
             fits = start < lat.count[idx]
             cls.rejected["does not fit in memory at any allowed GPU count"] += int((~fits).sum())
             sub_lat = Lattice(lat.count[idx], None, None)  # only the counts: windows of indices
-            wc, ws, we = _windows(sub_lat, start)
+            wc, ws, we = degree_windows(sub_lat, start)
             wc = idx[wc]
             lb = lower_bounds(req, table, cls.take(wc), lat.value(wc, ws), lat.value(wc, we - 1))
             pend_c, pend_s = np.concatenate([pend_c, wc]), np.concatenate([pend_s, ws])
@@ -424,7 +424,7 @@ def enumerate_all(req: SearchRequest) -> tuple[Classes, Evaluated, np.ndarray]:
     cls = build_classes(req)
     table = gpu_table(req)
     lat = build_lattice(req, table, cls)
-    wc, ws, we = _windows(lat, np.zeros(len(cls), dtype=np.int64))
+    wc, ws, we = degree_windows(lat, np.zeros(len(cls), dtype=np.int64))
     parts = []
     sizes = we - ws
     ends = np.searchsorted(np.cumsum(sizes), np.arange(BATCH_COLUMNS, int(sizes.sum()) + BATCH_COLUMNS,
@@ -433,9 +433,9 @@ def enumerate_all(req: SearchRequest) -> tuple[Classes, Evaluated, np.ndarray]:
     for end in list(ends) + [len(wc)]:
         end = max(end, begin + 1) if begin < len(wc) else begin
         if end > begin:
-            parts.append(_evaluate_windows(req, table, cls, lat, wc[begin:end], ws[begin:end], we[begin:end]))
+            parts.append(evaluate_windows(req, table, cls, lat, wc[begin:end], ws[begin:end], we[begin:end]))
         begin = end
-    e = _concat(parts)
+    e = concat_evaluated(parts)
     if not parts:
         return cls, e, np.zeros(0, dtype=np.int64)
     best = best_per_group(cls, e)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from planner.explain import document_steps, explain
-from planner.planning import _concat, _evaluate_windows, _windows, build_lattice, first_fitting, search
+from planner.planning import concat_evaluated, evaluate_windows, degree_windows, build_lattice, first_fitting, search
 from planner.plans import Plan, PlanResult, assemble
 from planner.scenario import resolve
 from planner.space import SearchRequest, build_classes, build_request, gpu_table
@@ -58,15 +58,15 @@ def pareto_front(req: SearchRequest, raw: dict[str, Any]) -> PlanResult:
     table = gpu_table(req)
     lat = build_lattice(req, table, cls)
     start = first_fitting(req, table, cls, lat)
-    wc, ws, we = _windows(lat, start)
+    wc, ws, we = degree_windows(lat, start)
     keep = ws < we
     wc, ws, we = wc[keep], ws[keep], we[keep]
     parts = []
     step = 5_000
     for b in range(0, len(wc), step):
-        part = _evaluate_windows(req, table, cls, lat, wc[b:b + step], ws[b:b + step], we[b:b + step])
+        part = evaluate_windows(req, table, cls, lat, wc[b:b + step], ws[b:b + step], we[b:b + step])
         parts.append(_front(part))
-    e = _front(_concat(parts)) if parts else _concat([])
+    e = _front(concat_evaluated(parts)) if parts else concat_evaluated([])
     order = np.lexsort((e.ev["cost_usd"], e.ev["time_s"])) if len(e.key) else np.zeros(0, dtype=np.int64)
     if len(order) > MAX_PARETO_POINTS:
         order = order[np.linspace(0, len(order) - 1, MAX_PARETO_POINTS).round().astype(int)]

@@ -338,7 +338,7 @@ def gpu_table(req: SearchRequest) -> GpuTable:
     )
 
 
-def _perf_rows(perf: GpuPerf, gpu_idx: np.ndarray) -> GpuPerf:
+def perf_rows(perf: GpuPerf, gpu_idx: np.ndarray) -> GpuPerf:
     return GpuPerf(*(np.asarray(getattr(perf, f))[gpu_idx] for f in GpuPerf.__dataclass_fields__))
 
 
@@ -430,7 +430,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
     tokens_per_step = c["micro_batch"] * dp * ga * c["seq_len"]
     for label, perf in (("", table.perf), ("_slow", table.perf_low), ("_fast", table.perf_high)):
-        rows = _perf_rows(perf, g)
+        rows = perf_rows(perf, g)
         step = step_time_s(mf, rows, **x)
         out["step_s" + label] = step
         if req.tokens is not None:
@@ -439,7 +439,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
             out["time_s" + label] = t
             out["cost_usd" + label] = job_cost_usd(t, gpus=billed, price_usd_per_hour=rows.price_usd_per_hour)
     out["tokens_per_s"] = tokens_per_step / out["step_s"]
-    out["hourly_usd"] = billed * _perf_rows(table.perf, g).price_usd_per_hour
+    out["hourly_usd"] = billed * perf_rows(table.perf, g).price_usd_per_hour
     out["fits"] = mem <= table.usable_bytes[g]
     per_node = np.minimum(gpus, node)
     out["host_ok"] = host * per_node <= table.host_bytes_per_node[g]
