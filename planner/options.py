@@ -6,7 +6,7 @@ count fixed, the fastest plan is also the cheapest to rent and uses the fewest G
 
 Counts come from :func:`gpu_counts` (every count to 8, then steps of about 1.5×). For each
 (type, count) the classes whose tp·pp·cp divides the count and that fit in memory at that
-data-parallel degree (planner.planning.first_fitting: memory never rises with dp) are ranked by an
+data-parallel degree (planner.planning.fitting_start: memory never rises with dp from two ranks up) are ranked by an
 admissible lower bound of the job's time (compute alone at the catalog's utilisation; the same
 bound the search uses), then evaluated in that order, a batch per round, until no unevaluated
 class can beat the best found. The metrics are the search's own (planner.space.evaluate), so a
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.planning import Evaluated, SearchOutcome, build_lattice, feasible, first_fitting, lower_bounds
+from planner.planning import Evaluated, SearchOutcome, build_lattice, feasible, fitting_start, lower_bounds
 from planner.portfolio import JobRun
 from planner.scenario import deep_merge, resolve
 from planner.search import time_ms
@@ -91,7 +91,7 @@ def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> JobO
     cls = cls.take(np.flatnonzero(cls.a["tier"] == 0))  # as asked: procurement does not relax the job
     table = gpu_table(req)
     lat = build_lattice(req, table, cls)
-    start = first_fitting(req, table, cls, lat)
+    start, alone = fitting_start(req, table, cls, lat)
     n = len(cls)
     idx = np.arange(n)
     ok = start < lat.count
@@ -103,7 +103,7 @@ def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> JobO
     pair_c, pair_dp = [], []
     for count in gpu_counts(req.max_gpus):
         dp = count // mp
-        m = (count % mp == 0) & (dp >= dp_min) & (dp <= dmax)
+        m = (count % mp == 0) & ((dp >= dp_min) | ((dp == 1) & alone)) & (dp <= dmax)
         if req.dp_pin is not None:
             m &= dp == req.dp_pin
         if req.global_batch:

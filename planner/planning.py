@@ -93,27 +93,40 @@ def memory_fits(req: SearchRequest, table: GpuTable, cls: Classes, idx: np.ndarr
     return mem <= table.usable_bytes[c["gpu"]]
 
 
-def first_fitting(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattice,
-                  idx: np.ndarray | None = None) -> np.ndarray:
-    """Smallest lattice index at which each class (of ``idx``) fits in memory; ``count`` where
-    none does. Bisection: memory never rises with the data-parallel degree."""
+def fitting_start(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattice,
+                  idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Where each class (of ``idx``) fits in memory: ``(start, alone)``.
+
+    ``start`` is the smallest lattice index from which every larger degree fits (``count`` where
+    none does), found by bisection: from two data-parallel ranks up, memory never rises with dp
+    (ZeRO shards over it, fewer micro-batches stay in flight). Going from one rank to two can
+    add memory (a data-parallel communicator, DDP's gradient buckets), so a single rank is tested
+    on its own: ``alone`` marks the classes that fit at dp = 1 although dp = 2 does not (then
+    dp = 1 is a window of its own)."""
     idx = np.arange(len(cls)) if idx is None else idx
     count = lat.count[idx]
     n = len(idx)
-    lo = np.zeros(n, dtype=np.int64)
-    hi = count.copy()  # answer in [lo, hi]; hi = count means "never"
     has = count > 0
+    zeros = np.zeros(n, dtype=np.int64)
+    one_first = has & (lat.value(idx, zeros) == 1) if n else zeros.astype(bool)
+    fits_one = np.zeros(n, dtype=bool)
+    if one_first.any():
+        fits_one[one_first] = memory_fits(req, table, cls, idx[one_first], np.ones(int(one_first.sum()),
+                                                                                   dtype=np.int64))
+    base = np.where(one_first, 1, 0)  # where the monotone part of the lattice begins
+    lo = base.copy()
+    hi = count.copy()  # answer in [lo, hi]; hi = count means "never"
+    probe = has & (base < count)
     # Many layouts fit at the smallest degree: test it first, then the largest, then bisect.
     bottom_ok = np.zeros(n, dtype=bool)
-    if has.any():
-        bottom_ok[has] = memory_fits(req, table, cls, idx[has], lat.value(idx[has], np.zeros(int(has.sum()),
-                                                                                            dtype=np.int64)))
+    if probe.any():
+        bottom_ok[probe] = memory_fits(req, table, cls, idx[probe], lat.value(idx[probe], base[probe]))
     top_ok = bottom_ok.copy()
-    rest = has & ~bottom_ok & (count > 1)
+    rest = probe & ~bottom_ok & (count > base + 1)
     if rest.any():
         top_ok[rest] = memory_fits(req, table, cls, idx[rest], lat.value(idx[rest], count[rest] - 1))
-    hi[bottom_ok] = 0
-    lo[rest & top_ok] = 1
+    hi[bottom_ok] = base[bottom_ok]
+    lo[rest & top_ok] = base[rest & top_ok] + 1
     hi[rest & top_ok] = count[rest & top_ok] - 1
     active = top_ok & (lo < hi)
     while active.any():
@@ -123,7 +136,26 @@ def first_fitting(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattic
         hi[a[ok]] = mid[ok]
         lo[a[~ok]] = mid[~ok] + 1
         active = top_ok & (lo < hi)
-    return np.where(top_ok, hi, count)
+    start = np.where(top_ok, hi, count)
+    joined = fits_one & (start == 1)
+    start[joined] = 0
+    alone = fits_one & (start > 1)
+    return start, alone
+
+
+def fitting_windows(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattice,
+                    idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Windows (class, first index, end index) of degrees known to fit, and the classes that fit
+    at no allowed degree (a mask over ``idx``)."""
+    idx = np.arange(len(cls)) if idx is None else idx
+    start, alone = fitting_start(req, table, cls, lat, idx)
+    wc, ws, we = degree_windows(Lattice(lat.count[idx], None, None), start)
+    lone = np.flatnonzero(alone)
+    wc = np.concatenate([wc, lone])
+    ws = np.concatenate([ws, np.zeros(len(lone), dtype=np.int64)])
+    we = np.concatenate([we, np.ones(len(lone), dtype=np.int64)])
+    never = (start >= lat.count[idx]) & ~alone
+    return idx[wc], ws, we, never
 
 
 def feasible(req: SearchRequest, ev: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -354,12 +386,8 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
             idx = corder[cpos: cpos + class_batch]
             cpos += len(idx)
             class_batch = min(2 * class_batch, CLASS_BATCH)
-            start = first_fitting(req, table, cls, lat, idx)
-            fits = start < lat.count[idx]
-            cls.rejected["does not fit in memory at any allowed GPU count"] += int((~fits).sum())
-            sub_lat = Lattice(lat.count[idx], None, None)  # only the counts: windows of indices
-            wc, ws, we = degree_windows(sub_lat, start)
-            wc = idx[wc]
+            wc, ws, we, never = fitting_windows(req, table, cls, lat, idx)
+            cls.rejected["does not fit in memory at any allowed GPU count"] += int(never.sum())
             lb = lower_bounds(req, table, cls.take(wc), lat.value(wc, ws), lat.value(wc, we - 1))
             pend_c, pend_s = np.concatenate([pend_c, wc]), np.concatenate([pend_s, ws])
             pend_e, pend_lb = np.concatenate([pend_e, we]), np.concatenate([pend_lb, lb])

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from planner.explain import document_steps, explain
-from planner.planning import concat_evaluated, evaluate_windows, degree_windows, build_lattice, first_fitting, search
+from planner.planning import build_lattice, concat_evaluated, evaluate_windows, fitting_windows, search
 from planner.plans import Plan, PlanResult, assemble
 from planner.scenario import resolve
 from planner.space import SearchRequest, build_classes, build_request, gpu_table
@@ -57,8 +57,7 @@ def pareto_front(req: SearchRequest, raw: dict[str, Any]) -> PlanResult:
     cls = build_classes(req)
     table = gpu_table(req)
     lat = build_lattice(req, table, cls)
-    start = first_fitting(req, table, cls, lat)
-    wc, ws, we = degree_windows(lat, start)
+    wc, ws, we, _ = fitting_windows(req, table, cls, lat)
     keep = ws < we
     wc, ws, we = wc[keep], ws[keep], we[keep]
     parts = []

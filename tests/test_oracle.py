@@ -8,7 +8,7 @@ objective values, and every plan it returns must pass the independent checker.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from planner.check import check_plan
@@ -89,7 +89,21 @@ def test_search_matches_enumeration(raw):
         assert check_plan(raw, plan) == []
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: Found by this test: under the detailed profile dp = 1 fits while dp = 2 does not (a
+#: data-parallel communicator and DDP's buckets appear), so memory is monotone in dp only from two
+#: ranks up; the search must still reach the ZeRO-1 plan at dp = 2 on the L40S.
+DP1_FITS_DP2_NOT = {
+    "profile": "detailed", "model": "qwen2.5-0.5b",
+    "workload": {"method": "qlora", "optimizer": "adamw", "seq_len": 8192, "tokens": 1e8},
+    "search": {"gpu_types": ["rtx-4090", "rtx-3090", "l40s"], "max_gpus": 2, "micro_batch": [1, 2], "tp": [1],
+               "pp": [1], "cp": [1], "zero": [0, 1], "offload": ["none"], "checkpointing": ["selective"],
+               "distinct": "layout", "optimizer": ["adamw"]},
+    "objective": "cost", "top": 2, "constraints": {"budget_usd": 50, "deadline_hours": 2},
+}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(DP1_FITS_DP2_NOT)
 @given(scenarios())
 def test_search_matches_enumeration_detailed_profile(raw):
     """The same under the detailed profile, where the search skips per-column memory for
