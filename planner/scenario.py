@@ -251,8 +251,15 @@ def resolve(
             )
 
     if scenario.profile == "detailed" and model is not None and not has_full_architecture(model):
-        problems.append("profile: 'detailed' needs the full architecture (heads, ffn, vocab), "
-                        "not only params_b; give them or use profile: seed")
+        if "profile" in scenario.model_fields_set:
+            problems.append("profile: 'detailed' needs the full architecture (heads, ffn, vocab), "
+                            "not only params_b; give them or use profile: seed")
+        else:
+            # The default profile cannot model a model given only as params_b/layers/hidden: the
+            # documents' rules (seed) can, and the answer says which profile it used.
+            scenario = scenario.model_copy(update={"profile": "seed"})
+            warnings.append("profile: the model gives no full architecture, so the seed profile (the "
+                            "documents' rules) is used; give heads, ffn and vocab for the detailed one")
 
     if gpu is not None:
         if wl.precision == "bf16" and not gpu.supports_bf16:

@@ -39,3 +39,19 @@ def test_70b_full_needs_offload_on_one_node():
     assert by_name["zero3-no-offload"].fits is False
     assert by_name["zero3-offload"].fits is True
     assert by_name["zero3-offload"].host_bytes > 0
+
+
+def test_default_profile_falls_back_to_seed_for_dims_only_models():
+    """A model given only as params_b/layers/hidden cannot be modelled layer by layer: without an
+    explicit profile the documents' rules are used, and the answer says so; asked for explicitly,
+    the detailed profile is an input error."""
+    import planner
+    from planner.errors import InputError
+
+    dims = {"params_b": 7, "layers": 32, "hidden": 4096}
+    est = planner.estimate({"model": dims, "workload": {"micro_batch": 4},
+                            "layout": {"checkpointing": "full", "attention": "flash"}})
+    assert est.profile == "seed" and any("seed profile" in w for w in est.warnings)
+    assert est.total_bytes == pytest.approx(118.44e9, rel=0.005)  # case A of 000_… §五
+    with pytest.raises(InputError, match="profile: 'detailed' needs the full architecture"):
+        planner.estimate({"profile": "detailed", "model": dims})
