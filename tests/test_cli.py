@@ -124,7 +124,7 @@ BAD_INPUTS = [
      "layout.gpus: 8 ≠ dp·tp·pp·cp = 2·2·1·1 = 4"),
     ("malformed yaml", "model: [llama\nlayout: {gpu: h100\n", "malformed YAML: line"),
     ("not a mapping", "- 1\n- 2\n", "a scenario must be a mapping"),
-    ("detailed without architecture", "model: {params_b: 7, layers: 32, hidden: 4096}\n",
+    ("detailed without architecture", "profile: detailed\nmodel: {params_b: 7, layers: 32, hidden: 4096}\n",
      "profile: 'detailed' needs the full architecture"),
     ("offload without zero", BASE + "layout: {gpu: h100, offload: optimizer}\n", "layout.offload:"),
     ("global batch", BASE + "workload: {micro_batch: 3, global_batch: 16}\n",
