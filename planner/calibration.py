@@ -47,6 +47,22 @@ LITGPT_PRE_FP32_NORM_COMMITS = ("8641822", "29de2828")
 #: litgpt's LoRA recipes (``config_hub/finetune/*/lora.yaml``, ``finetune/lora.py``): dropout 0.05.
 LITGPT_LORA_DROPOUT = 0.05
 
+#: ``global_batch_size`` of the litgpt config-hub recipes the benchmark rows name (yaml files in
+#: ``config_hub/finetune/`` at litgpt commits 26857050 and 58c5b188; devices and micro-batch as in
+#: the rows). litgpt accumulates ``global_batch_size // devices // micro_batch_size``
+#: micro-batches per optimizer step (``TrainArgs.gradient_accumulation_iters``).
+LITGPT_CONFIG_GLOBAL_BATCH = {
+    "falcon-7b/lora.yaml": 8, "gemma-2b/full.yaml": 16, "gemma-2b/lora.yaml": 6,
+    "gemma-2b/qlora.yaml": 6, "gemma-7b/qlora.yaml": 6, "gemma2-2b/lora.yaml": 6,
+    "gemma2-2b/qlora.yaml": 6, "llama-2-7b/full.yaml": 64, "llama-2-7b/lora.yaml": 8,
+    "llama-2-7b/qlora.yaml": 8, "llama-3-8b/full.yaml": 64, "llama-3-8b/qlora.yaml": 8,
+    "llama-3.2-1B/lora.yaml": 8, "llama-3.2-3B/lora.yaml": 8, "llama-3.2-3B/qlora.yaml": 8,
+    "mistral-7b/lora.yaml": 8, "phi-2/full.yaml": 8, "phi-2/lora.yaml": 8, "phi-2/qlora.yaml": 8,
+    "phi-3/qlora.yaml": 8, "stablelm-base-alpha-3b/full.yaml": 8,
+    "stablelm-base-alpha-3b/lora.yaml": 8, "tiny-llama/full.yaml": 32,
+    "tiny-llama/lora.yaml": 8, "tiny-llama/qlora.yaml": 8,
+}
+
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
             "lm_head": "lm_head"}
 
@@ -89,6 +105,12 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
 
 def _is_litgpt(row: dict[str, str]) -> bool:
     return row.get("source", "").lower().startswith(("litgpt", "lit-gpt"))
+
+
+def _litgpt_config(row: dict[str, str]) -> str | None:
+    """The config-hub recipe a litgpt row names ("(gemma-2b/full.yaml)" in its source)."""
+    found = re.search(r"\(([\w.-]+/\w+\.yaml)\)", row.get("source", ""))
+    return found.group(1) if found and _is_litgpt(row) else None
 
 
 def lora_targets(text: str) -> list[str]:
@@ -185,6 +207,9 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         wl["grad_accum"] = int(accum.group(1))
     elif "no grad accumulation" in low:
         wl["grad_accum"] = 1
+    elif _litgpt_config(row) in LITGPT_CONFIG_GLOBAL_BATCH:
+        per_step = int(_num(row, "micro_batch", 1)) * int(_num(row, "gpus", 1))
+        wl["grad_accum"] = max(1, LITGPT_CONFIG_GLOBAL_BATCH[_litgpt_config(row)] // per_step)
     offload = row.get("cpu_offload", "").lower()
     lay: dict[str, Any] = {
         "gpus": int(_num(row, "gpus", 1)), "tp": int(_num(row, "tp", 1)),
@@ -205,6 +230,10 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     if lay["zero"] == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp
                              or "lightning fsdpstrategy" in fsdp):
         lay["full_state_dict"] = True
+    # Lightning Fabric's ``no_backward_sync`` (litgpt's loop between optimizer steps) is FSDP1's
+    # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU.
+    if _is_litgpt(row) and lay["zero"] == 3 and wl.get("grad_accum", 1) > 1:
+        lay["unsharded_grad_accumulation"] = True
     if lay["tp"] > 1:
         lay["sp"] = True  # torchtitan's TP shards norms and dropout regions (sequence parallel)
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),

@@ -187,9 +187,16 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         unsharded = st.trainable * compute_bytes(wl.precision)
         buf["gather"] = max(buf["gather"], unsharded)
         notes.append("FSDP with PP: stage parameters stay unsharded; gradients accumulate unsharded")
+    reduced = grads  # after the last micro-batch's reduce-scatter: each GPU's shard only
     if accumulating and grads:
         if (layout.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
             grads *= dp * layout.cp
+            e = compute_bytes(wl.precision)
+            if fsdp_pp and wl.precision in ("mixed", "fp16") and wl.grad_dtype != "fp32" and e < 4:
+                # FSDP2 (``fully_shard``) with an FP32 ``reduce_dtype`` upcasts the unsharded
+                # gradient it accumulates without syncing (``FSDPParam.
+                # to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``).
+                grads *= 4 / e
             notes.append("gradients accumulate unsharded between micro-batches (FSDP no_sync)")
         persistent["gradients"] = grads
     best: tuple[float, str, dict[str, float], float] | None = None
@@ -203,19 +210,22 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         phases = {
             "backward start": {**persistent, "activations": act_start, "logits": logits,
                                "buffers": buf["gather"] + buf["dequant"]},
-            "backward end": {**persistent, "gradients": grads, "activations": a["working"],
+            "backward end": {**persistent, "gradients": reduced, "activations": a["working"],
                              "buffers": buf["gather"] + buf["ddp"] + buf["dequant"]},
         }
         if wl.optimizer_step == "in_backward":
             phases["backward end"]["gradients"] = st.largest_grad
         else:
-            phases["optimizer step"] = {**persistent, "gradients": grads,
+            phases["optimizer step"] = {**persistent, "gradients": reduced,
                                         "buffers": buf["optimizer_temp"]}
         if layout.full_state_dict and layout.zero == 3:
             # FSDP1 FULL_STATE_DICT (or an unsharded load with sync_module_states): every
             # 16-bit weight exists unsharded on the GPU beside this GPU's shard at once.
+            # It happens at load and at checkpoint saves, outside a step: no gradients exist
+            # then (``zero_grad`` sets them to None after each optimizer step).
             full = param_counts(model).total * compute_bytes(wl.precision) / (layout.tp * layout.pp)
-            phases["full state dict"] = {**persistent, "buffers": full}
+            at_rest = {k: v for k, v in persistent.items() if k != "gradients"}
+            phases["full state dict"] = {**at_rest, "buffers": full}
         for name, parts in phases.items():
             total = sum(parts.values())
             if best is None or total > best[0]:
@@ -232,7 +242,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
 #: Error band per method: the 90th percentile of |predicted − measured| / measured that
 #: ``planner validate data/measured_calibration.csv`` measures for this profile (a test checks
 #: these figures against a fresh validation). Inference has no measured runs: no band.
-ERROR_BANDS: dict[str, float] = {"full": 0.28, "lora": 0.16, "qlora": 0.25}
+ERROR_BANDS: dict[str, float] = {"full": 0.17, "lora": 0.16, "qlora": 0.25}
 
 
 def inference_memory(model: ModelSpec, wl: Workload, layout: Layout) -> dict[str, float]:
