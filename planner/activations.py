@@ -360,6 +360,12 @@ def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_tr
 #: Tokens per chunk of litgpt's LoRA ``lm_head`` and chunked cross-entropy (``lm_head_chunk_size=128``,
 #: ``chunked_cross_entropy(chunk_size=128)`` in litgpt ``finetune/lora.py`` and ``utils.py``).
 LITGPT_LM_HEAD_CHUNK = 128
+#: FP32 vocabulary-wide tensors alive per token at the peak of ``loss_parallel``'s backward:
+#: the saved log-probabilities x, ``grad_input = torch.zeros_like(x)``, the sum
+#: ``grad_input + torch.exp(x)`` and its product with the incoming gradient (the ``exp`` temporary
+#: is freed by then). Source: PyTorch ``torch/distributed/tensor/parallel/loss.py``,
+#: ``_nll_loss_and_log_softmax_backward`` (unchanged since loss parallel landed in 2024).
+LOSS_PARALLEL_BACKWARD_FP32_COPIES = 4
 #: Chunks of torchtune's ``CEWithChunkedOutputLoss`` (``num_output_chunks = 8``).
 LOSS_CHUNKS = 8
 
@@ -375,7 +381,8 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
     12V per token (forward: e + 4 + 4). ``chunked`` (torchtune ``CEWithChunkedOutputLoss``,
     litgpt chunked CE): the compute-dtype logits stay (e·V) and FP32 exists for one chunk at a
     time (12V/chunks). ``fused`` (Liger FLCE, Cut Cross-Entropy): logits never exist whole;
-    Liger's chunks are N/⌈V/h⌉ tokens, so about 12·h per token. Vocab-parallel loss divides by TP.
+    Liger's chunks are N/⌈V/h⌉ tokens, so about 12·h per token. Vocab-parallel loss divides by TP;
+    under TP the standard loss is PyTorch's ``loss_parallel``, whose backward peaks at 16V.
     ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
     log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient.
     """
@@ -386,7 +393,13 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
         # backward adds one chunk's gradients (2·e·V per token of the chunk).
         chunk = min(LITGPT_LM_HEAD_CHUNK, tokens)
         return 2 * e * v * tokens, 2 * e * v * tokens + 2 * e * v * chunk
-    if loss == "standard":
+    if loss == "standard" and tp > 1:
+        # PyTorch's ``loss_parallel`` (DTensor cross-entropy over vocabulary shards, as
+        # torchtitan and torchtune run TP) computes the backward of NLL and log-softmax as
+        # ``(zeros_like(x) + exp(x)) * grad`` in FP32 beside the saved log-probabilities x.
+        saved = FP32 * v
+        peak = LOSS_PARALLEL_BACKWARD_FP32_COPIES * FP32 * v
+    elif loss == "standard":
         saved = FP32 * v
         peak = max(e + 2 * FP32, 3 * FP32) * v
     elif loss == "chunked":
