@@ -63,6 +63,10 @@ LITGPT_CONFIG_GLOBAL_BATCH = {
     "tiny-llama/lora.yaml": 8, "tiny-llama/qlora.yaml": 8,
 }
 
+#: Qwen (v1) ``finetune/ds_config_zero2.json`` (commit e8e15962): reduce_bucket_size 2e8 with
+#: overlap_comm and contiguous_gradients on, so DeepSpeed holds two buckets during backward.
+QWEN_DS_ZERO2_BUCKET_ELEMENTS = 2 * 200_000_000
+
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
             "lm_head": "lm_head"}
 
@@ -225,6 +229,9 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         lay["offload"] = "optimizer+params"
         lay["zero"] = 3
     fsdp = row.get("zero_or_fsdp", "").lower()
+    # Qwen's scripts run ZeRO-2 with ``finetune/ds_config_zero2.json`` (the only ZeRO-2 config).
+    if _zero(fsdp) == 2 and row.get("source", "").lower().startswith("qwen"):
+        lay["zero_bucket_elements"] = QWEN_DS_ZERO2_BUCKET_ELEMENTS
     # FSDP1 with a full state dict (litgpt's FSDPStrategy always uses state_dict_type="full")
     # materialises the unsharded model on each GPU at least once.
     if lay["zero"] == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp

@@ -134,7 +134,11 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     tp, pp = layout.tp, layout.pp
     layer = (counts.attention + counts.mlp) / model.layers / tp
     end = max(counts.embedding, counts.lm_head) / tp
-    out = {"gather": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0}
+    out = {"gather": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
+           # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
+           # overlap_comm) of reduce_bucket_size elements in the training dtype when
+           # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
+           "zero_buckets": layout.zero_bucket_elements * e}
     if layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params"):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
         unit = max(layer * w_b, end * e)
@@ -209,9 +213,10 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             act_start, logits = a["saved"] + a["working"], 0.0
         phases = {
             "backward start": {**persistent, "activations": act_start, "logits": logits,
-                               "buffers": buf["gather"] + buf["dequant"]},
+                               "buffers": buf["gather"] + buf["dequant"] + buf["zero_buckets"]},
             "backward end": {**persistent, "gradients": reduced, "activations": a["working"],
-                             "buffers": buf["gather"] + buf["ddp"] + buf["dequant"]},
+                             "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
+                                         + buf["zero_buckets"])},
         }
         if wl.optimizer_step == "in_backward":
             phases["backward end"]["gradients"] = st.largest_grad
@@ -242,7 +247,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
 #: Error band per method: the 90th percentile of |predicted − measured| / measured that
 #: ``planner validate data/measured_calibration.csv`` measures for this profile (a test checks
 #: these figures against a fresh validation). Inference has no measured runs: no band.
-ERROR_BANDS: dict[str, float] = {"full": 0.17, "lora": 0.16, "qlora": 0.25}
+ERROR_BANDS: dict[str, float] = {"full": 0.17, "lora": 0.16, "qlora": 0.24}
 
 
 def inference_memory(model: ModelSpec, wl: Workload, layout: Layout) -> dict[str, float]:
