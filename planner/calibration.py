@@ -241,6 +241,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU.
     if _is_litgpt(row) and lay["zero"] == 3 and wl.get("grad_accum", 1) > 1:
         lay["unsharded_grad_accumulation"] = True
+    if int(_num(row, "layers", 1)) % lay["pp"]:
+        lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
     if lay["tp"] > 1:
         lay["sp"] = True  # torchtitan's TP shards norms and dropout regions (sequence parallel)
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),

@@ -30,7 +30,7 @@ FLAG_SECTIONS: dict[str, str] = {
         "double_quant", "allow_relax")},
     **{k: "layout" for k in (
         "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing",
-        "attention")},
+        "attention", "uneven_pp")},
     **{k: "overrides" for k in (
         "activation_bytes", "k_factor", "lora_params", "lora_bytes_per_param",
         "base_bytes_per_param", "reserve")},
@@ -211,8 +211,10 @@ def resolve(
         if kv is not None and model.mla is None and kv % lay.tp and lay.tp % kv:
             problems.append(f"layout.tp: {lay.tp} does not divide the model's {kv} KV heads")
         if not _divides(lay.pp, model.layers):
-            if scenario.profile != "detailed":
-                problems.append(f"layout.pp: {lay.pp} does not divide the model's {model.layers} layers")
+            if not (lay.uneven_pp and scenario.profile == "detailed"):
+                problems.append(f"layout.pp: {lay.pp} does not divide the model's {model.layers} layers"
+                                + ("" if scenario.profile != "detailed" else
+                                   " (set layout.uneven_pp: true for stages of unequal size)"))
             else:
                 warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
                                 f"heaviest stage holds {-(-model.layers // lay.pp)}")

@@ -275,6 +275,9 @@ class Layout(StrictModel):
     # Layout details the ``detailed`` profile models (the ``seed`` profile ignores them).
     activation_offload: bool = False  # checkpointed layer inputs kept in host memory
     pp_schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    #: Pipeline stages of unequal layer counts when pp does not divide the layers (torchtitan
+    #: splits a 126-layer model over 8 stages); the detailed profile sizes the heaviest stage.
+    uneven_pp: bool = False
     pp_virtual_stages: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1024)] = 1
     unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
     full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once

@@ -120,6 +120,8 @@ BAD_INPUTS = [
      "layout.tp: 16 exceeds the 8 GPUs"),
     ("pp vs layers", BASE.replace("{gpu: h100}", "{gpu: h100, pp: 5, gpus: 5}"),
      "layout.pp: 5 does not divide the model's 32 layers"),
+    ("pp vs layers, default profile", "model: llama-3.1-8b\nlayout: {gpu: h100, pp: 5, gpus: 5}\n",
+     "layout.pp: 5 does not divide the model's 32 layers (set layout.uneven_pp: true"),
     ("product", BASE.replace("{gpu: h100}", "{gpu: h100, gpus: 8, dp: 2, tp: 2}"),
      "layout.gpus: 8 ≠ dp·tp·pp·cp = 2·2·1·1 = 4"),
     ("malformed yaml", "model: [llama\nlayout: {gpu: h100\n", "malformed YAML: line"),

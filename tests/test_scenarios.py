@@ -55,3 +55,20 @@ def test_default_profile_falls_back_to_seed_for_dims_only_models():
     assert est.total_bytes == pytest.approx(118.44e9, rel=0.005)  # case A of 000_… §五
     with pytest.raises(InputError, match="profile: 'detailed' needs the full architecture"):
         planner.estimate({"profile": "detailed", "model": dims})
+
+
+def test_uneven_pipeline_stages_only_when_asked():
+    """pp must divide the layers, unless the run splits them unevenly (layout.uneven_pp, detailed
+    profile): then the heaviest stage (ceil(126/8) = 16 layers of Llama 3.1 405B) is sized and the
+    answer warns."""
+    import planner
+    from planner.errors import InputError
+
+    raw = {"model": "llama-3.1-405b", "workload": {"method": "full", "precision": "bf16"},
+           "layout": {"gpu": "h100", "gpus": 8, "pp": 8, "zero": 0}}
+    with pytest.raises(InputError, match="layout.pp: 8 does not divide the model's 126 layers"):
+        planner.estimate(raw)
+    est = planner.estimate(raw, uneven_pp=True)
+    assert any("heaviest stage holds 16" in w for w in est.warnings)
+    with pytest.raises(InputError, match="layout.pp"):
+        planner.estimate({**raw, "profile": "seed"}, uneven_pp=True)
