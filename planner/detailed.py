@@ -176,7 +176,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     layout = layout.model_copy(update={"dp": dp})
     adapter_bytes = 4 if wl.adapter_dtype == "fp32" else compute_bytes(wl.precision)
     st = model_states(model, wl, tp=layout.tp, pp=layout.pp, zero_degree=dp * layout.cp,
-                      zero=layout.zero, offload=layout.offload, adapter_bytes=adapter_bytes)
+                      zero=layout.zero, offload=layout.offload, adapter_bytes=adapter_bytes, ep=layout.ep)
     buf = buffer_terms(model, wl, layout, st)
     dev = st.device
     grads = dev.get("gradients", 0.0)

@@ -16,7 +16,7 @@ from planner.specs import Layout, ModelSpec, Overrides, Workload
 
 #: Array keys that belong to the workload / the layout, and how their codes decode.
 _WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
-_LAYOUT_KEYS = ("tp", "pp", "cp", "sp", "zero", "offload", "checkpointing", "attention")
+_LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention")
 
 
 def _decode(key: str, value: float) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.arch import ParamCounts, lora_adapters, param_counts
+from planner.arch import ParamCounts, expert_params, lora_adapters, param_counts
 from planner.specs import ModelSpec, Workload
 
 #: Bytes per element by dtype name.
@@ -95,14 +95,16 @@ def _paged_share(tensor_elems: list[tuple[float, float]]) -> float:
 
 
 def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero_degree: int,
-                 zero: int, offload: str, adapter_bytes: int) -> StateParts:
+                 zero: int, offload: str, adapter_bytes: int, ep: int = 1) -> StateParts:
     """Per-GPU bytes of weights, gradients, optimizer states, master weights and adapters.
 
     TP divides every matrix (norms are replicated: a few KB); PP gives each stage L/pp layers and
     the heavier end (embedding on the first stage, LM head on the last; the larger is taken).
     ZeRO stage 1 shards optimizer states and master copies over D = dp·cp, stage 2 also the
     gradients, stage 3 also the weights. Offload moves optimizer states (and with
-    ``optimizer+params`` the weights) to host memory.
+    ``optimizer+params`` the weights) to host memory. Expert parallelism (MoE) splits the routed
+    experts over ``ep`` ranks of the data-parallel group: an unsharded part holds N_experts/ep of
+    them, a ZeRO-sharded part N_experts/max(D, ep) (ep divides D).
     """
     counts: ParamCounts = param_counts(model)
     e = compute_bytes(workload.precision)
@@ -113,10 +115,16 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
     n_matrix = (layer_share + end_share) / tp
     n_norm = counts.norms / pp
     n_local = n_matrix + n_norm
+    n_exp = expert_params(model) * -(-model.layers // pp) / model.layers / tp  # routed experts here
 
     def shard(part: str) -> int:
         need = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
         return zero_degree if zero >= need else 1
+
+    def spread(dense_bytes: float, expert_bytes: float, part: str) -> float:
+        """Bytes on this GPU of a state split into dense and routed-expert bytes."""
+        s = shard(part)
+        return dense_bytes / s + expert_bytes / max(s, ep)
 
     on_host_opt = offload in ("optimizer", "optimizer+params")
     on_host_w = offload == "optimizer+params"
@@ -138,15 +146,15 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
         grad_b = 4 if (workload.grad_dtype == "fp32" or workload.precision == "fp32") else e
         opt_b = adam_bytes(workload.optimizer, state_elem, paged)
         paged_share = n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
-        put("weights", n_local * e / shard("weights"), on_host_w)
+        put("weights", spread((n_local - n_exp) * e, n_exp * e, "weights"), on_host_w)
         # Offloading the optimizer moves the reduced gradients to the host too (ZeRO-Offload,
         # FSDP CPUOffload): the GPU holds them only bucket by bucket.
-        put("gradients", n_local * grad_b / shard("gradients"), on_host_opt)
-        opt = n_local * opt_b / shard("optimizer")
+        put("gradients", spread((n_local - n_exp) * grad_b, n_exp * grad_b, "gradients"), on_host_opt)
+        opt = spread((n_local - n_exp) * opt_b, n_exp * opt_b, "optimizer")
         put("optimizer_states", opt * (1 - paged_share), on_host_opt)
         host += opt * paged_share
         if mixed:
-            put("master_weights", n_local * 4 / shard("optimizer"), on_host_opt)
+            put("master_weights", spread((n_local - n_exp) * 4, n_exp * 4, "optimizer"), on_host_opt)
         ffn = model.ffn if model.moe is None else model.moe.expert_ffn
         largest = max(model.vocab * model.hidden, model.hidden * (ffn or model.hidden)) / tp * grad_b
         return StateParts(dev, host, n_local, largest)
@@ -155,11 +163,14 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
     if workload.method == "qlora":
         q = quantized_linear_bytes(workload)
         frozen = (layer_share * q + end_share * e) / tp + n_norm * e
+        per_expert = q
         if workload.quant_type == "nf4" and workload.quant_bits == 4:
             frozen += layer_share / tp * BNB_4BIT_MEASURED_OVERHEAD
+            per_expert += BNB_4BIT_MEASURED_OVERHEAD
     else:
         frozen = n_local * e
-    put("weights", frozen / shard("weights"), on_host_w)
+        per_expert = e
+    put("weights", spread(frozen - n_exp * per_expert, n_exp * per_expert, "weights"), on_host_w)
     shapes = adapter_shapes(model, workload)
     r = workload.lora_rank
     n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (tp * pp)

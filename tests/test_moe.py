@@ -58,3 +58,18 @@ def test_search_uses_ep_only_within_dp():
     assert plans
     for p in plans:
         assert p.dp % p.ep == 0 and 8 % p.ep == 0
+
+
+def test_detailed_profile_shards_experts_too():
+    """The detailed profile applies the same rule: without ZeRO, ep = 8 leaves an eighth of the
+    routed experts' 16-bit weights on each GPU; with ZeRO-3 over 8 ranks ep changes nothing."""
+    spec = catalog.get_model("mixtral-8x7b")
+    n_exp = expert_params(spec)
+    base = {"profile": "detailed", "model": "mixtral-8x7b",
+            "workload": {"method": "full", "precision": "bf16", "seq_len": 512}}
+    ep1 = planner.estimate(base, gpus=8, dp=8, ep=1, zero=0)
+    ep8 = planner.estimate(base, gpus=8, dp=8, ep=8, zero=0)
+    assert ep1.components["weights"] - ep8.components["weights"] == pytest.approx(n_exp * 2 * 7 / 8, rel=1e-6)
+    z1 = planner.estimate(base, gpus=8, dp=8, ep=1, zero=3)
+    z8 = planner.estimate(base, gpus=8, dp=8, ep=8, zero=3)
+    assert z1.components["weights"] == pytest.approx(z8.components["weights"], rel=1e-9)
