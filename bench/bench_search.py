@@ -15,7 +15,8 @@ import statistics
 import time
 
 from planner import catalog
-from planner.planning import build_lattice, enumerate_all, search
+from planner.lattice import build_lattice
+from planner.planning import enumerate_all, search
 from planner.scenario import resolve
 from planner.space import build_classes, build_request, gpu_table
 

@@ -33,7 +33,7 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
         rs = resolve(plan_scenario(raw, p))
     except InputError as exc:
         return [f"plan is not a valid layout: {line}" for line in exc.problems]
-    gpu, wl, lay = rs.gpu, rs.workload, rs.layout
+    gpu, wl = rs.gpu, rs.workload
     est = estimate_resolved(rs)
     if not est.fits:
         problems.append(f"memory: needs {est.total_bytes} bytes, usable {est.usable_bytes}")

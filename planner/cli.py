@@ -23,7 +23,6 @@ from planner.launch.checks import annotate
 from planner.launch.importing import CONFIG_HELP, merge_configs
 from planner.report import print_estimate, print_plans, to_json
 from planner.scenario import deep_merge, read_scenario_file, resolve, scenario_from_flags
-from planner.specs import Scenario
 
 app = typer.Typer(
     add_completion=False,

@@ -18,7 +18,8 @@ import numpy as np
 from planner.errors import InputError
 from planner.estimate import estimate_resolved
 from planner.memory import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, PRECISIONS
-from planner.planning import SearchOutcome, build_lattice
+from planner.lattice import build_lattice
+from planner.planning import SearchOutcome
 from planner.scenario import deep_merge, resolve
 from planner.space import METHOD_LADDER, MIN_RELAXED_SEQ_LEN, SearchRequest, build_classes, gpu_table
 from planner.space import grad_accum_of, memory_total

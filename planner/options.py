@@ -6,7 +6,7 @@ count fixed, the fastest plan is also the cheapest to rent and uses the fewest G
 
 Counts come from :func:`gpu_counts` (every count to 8, then steps of about 1.5×). For each
 (type, count) the classes whose tp·pp·cp divides the count and that fit in memory at that
-data-parallel degree (planner.planning.fitting_start: memory never rises with dp from two ranks up) are ranked by an
+data-parallel degree (planner.lattice.fitting_start: memory never rises with dp from two ranks up) are ranked by an
 admissible lower bound of the job's time (compute alone at the catalog's utilisation; the same
 bound the search uses), then evaluated in that order, a batch per round, until no unevaluated
 class can beat the best found. The metrics are the search's own (planner.space.evaluate), so a
@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.planning import Evaluated, SearchOutcome, build_lattice, feasible, fitting_start, lower_bounds
+from planner.lattice import build_lattice, fitting_start
+from planner.planning import Evaluated, SearchOutcome, feasible, lower_bounds
 from planner.portfolio import JobRun
 from planner.scenario import deep_merge, resolve
 from planner.search import time_ms

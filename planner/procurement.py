@@ -18,7 +18,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from planner import catalog
 from planner.errors import InputError

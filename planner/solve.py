@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from planner.explain import document_steps, explain
-from planner.planning import build_lattice, concat_evaluated, evaluate_windows, fitting_windows, search
+from planner.lattice import build_lattice, fitting_windows
+from planner.planning import concat_evaluated, evaluate_windows, search
 from planner.plans import Plan, PlanResult, assemble
 from planner.scenario import resolve
 from planner.space import SearchRequest, build_classes, build_request, gpu_table

@@ -7,7 +7,6 @@ objective values, and every plan it returns must pass the independent checker.
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
