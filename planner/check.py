@@ -43,13 +43,17 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
         problems.append("gpus ≠ dp·tp·pp·cp")
     if p["tp"] > gpu.gpus_per_node:
         problems.append("tp crosses a node")
-    if p["attention"] == "flash" and not gpu.supports_flash_attn2:
-        problems.append(f"flash attention on {gpu.id}, which has no FlashAttention-2")
     if p["precision"] == "bf16" and not gpu.supports_bf16:
         problems.append(f"bf16 on {gpu.id}, which has no BF16")
     if not sc.constraints.pcie_model_parallel and gpu.nvlink_domain == 1 and (p["tp"] > 1 or p["pp"] > 1):
         problems.append("tp/pp over PCIe, which the scenario forbids")
 
+    for key in sorted(sc.layout.model_fields_set & set(p)):
+        want = getattr(sc.layout, key)
+        if key == "gpu":
+            want = catalog.get_gpu(want).id
+        if want is not None and p[key] != want:
+            problems.append(f"layout.{key} is pinned to {want!r}, the plan has {p[key]!r}")
     s, cons = sc.search, sc.constraints
     allowed = s.gpu_types or ([sc.layout.gpu] if sc.layout.gpu else None)
     if allowed and gpu.id not in {catalog.get_gpu(n).id for n in allowed}:

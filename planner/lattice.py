@@ -43,8 +43,18 @@ def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
     mp = a["tp"] * a["pp"] * a["cp"]
     ep = a["ep"]
     dmax = table.limit[a["gpu"]] // mp
+    if req.dp_pin is None and req.gpus_pin is not None:
+        # A pinned GPU count fixes dp for each layout: gpus / (tp·pp·cp), where that divides.
+        dp = req.gpus_pin // mp
+        ok = (req.gpus_pin % mp == 0) & (dp >= 1) & (dp <= dmax) & (dp % ep == 0)
+        if req.global_batch:
+            ok &= (req.global_batch // a["micro_batch"]) % np.maximum(dp, 1) == 0
+        dp = np.maximum(dp, 1)
+        return Lattice(ok.astype(np.int64), np.arange(len(cls)), dp[:, None])
     if req.dp_pin is not None:
         ok = (req.dp_pin <= dmax) & (req.dp_pin % ep == 0)
+        if req.gpus_pin is not None:
+            ok &= req.dp_pin * mp == req.gpus_pin
         if req.global_batch:
             ok &= (req.global_batch // a["micro_batch"]) % req.dp_pin == 0
         return Lattice(ok.astype(np.int64), np.zeros(len(cls), dtype=np.int64),

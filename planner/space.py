@@ -86,6 +86,7 @@ class SearchRequest:
     global_batch: int | None
     grad_accum: int
     dp_pin: int | None
+    gpus_pin: int | None
     pcie_model_parallel: bool
     #: Memory of layouts already evaluated (profiles without an array form), by layout row.
     memory_cache: dict = field(default_factory=dict)
@@ -186,15 +187,16 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
     }
     max_gpus = s.max_gpus or DEFAULT_MAX_GPUS
     dp_pin = sc.layout.dp if "dp" in pinned else None
-    if "gpus" in pinned and sc.layout.gpus:
-        max_gpus = min(max_gpus, sc.layout.gpus)
+    gpus_pin = sc.layout.gpus if "gpus" in pinned else None
+    if gpus_pin:
+        max_gpus = min(max_gpus, gpus_pin)
     return SearchRequest(
         rs=rs, gpus=gpus, tiers=build_tiers(rs), lists=lists, max_gpus=max_gpus, fleet=fleet,
         budget_usd=sc.constraints.budget_usd,
         deadline_s=None if sc.constraints.deadline_hours is None else sc.constraints.deadline_hours * 3600,
         objective=objective, top=sc.top, distinct=s.distinct, utilization=s.utilization,
         tokens=wl.tokens, global_batch=wl.global_batch, grad_accum=wl.grad_accum or 1,
-        dp_pin=dp_pin, pcie_model_parallel=sc.constraints.pcie_model_parallel,
+        dp_pin=dp_pin, gpus_pin=gpus_pin, pcie_model_parallel=sc.constraints.pcie_model_parallel,
     )
 
 
@@ -234,10 +236,9 @@ def build_classes(req: SearchRequest) -> Classes:
         if not precisions:
             rejected[f"{gpu.id}: no BF16"] += 1
             continue
-        attentions = [a for a in req.lists["attention"] if a == "eager" or gpu.supports_flash_attn2]
-        if not attentions:
-            rejected[f"{gpu.id}: no FlashAttention-2"] += 1
-            continue
+        # "flash" is any fused kernel that keeps no s×s matrix: FlashAttention-2 where the card
+        # has it, PyTorch SDPA's memory-efficient kernel elsewhere (V100, T4): same memory.
+        attentions = list(req.lists["attention"])
         tps = []
         for tp in req.lists["tp"]:
             if tp > gpu.gpus_per_node:

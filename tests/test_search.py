@@ -141,14 +141,30 @@ def test_no_relaxation_without_permission():
 # ---------------------------------------------------------------------------------------------
 # Hardware realism
 
-def test_v100_gets_no_bf16_and_no_flash():
+def test_v100_gets_no_bf16_and_no_flashattention2():
+    """No BF16 on a V100; "flash" there is PyTorch SDPA's memory-efficient kernel (same memory,
+    no FlashAttention-2), and the plan's estimate says so."""
     raw = {"profile": "seed", "model": "qwen2.5-0.5b",
            "workload": {"method": "full", "precision": "bf16", "tokens": 1e8},
-           "search": {"gpu_types": ["v100-16gb", "a100-40gb"], "precision": ["bf16", "fp16"]},
+           "search": {"gpu_types": ["v100-16gb"], "precision": ["bf16", "fp16"]},
            "objective": "cost"}
-    for p in planner.plan(raw).plans:
+    plans = planner.plan(raw).plans
+    assert plans and all(p.gpu == "v100-16gb" for p in plans)
+    for p in plans:
         if p.gpu.startswith("v100"):
-            assert p.precision != "bf16" and p.attention == "eager"
+            assert p.precision != "bf16"
+            if p.attention == "flash":
+                assert any("memory-efficient kernel" in w for w in p.memory["warnings"])
+
+
+def test_pinned_gpu_count_is_exact():
+    """A layout key pins that decision: layout.gpus: 8 means eight GPUs, not at most eight."""
+    raw = {"profile": "seed", "model": "llama-3-8b", "workload": {"method": "lora", "tokens": 1e8},
+           "layout": {"gpu": "a100-80gb", "gpus": 8}, "objective": "cost", "top": 5}
+    plans = planner.plan(raw).plans
+    assert plans and all(p.gpus == 8 and p.gpu == "a100-sxm-80gb" for p in plans)
+    for p in plans:
+        assert check_plan(raw, p) == []
 
 
 def test_pcie_model_parallel_can_be_forbidden():
