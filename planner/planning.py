@@ -298,9 +298,16 @@ def solve_top_k(req, table, cls, e: Evaluated, best: np.ndarray, time_limit_s: f
         return "infeasible", []
     ev = {k: v[best] for k, v in e.ev.items()}
     g = cls.a["gpu"][e.cls_index[best]]
+    a = {k: cls.a[k][e.cls_index[best]] for k in ("offload", "zero", "tp", "pp", "cp", "ep")}
+    zero_eff = np.where(ev["dp"] * a["cp"] > 1, a["zero"], 0)
+    # The lexicographic order as ranks (small integers): relaxation tier and objective (the
+    # key), then, among equals, the simpler plan: no offload, a lower ZeRO stage, fewer
+    # model-parallel ranks, then the catalog's order.
+    order = np.lexsort((g, a["tp"] * a["pp"] * a["cp"] * a["ep"], zero_eff, a["offload"], e.key[best]))
+    rank = np.empty(len(best), dtype=np.int64)
+    rank[order] = np.arange(len(best))
     cols = Columns(
-        gpu=g, group=np.arange(len(best)), tier=cls.a["tier"][e.cls_index[best]],
-        objective=(e.key[best] - cls.a["tier"][e.cls_index[best]] * float(TIER_WEIGHT)).astype(np.int64),
+        gpu=g, group=np.arange(len(best)), tier=np.zeros(len(best), dtype=np.int64), objective=rank,
         memory_bytes=ev["memory_bytes"].astype(np.int64) if len(best) else np.zeros(0, dtype=np.int64),
         gpus=ev["gpus"] if len(best) else np.zeros(0, dtype=np.int64),
         cost_units=cost_units(ev["cost_usd"]).astype(np.int64) if req.budget_usd is not None else None,

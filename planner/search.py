@@ -21,8 +21,10 @@ Constraints (each in its own method, tested alone)
 
 Objective (lexicographic, as one integer): min Σ_j (tier_j · W + obj_j) · y_j, where tier is the
 relaxation rank (0 = as asked; then Full → LoRA → QLoRA; a shorter sequence last) and obj the
-chosen objective in integer units (:func:`objective_units`). Only integers enter CP-SAT; the
-solver runs with a fixed seed and one worker, so the same input gives the same output.
+chosen objective in integer units (:func:`objective_units`). The search hands CP-SAT the same
+order as ranks (tier, objective, then the simpler plan among equals), which keeps the numbers
+small. Only integers enter CP-SAT; the solver runs with a fixed seed and one worker, so the same
+input gives the same output.
 """
 
 from __future__ import annotations

@@ -110,8 +110,9 @@ def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS) ->
         if acc is not None:
             out.files["accelerate_config.yaml"] = dump_yaml(acc)
     if "hf" in formats:
-        ds_name = "ds_config.json" if ds is not None else None
-        if ds is not None and "deepspeed" not in formats:
+        # The Trainer reads a DeepSpeed config only for ZeRO; without it none is written for it.
+        ds_name = "ds_config.json" if ds is not None and ctx.lay.zero > 0 else None
+        if ds_name is not None and "deepspeed" not in formats:
             out.files["ds_config.json"] = dump_json(ds)
         for name, body in hf_files(ctx, out, ds_name).items():
             out.files[name] = dump_json(body)
