@@ -366,6 +366,13 @@ LITGPT_LM_HEAD_CHUNK = 128
 #: is freed by then). Source: PyTorch ``torch/distributed/tensor/parallel/loss.py``,
 #: ``_nll_loss_and_log_softmax_backward`` (unchanged since loss parallel landed in 2024).
 LOSS_PARALLEL_BACKWARD_FP32_COPIES = 4
+#: FP32 vocabulary-wide tensors per token when the loop holds FP32 logits (``loss: held_fp32``):
+#: at the end of forward the held logits and the saved log-probabilities; at the log-softmax
+#: backward also the log-probabilities' gradient and the logits' gradient. Source: torchtune
+#: ``recipes/lora_finetune_single_device.py`` and ``full_finetune_single_device.py`` with
+#: ``torchtune/modules/transformer.py`` (``.float()``), from Jan 2024 to PR #1390 (Aug 2024).
+HELD_FP32_SAVED_COPIES = 2
+HELD_FP32_PEAK_COPIES = 4
 #: Chunks of torchtune's ``CEWithChunkedOutputLoss`` (``num_output_chunks = 8``).
 LOSS_CHUNKS = 8
 
@@ -393,6 +400,14 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
         # backward adds one chunk's gradients (2·e·V per token of the chunk).
         chunk = min(LITGPT_LM_HEAD_CHUNK, tokens)
         return 2 * e * v * tokens, 2 * e * v * tokens + 2 * e * v * chunk
+    if loss == "held_fp32":
+        # torchtune before its chunked loss (PR #1390, 2024-08-28): ``TransformerDecoder``
+        # returns ``self.output(h).float()``, the recipe keeps ``logits = logits[..., :-1, :]
+        # .contiguous().transpose(1, 2)`` alive through ``loss.backward()``, and
+        # ``nn.CrossEntropyLoss`` keeps its FP32 log-probabilities. At the log-softmax backward
+        # the held logits, the log-probabilities, their gradient (``nll_loss`` backward) and the
+        # logits' gradient exist at once.
+        return HELD_FP32_SAVED_COPIES * FP32 * v * tokens, HELD_FP32_PEAK_COPIES * FP32 * v * tokens
     if loss == "standard" and tp > 1:
         # PyTorch's ``loss_parallel`` (DTensor cross-entropy over vocabulary shards, as
         # torchtitan and torchtune run TP) computes the backward of NLL and log-softmax as

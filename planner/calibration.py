@@ -67,6 +67,12 @@ LITGPT_CONFIG_GLOBAL_BATCH = {
 #: overlap_comm and contiguous_gradients on, so DeepSpeed holds two buckets during backward.
 QWEN_DS_ZERO2_BUCKET_ELEMENTS = 2 * 200_000_000
 
+#: torchtune's recipes held FP32 logits through backward until its chunked loss landed (PR #1390,
+#: merged 2024-08-28): rows dated before this month (year, month) run that loss.
+TORCHTUNE_CHUNKED_LOSS_SINCE = (2024, 8)
+_MONTHS = {m: i for i, m in enumerate(
+    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
+
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
             "lm_head": "lm_head"}
 
@@ -109,6 +115,15 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
 
 def _is_litgpt(row: dict[str, str]) -> bool:
     return row.get("source", "").lower().startswith(("litgpt", "lit-gpt"))
+
+
+def _torchtune_before_chunked_loss(row: dict[str, str]) -> bool:
+    """A torchtune row dated (its source's "(Apr 2024)") before the chunked loss."""
+    source = row.get("source", "").lower()
+    found = re.search(r"\b(\w{3})\w* (\d{4})\)", source)
+    if not source.startswith("torchtune") or not found or found.group(1) not in _MONTHS:
+        return False
+    return (int(found.group(2)), _MONTHS[found.group(1)]) < TORCHTUNE_CHUNKED_LOSS_SINCE
 
 
 def _litgpt_config(row: dict[str, str]) -> str | None:
@@ -194,7 +209,9 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
             wl["quant_type"] = "nf4"  # bitsandbytes
         # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
         wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
-    if re.search(r"chunked_ce\s*=\s*(no|false)", low):
+    if _torchtune_before_chunked_loss(row) and "chunk" not in low:
+        wl["loss"] = "held_fp32"
+    elif re.search(r"chunked_ce\s*=\s*(no|false)", low):
         pass
     elif "full-ft script does not chunk" in low:  # litgpt: only its LoRA script chunks
         wl["loss"] = "chunked" if method != "full" else "standard"

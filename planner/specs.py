@@ -245,7 +245,9 @@ class Workload(StrictModel):
     grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)
     optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
     optimizer_step: Literal["foreach", "fused", "in_backward"] = "foreach"
-    loss: Literal["standard", "chunked", "fused"] = "standard"  # cross-entropy over the vocabulary
+    # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
+    # training loop keeps through backward (torchtune before its chunked loss)
+    loss: Literal["standard", "chunked", "fused", "held_fp32"] = "standard"
     compile: bool = False  # torch.compile: fused norms and activations
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
 
