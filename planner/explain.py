@@ -132,10 +132,10 @@ def explain(
                 f"{format_bytes(closest['memory_bytes'], gib=True)} per GPU, has "
                 f"{format_bytes(closest['usable_bytes'], gib=True)} after the reserve "
                 f"(short by {format_bytes(short, gib=True)})")
+            out["steps"] = document_steps(req, raw, closest)
         else:
             out["binding"] = ("memory fits on some layouts; a constraint rules them out: "
                               + ", ".join(k for k in rejected if k.startswith("violates")))
-        out["steps"] = document_steps(req, raw, closest)
     out["suggestions"] = suggestions(req, raw, research)
     return out
 
@@ -154,6 +154,8 @@ def suggestions(req: SearchRequest, raw: dict[str, Any], research: Callable) -> 
         if result.plans:
             p = result.plans[0]
             extra = f", {'; '.join(p.relaxations)}" if p.relaxations else ""
+            if p.cost_usd is not None and p.time_s is not None:
+                extra += f"; ${p.cost_usd:,.2f} in {p.time_s / 3600:,.1f} h"
             found.append(f"{label}: {p.gpus}× {p.gpu} (tp {p.tp}, pp {p.pp}, zero {p.zero}, "
                          f"offload {p.offload}{extra})")
 
