@@ -11,7 +11,7 @@ from planner.catalog import UnknownName
 GPUS = list(catalog.gpus())
 MODELS = list(catalog.models())
 
-#: The issue's required GPU types, by a name people type.
+#: The GPU types the catalog must have, by a name people type.
 REQUIRED_GPUS = [
     "h100-sxm-80gb", "h100-pcie", "h200", "b200", "a100-40gb", "a100-80gb", "a800", "h800", "h20",
     "l40s", "l4", "a10g", "rtx-a6000", "rtx-3090", "rtx-4090", "rtx-5090", "rtx-3060-12gb",
