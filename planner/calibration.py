@@ -33,6 +33,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "gemma-7b": {"head_dim": 256, "tied_embeddings": True},
     # Qwen/Qwen-*: RMSNorm, SwiGLU (w1, w2 branches of intermediate_size/2), QKV bias, untied.
     "qwen": {"qkv_bias": True, "tied_embeddings": False, "fused_qkv": True},
+    # transformers' LlamaForCausalLM built from a LlamaConfig (bench/gpu_memory.py): RMSNorm,
+    # SwiGLU, no biases, untied head; the dimensions come from the row's columns.
+    "llama": {"tied_embeddings": False},
 }
 
 #: Row model names that are catalog entries under another name.

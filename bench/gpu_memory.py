@@ -1,0 +1,178 @@
+"""Measure the real peak GPU memory of small Llama models across methods and settings, and write
+the results as calibration rows that `planner validate` scores.
+
+    pip install ".[truth]" bitsandbytes        # torch, transformers, peft (+ QLoRA)
+    python bench/gpu_memory.py --out data/measured_gpu.csv [--quick]
+    planner validate data/measured_gpu.csv
+
+Needs a CUDA GPU. Each run starts in a fresh process (a clean CUDA context and allocator), builds
+a LlamaForCausalLM from a LlamaConfig with random weights (nothing is downloaded; the QLoRA base is
+saved to a temporary folder and loaded back quantized), trains ``STEPS`` optimizer steps on random
+tokens and records three views: ``torch.cuda.max_memory_allocated``, ``max_memory_reserved`` and
+what nvidia-smi reports for the process — one row each, in the columns of
+data/measured_calibration.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+#: Optimizer steps per run: the first allocates the optimizer states; the peak is in a later one.
+STEPS = 3
+#: (hidden, layers, heads, kv_heads, ffn, vocab): about 0.15B, 0.5B and 1.3B parameters.
+SHAPES = [(768, 8, 12, 4, 2048, 32000), (1536, 12, 12, 4, 4096, 32000), (2048, 16, 16, 8, 5632, 128256)]
+METHODS = ("full", "lora", "qlora")
+PRECISIONS = ("bf16-true", "bf16-mixed")
+ATTENTION = ("sdpa", "eager")
+CHECKPOINTING = (False, True)
+SEQ_BATCH = ((512, 4), (2048, 1))
+LORA_RANK = 16
+
+COLUMNS = ("id,source,url_or_path,model,params_b,layers,hidden,heads,kv_heads,ffn,vocab,method,quant_bits,"
+           "optimizer,precision,seq_len,micro_batch,grad_ckpt,flash_attn,gpus,gpu_type,dp,tp,pp,cp,"
+           "zero_or_fsdp,cpu_offload,lora_rank,lora_targets,measured_gb,measure_kind,notes").split(",")
+
+
+def grid(quick: bool = False) -> list[dict]:
+    """Every run of the grid (``quick``: the smallest shape, SDPA, one sequence length)."""
+    shapes = SHAPES[:1] if quick else SHAPES
+    attention = ATTENTION[:1] if quick else ATTENTION
+    seq_batch = SEQ_BATCH[:1] if quick else SEQ_BATCH
+    runs = []
+    for shape, method, precision, attn, ckpt, (seq, batch) in itertools.product(
+            shapes, METHODS, PRECISIONS, attention, CHECKPOINTING, seq_batch):
+        if method != "full" and precision == "bf16-mixed":
+            continue  # adapters train in FP32 under PEFT either way: one precision suffices
+        h, layers, heads, kv, ffn, vocab = shape
+        runs.append({"hidden": h, "layers": layers, "heads": heads, "kv_heads": kv, "ffn": ffn,
+                     "vocab": vocab, "method": method, "precision": precision, "attention": attn,
+                     "checkpointing": ckpt, "seq_len": seq, "micro_batch": batch})
+    return runs
+
+
+def params_of(run: dict) -> int:
+    h, f, v, layers = run["hidden"], run["ffn"], run["vocab"], run["layers"]
+    kv = h // run["heads"] * run["kv_heads"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    return layers * per_layer + 2 * v * h + h
+
+
+def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) -> dict[str, str]:
+    """A calibration row (the columns of data/measured_calibration.csv) for one measured view."""
+    full = run["method"] == "full"
+    precision = "bf16-mixed (fp32 master weights, autocast)" if run["precision"] == "bf16-mixed" else "bf16-true"
+    optimizer = ("torch AdamW foreach (HF Trainer-style loop" + ("" if full else ", PEFT adapters FP32")
+                 + (", states FP32)" if run["precision"] == "bf16-mixed" else ", states in param dtype)"))
+    return {
+        "id": str(index), "source": f"planner bench/gpu_memory.py on {gpu_name}",
+        "url_or_path": "bench/gpu_memory.py",
+        "model": f"llama-h{run['hidden']}-l{run['layers']}", "params_b": f"{params_of(run) / 1e9:.4f}",
+        "layers": str(run["layers"]), "hidden": str(run["hidden"]), "heads": str(run["heads"]),
+        "kv_heads": str(run["kv_heads"]), "ffn": str(run["ffn"]), "vocab": str(run["vocab"]),
+        "method": run["method"], "quant_bits": "4" if run["method"] == "qlora" else "",
+        "optimizer": optimizer, "precision": precision, "seq_len": str(run["seq_len"]),
+        "micro_batch": str(run["micro_batch"]), "grad_ckpt": "yes" if run["checkpointing"] else "no",
+        "flash_attn": run["attention"], "gpus": "1", "gpu_type": gpu_name, "dp": "1", "tp": "1", "pp": "1",
+        "cp": "", "zero_or_fsdp": "none", "cpu_offload": "no",
+        "lora_rank": "" if full else str(LORA_RANK), "lora_targets": "" if full else "all linear",
+        "measured_gb": f"{measured_gb:.3f}", "measure_kind": kind,
+        "notes": (f"random-init LlamaForCausalLM (untied), {STEPS} steps on random tokens, no padding; "
+                  + ("quantize=bnb.nf4-dq (double quant) via BitsAndBytesConfig; " if run["method"] == "qlora" else "")
+                  + "GB = 1e9 bytes; conf=high"),
+    }
+
+
+def measure(run: dict) -> dict:
+    """One run in this process; returns the three views in bytes."""
+    import os
+    import tempfile
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=run["hidden"], intermediate_size=run["ffn"], num_hidden_layers=run["layers"],
+                      num_attention_heads=run["heads"], num_key_value_heads=run["kv_heads"],
+                      vocab_size=run["vocab"], max_position_embeddings=max(run["seq_len"], 2048),
+                      tie_word_embeddings=False, use_cache=False, attn_implementation=run["attention"])
+    mixed = run["precision"] == "bf16-mixed"
+    if run["method"] == "qlora":
+        from transformers import BitsAndBytesConfig
+
+        tmp = tempfile.mkdtemp()
+        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp)
+        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.bfloat16)
+        torch.cuda.reset_peak_memory_stats()
+        model = LlamaForCausalLM.from_pretrained(tmp, quantization_config=q, dtype=torch.bfloat16,
+                                                 attn_implementation=run["attention"], device_map={"": 0})
+    else:
+        model = LlamaForCausalLM(cfg).to(torch.float32 if mixed else torch.bfloat16).cuda()
+    if run["checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if run["method"] != "full":
+        from peft import LoraConfig, get_peft_model
+
+        if run["checkpointing"]:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, lora_dropout=0.0,
+                                                 target_modules="all-linear"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    tokens = torch.randint(0, run["vocab"], (run["micro_batch"], run["seq_len"]), device="cuda")
+    for _ in range(STEPS):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mixed):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved()}
+    smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    for line in smi.splitlines():
+        pid, used = (x.strip() for x in line.split(","))
+        if int(pid) == os.getpid():
+            out["nvidia_smi"] = int(used) * 2**20
+    out["gpu_name"] = torch.cuda.get_device_name(0)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="data/measured_gpu.csv")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a single run, in a fresh process
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(measure(json.loads(args.one))))
+        return 0
+    rows, failures = [], 0
+    for run in grid(args.quick):
+        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(run)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            failures += 1
+            print(f"failed: {run}: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            continue
+        views = json.loads(proc.stdout.strip().splitlines()[-1])
+        for kind in ("max_allocated", "max_reserved", "nvidia_smi"):
+            if kind in views:
+                rows.append(row_of(run, len(rows) + 1, views[kind] / 1e9, kind, views["gpu_name"]))
+        print(f"{run} -> {views}", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{len(rows)} rows -> {args.out}; {failures} runs failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""bench/gpu_memory.py writes rows that `planner validate` can score: the contract a GPU session
+relies on when it measures real peaks (the measurement itself needs a GPU and is not run here)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+
+import pytest
+
+from planner.validate import validate_rows
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("gpu_memory", ROOT / "bench" / "gpu_memory.py")
+gpu_memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_memory)
+
+
+def test_columns_are_the_calibration_columns():
+    with open(ROOT / "data" / "measured_calibration.csv", newline="", encoding="utf-8") as fh:
+        assert next(csv.reader(fh)) == gpu_memory.COLUMNS
+
+
+def test_parameter_count_of_a_grid_shape():
+    """768 hidden, 8 layers, 12 heads of 64 (4 KV heads), FFN 2048, vocab 32000, untied:
+    8·(2·768² + 2·768·256 + 3·768·2048 + 2·768) + 2·32000·768 + 768 = 99,496,704 — the count
+    planner.arch gives for the same architecture."""
+    from planner.arch import param_counts
+    from planner.specs import ModelSpec
+
+    run = gpu_memory.grid(quick=True)[0]
+    assert gpu_memory.params_of(run) == 99_496_704
+    spec = ModelSpec(layers=8, hidden=768, heads=12, kv_heads=4, ffn=2048, vocab=32000)
+    assert param_counts(spec).total == 99_496_704
+
+
+@pytest.mark.parametrize("kind", ["max_allocated", "max_reserved", "nvidia_smi"])
+def test_every_grid_row_is_modelled_with_its_recipe(kind):
+    runs = gpu_memory.grid(quick=True)
+    assert {r["method"] for r in runs} == {"full", "lora", "qlora"}
+    rows = [gpu_memory.row_of(r, i + 1, 1.0, kind, "NVIDIA H200") for i, r in enumerate(runs)]
+    results = validate_rows(rows, "detailed")
+    assert all(r.reason is None and r.predicted_bytes > 0 for r in results), [r.reason for r in results]
+    # The recipe is read back as written: more memory with a longer micro-batch of tokens, and
+    # FP32 master weights for bf16-mixed full fine-tuning.
+    by = {(r["method"], r["precision"], r["checkpointing"]): res.predicted_bytes
+          for r, res in zip(runs, results)}
+    assert by[("full", "bf16-mixed", False)] > by[("full", "bf16-true", False)]
+    assert by[("full", "bf16-true", True)] < by[("full", "bf16-true", False)]
