@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from planner import catalog
-from planner.compute import GpuPerf, job_cost_usd, job_time_s, model_flops, step_time_s
+from planner.compute import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
 from planner.errors import InputError
 from planner.estimate import estimate_resolved
 from planner.memory import CHECKPOINTING, METHODS, OFFLOADS
@@ -98,7 +98,7 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
             weight_bytes=0.5 if p["method"] == "qlora" else 2.0)
         t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
                              dp=p["dp"], grad_accum=p["grad_accum"]))
-        billed = -(-p["gpus"] // gpu.gpus_per_node) * gpu.gpus_per_node if gpu.whole_node_only else p["gpus"]
+        billed = int(billed_gpus(p["gpus"], gpu.gpus_per_node, gpu.whole_node_only))
         price = gpu.price_on_demand_usd_per_hour
         cost = float(job_cost_usd(t, gpus=billed, price_usd_per_hour=price)) if price is not None else None
         if p["time_s"] is None or not math.isclose(p["time_s"], t, rel_tol=REL_TOL):

@@ -215,5 +215,10 @@ def job_time_s(step_s: Any, *, tokens: float, seq_len: Any, micro_batch: Any, dp
     return tokens / tokens_per_step * step_s
 
 
+def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:
+    """GPUs paid for: whole nodes where the type is rented only so, else the GPUs used."""
+    return np.where(whole_node_only, -(-gpus // gpus_per_node) * gpus_per_node, gpus)
+
+
 def job_cost_usd(time_s: Any, *, gpus: Any, price_usd_per_hour: Any) -> Any:
     return time_s / 3600.0 * gpus * price_usd_per_hour

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.compute import model_flops, step_time_s
+from planner.compute import billed_gpus, model_flops, step_time_s
 from planner.search import (
     TIER_WEIGHT, Columns, Limits, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
 )
@@ -62,7 +62,7 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
     price = table.perf.price_usd_per_hour[g]
     if req.objective in ("gpus", "hourly"):
         gpus = dp_lo * mp
-        billed = np.where(table.whole_node[g], -(-gpus // node) * node, gpus)
+        billed = billed_gpus(gpus, node, table.whole_node[g])
         units = objective_units(req.objective, {"gpus": gpus, "hourly_usd": billed * price})
     else:
         # Per micro-batch, everything but the data-parallel terms: compute, TP/PP/CP/EP traffic

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from planner import catalog
-from planner.arch import has_full_architecture, total_params
-from planner.compute import GpuPerf, job_cost_usd, job_time_s, model_flops, step_time_s
+from planner.arch import has_full_architecture
+from planner.compute import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
 from planner.errors import InputError
 from planner.estimate import usable_bytes
 from planner.memory import (
@@ -94,10 +94,6 @@ class SearchRequest:
     @property
     def model(self):
         return self.rs.model
-
-
-def _divisors_upto(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
 def build_tiers(rs: ResolvedScenario) -> list[Tier]:
@@ -408,7 +404,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     mp = c["tp"] * c["pp"] * c["cp"]
     gpus = dp * mp
     node = table.gpus_per_node[g]
-    billed = np.where(table.whole_node[g], -(-gpus // node) * node, gpus)
+    billed = billed_gpus(gpus, node, table.whole_node[g])
     host_exact = True
     if known_to_fit and req.rs.profile != "seed":
         mem = np.full(np.shape(dp), -1, dtype=np.int64)
@@ -446,7 +442,3 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     out["host_ok"] = host * per_node <= table.host_bytes_per_node[g]
     out["ga_ok"] = ga >= 1
     return out
-
-
-def total_params_of(req: SearchRequest) -> int:
-    return total_params(req.model)
