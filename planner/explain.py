@@ -20,6 +20,7 @@ from planner.estimate import estimate_resolved
 from planner.memory import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, PRECISIONS
 from planner.lattice import build_lattice
 from planner.planning import SearchOutcome
+from planner.plans import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS
 from planner.scenario import deep_merge, resolve
 from planner.space import METHOD_LADDER, MIN_RELAXED_SEQ_LEN, SearchRequest, build_classes, gpu_table
 from planner.space import grad_accum_of, memory_total
@@ -60,10 +61,8 @@ def closest_layout(req: SearchRequest) -> dict[str, Any] | None:
 
 
 def _walk_estimate(raw: dict[str, Any], layout: dict[str, Any], change: dict[str, Any]) -> Any:
-    keys = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention")
-    scenario = {k: v for k, v in raw.items() if k not in ("search", "constraints", "objective", "top",
-                                                           "time_limit_s")}
-    scenario = deep_merge(scenario, {"layout": {k: layout[k] for k in keys}})
+    scenario = {k: v for k, v in raw.items() if k not in PLAN_ONLY_KEYS}
+    scenario = deep_merge(scenario, {"layout": {k: layout[k] for k in PINNED_LAYOUT_KEYS}})
     scenario["workload"] = {k: v for k, v in scenario.get("workload", {}).items()
                             if k not in ("global_batch", "grad_accum", "allow_relax")}
     scenario = deep_merge(scenario, change)

@@ -77,16 +77,22 @@ def _num(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+#: Scenario keys that ask for a search; a plan (or any single layout) is estimated without them.
+PLAN_ONLY_KEYS = ("search", "constraints", "objective", "top", "time_limit_s")
+#: The layout decisions a plan fixes.
+PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
+                      "checkpointing", "attention")
+
+
 def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """The user's scenario with every decision of a plan pinned: what `estimate` checks."""
     out = copy.deepcopy(raw)
-    for key in ("search", "constraints", "objective", "top", "time_limit_s"):
+    for key in PLAN_ONLY_KEYS:
         out.pop(key, None)
     wl = {k: fields[k] for k in ("method", "precision", "optimizer", "seq_len", "micro_batch", "grad_accum")}
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
-    lay = {k: fields[k] for k in ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
-                                  "checkpointing", "attention")}
+    lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
     out = deep_merge(out, {"workload": wl, "layout": lay})
     if out["workload"].get("global_batch") is None:
         out["workload"].pop("global_batch", None)
