@@ -357,9 +357,16 @@ def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_tr
     return n
 
 
-#: Tokens per chunk of litgpt's LoRA ``lm_head`` and chunked cross-entropy (``lm_head_chunk_size=128``,
-#: ``chunked_cross_entropy(chunk_size=128)`` in litgpt ``finetune/lora.py`` and ``utils.py``).
+#: Tokens per sequence chunk of litgpt's LoRA ``lm_head`` and chunked cross-entropy
+#: (``lm_head_chunk_size=128`` splits the sequence dimension, so a chunk holds micro-batch × 128
+#: tokens; ``chunked_cross_entropy(chunk_size=128)``; litgpt ``finetune/lora.py``, ``utils.py``).
 LITGPT_LM_HEAD_CHUNK = 128
+#: Bytes per logit that litgpt's training loop holds: Lightning Fabric's precision plugins
+#: (``HalfPrecision`` for bf16-true/16-true, ``BitsandbytesPrecision``, ``FSDPPrecision``) cast a
+#: module's floating outputs to ``torch.get_default_dtype()`` in ``convert_output`` (Lightning
+#: ``fabric/wrappers.py``, ``_FabricModule.forward``, since 2023-04), so the logits reach the loop
+#: and the loss in FP32 whatever the compute dtype.
+FABRIC_OUTPUT_BYTES = 4
 #: FP32 vocabulary-wide tensors alive per token at the peak of ``loss_parallel``'s backward:
 #: the saved log-probabilities x, ``grad_input = torch.zeros_like(x)``, the sum
 #: ``grad_input + torch.exp(x)`` and its product with the incoming gradient (the ``exp`` temporary
@@ -379,27 +386,32 @@ LOSS_CHUNKS = 8
 
 @by_spec
 def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
-               compiled: bool = False) -> tuple[float, float]:
-    """(saved at the end of forward, peak while the loss runs) for the logits and cross-entropy.
+               compiled: bool = False, batch: int = 1,
+               first_step: bool = False) -> tuple[float, float, float]:
+    """(saved at the end of forward, peak while the loss runs, held by the training loop) for the
+    logits and cross-entropy. ``held`` stays alive after the loss's backward, through the rest of
+    backward and the optimizer step, until the next step's forward returns (a loop variable).
 
     ``standard`` (HF ``ForCausalLMLoss``, torchtitan): logits in the compute dtype are upcast
     to FP32 and ``log_softmax`` keeps its FP32 output (4V per token) for backward; at the start
     of backward the FP32 gradient of the log-probabilities and of the logits exist beside it:
-    12V per token (forward: e + 4 + 4). ``chunked`` (torchtune ``CEWithChunkedOutputLoss``,
-    litgpt chunked CE): the compute-dtype logits stay (e·V) and FP32 exists for one chunk at a
-    time (12V/chunks). ``fused`` (Liger FLCE, Cut Cross-Entropy): logits never exist whole;
+    12V per token (forward: e + 4 + 4). ``chunked`` (torchtune ``CEWithChunkedOutputLoss``):
+    the compute-dtype logits stay (e·V) and FP32 exists for one chunk at a time (12V/chunks);
+    litgpt's chunked LoRA loss differs (see :func:`_litgpt_chunked`). ``fused`` (Liger FLCE, Cut Cross-Entropy): logits never exist whole;
     Liger's chunks are N/⌈V/h⌉ tokens, so about 12·h per token. Vocab-parallel loss divides by TP;
     under TP the standard loss is PyTorch's ``loss_parallel``, whose backward peaks at 16V.
     ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
     log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient.
     """
     v = model.vocab / tp
-    if loss == "chunked" and model.impl == "litgpt":
-        # litgpt: the training loop holds the list of 128-token logit chunks (e·V) and each
-        # chunk's cross-entropy runs in the compute dtype, keeping its log-probabilities (e·V);
-        # backward adds one chunk's gradients (2·e·V per token of the chunk).
-        chunk = min(LITGPT_LM_HEAD_CHUNK, tokens)
-        return 2 * e * v * tokens, 2 * e * v * tokens + 2 * e * v * chunk
+    if model.impl == "litgpt" and loss in ("chunked", "standard"):
+        # litgpt's loops (``finetune/lora.py``, ``full.py``) keep ``logits`` from one step to the
+        # next, in FP32 after Fabric's output cast (FABRIC_OUTPUT_BYTES).
+        held = FABRIC_OUTPUT_BYTES * v * tokens
+        if loss == "chunked":
+            return _litgpt_chunked(e, v, tokens, batch, held, first_step) + (held,)
+        saved, peak = _logits_standard(e, v, tokens, tp)
+        return saved * tokens, peak * tokens, held
     if loss == "held_fp32":
         # torchtune before its chunked loss (PR #1390, 2024-08-28): ``TransformerDecoder``
         # returns ``self.output(h).float()``, the recipe keeps ``logits = logits[..., :-1, :]
@@ -407,20 +419,45 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
         # ``nn.CrossEntropyLoss`` keeps its FP32 log-probabilities. At the log-softmax backward
         # the held logits, the log-probabilities, their gradient (``nll_loss`` backward) and the
         # logits' gradient exist at once.
-        return HELD_FP32_SAVED_COPIES * FP32 * v * tokens, HELD_FP32_PEAK_COPIES * FP32 * v * tokens
-    if loss == "standard" and tp > 1:
-        # PyTorch's ``loss_parallel`` (DTensor cross-entropy over vocabulary shards, as
-        # torchtitan and torchtune run TP) computes the backward of NLL and log-softmax as
-        # ``(zeros_like(x) + exp(x)) * grad`` in FP32 beside the saved log-probabilities x.
-        saved = FP32 * v
-        peak = LOSS_PARALLEL_BACKWARD_FP32_COPIES * FP32 * v
-    elif loss == "standard":
-        saved = FP32 * v
-        peak = max(e + 2 * FP32, 3 * FP32) * v
+        return (HELD_FP32_SAVED_COPIES * FP32 * v * tokens, HELD_FP32_PEAK_COPIES * FP32 * v * tokens,
+                FP32 * v * tokens)
+    if loss == "standard":
+        saved, peak = _logits_standard(e, v, tokens, tp)
     elif loss == "chunked":
         saved = e * v
         peak = e * v + (e if compiled else 3 * FP32) * v / LOSS_CHUNKS
     else:
         saved = 0.0
         peak = 3 * FP32 * model.hidden
-    return saved * tokens, peak * tokens
+    return saved * tokens, peak * tokens, 0.0
+
+
+def _logits_standard(e: int, v: float, tokens: int, tp: int) -> tuple[float, float]:
+    """Per token: (saved, peak) of the unchunked FP32 cross-entropy (see :func:`loss_bytes`)."""
+    if tp > 1:
+        # PyTorch's ``loss_parallel`` (DTensor cross-entropy over vocabulary shards, as
+        # torchtitan and torchtune run TP) computes the backward of NLL and log-softmax as
+        # ``(zeros_like(x) + exp(x)) * grad`` in FP32 beside the saved log-probabilities x.
+        return FP32 * v, LOSS_PARALLEL_BACKWARD_FP32_COPIES * FP32 * v
+    return FP32 * v, max(e + 2 * FP32, 3 * FP32) * v
+
+
+def _litgpt_chunked(e: int, v: float, tokens: int, batch: int, held: float,
+                    first_step: bool) -> tuple[float, float]:
+    """litgpt's LoRA loss: (saved, peak) in bytes.
+
+    The model returns 128-token logit chunks in the compute dtype; Fabric casts them to FP32 (the
+    list the loop holds) while the compute-dtype list and the previous step's FP32 list are still
+    referenced: e + 4 + 4 bytes per logit at the end of forward (4 less at a run's first step).
+    Each chunk's cross-entropy keeps FP32 log-probabilities (saved: 8 per logit). The autograd
+    engine runs every chunk's NLL and log-softmax backward before any chunk's cast and
+    ``lm_head`` backward (higher sequence numbers first), so the log-probabilities turn into FP32
+    gradients beside the held logits, with one chunk's NLL and log-softmax gradients on top.
+    """
+    chunk = min(LITGPT_LM_HEAD_CHUNK * batch, tokens)
+    saved = 2 * held
+    cast = (e + FABRIC_OUTPUT_BYTES) * v * tokens if e < FABRIC_OUTPUT_BYTES else held
+    if not first_step:
+        cast += held
+    backward = saved + 2 * FP32 * v * chunk
+    return saved, max(cast, backward)

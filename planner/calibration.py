@@ -212,6 +212,10 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
             wl["quant_type"] = "nf4"  # bitsandbytes
         # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
         wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
+    # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into
+    # the first batch" in the notes): the peak step has no earlier step's logits beside it.
+    if _is_litgpt(row) and "into the first batch" in low:
+        wl["peak_at_first_step"] = True
     if _torchtune_before_chunked_loss(row) and "chunk" not in low:
         wl["loss"] = "held_fp32"
     elif re.search(r"chunked_ce\s*=\s*(no|false)", low):

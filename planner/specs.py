@@ -248,6 +248,9 @@ class Workload(StrictModel):
     # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
     # training loop keeps through backward (torchtune before its chunked loss)
     loss: Literal["standard", "chunked", "fused", "held_fp32"] = "standard"
+    # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
+    # first): no earlier step's outputs are still held by the training loop at the peak
+    peak_at_first_step: bool = False
     compile: bool = False  # torch.compile: fused norms and activations
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
 

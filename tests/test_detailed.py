@@ -55,7 +55,7 @@ def test_checkpoint_head_and_shared_match_cpu_measurements():
     bf16, fp32 = _rec(2, "flash"), _rec(4, "flash")
     assert act.checkpoint_saved(TINY, bf16, 2, 128).total() == 131_072
     assert act.checkpoint_saved(TINY, fp32, 2, 128).total() == 262_144
-    loss_saved, _ = act.loss_bytes(TINY, 2, 256, "standard")
+    loss_saved, _, _ = act.loss_bytes(TINY, 2, 256, "standard")
     head = act.head_saved(TINY, bf16, 2, 128, lm_head_trainable=True, embedding_trainable=False)
     assert head + loss_saved + 4 == 1_551_364
     lora_head = act.head_saved(TINY, _rec(2, "flash", True, 4), 2, 128, lm_head_trainable=False,

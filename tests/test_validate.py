@@ -41,11 +41,15 @@ def test_detailed_beats_seed_on_every_figure(detailed):
         assert figures["median_ape"] < seed["by_method"][method]["median_ape"], method
 
 
-def test_calibration_figures_do_not_regress(detailed):
-    """Reached when written: MdAPE 10.7 %, 48 % within 10 %, 92 % within 25 %."""
-    assert detailed["median_ape"] <= 0.11
-    assert detailed["within_10"] >= 0.47
-    assert detailed["within_25"] >= 0.92
+def test_calibration_figures_meet_the_targets(detailed):
+    """The accuracy the detailed profile must reach on the calibration set: median absolute error
+    ≤ 8 %, ≥ 65 % of rows within 10 %, ≥ 90 % within 25 %, and every method's median signed error
+    within ±5 % (reached when written: 5.8 %, 73 %, 96 %; full −4.4 %, LoRA −3.6 %, QLoRA −2.2 %)."""
+    assert detailed["median_ape"] <= 0.08
+    assert detailed["within_10"] >= 0.65
+    assert detailed["within_25"] >= 0.90
+    for method, figures in detailed["by_method"].items():
+        assert abs(figures["median_signed"]) <= 0.05, method
 
 
 def test_error_bands_are_what_validation_measures(detailed):

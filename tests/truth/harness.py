@@ -173,7 +173,7 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
     else:
         layers = [act.layer_saved(spec, rec(i == 0), b, s).total() for i in range(shape.layers)]
         shared = act.shared_saved(spec, rec(False), b, s)
-    loss_saved, _ = act.loss_bytes(spec, e, b * s, "standard")
+    loss_saved, _, _ = act.loss_bytes(spec, e, b * s, "standard")
     outside = (act.head_saved(spec, rec(False), b, s, lm_head_trainable=not lora,
                               embedding_trainable=not lora) + loss_saved + NLL_TOTAL_WEIGHT_BYTES)
     return {"layers": layers, "shared": shared, "outside": outside}

@@ -1,0 +1,101 @@
+"""litgpt's chunked LoRA loss against real PyTorch on the CPU: the peak bytes over a step's loss.
+
+litgpt's LoRA loop (``finetune/lora.py``) runs the frozen ``lm_head`` on 128-token slices of the
+sequence, Lightning Fabric casts the returned list to FP32 (``convert_output``), the loop keeps
+that list in a variable until the next step's forward returns, and the cross-entropy runs per
+chunk. :func:`planner.activations.loss_bytes` says what that costs; here the same operations run
+under ``torch.profiler`` with ``profile_memory=True`` and every allocation and free is replayed
+to find the measured peak, for a run's first step and for a step whose predecessor's logits are
+still held. What the formula leaves out is the vocabulary-free rest (the final hidden states, their
+gradient, token ids, a chunk's CPU matmul scratch): :data:`REST_BYTES_PER_TOKEN` per token bounds it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from planner import activations as act  # noqa: E402
+from planner.specs import ModelSpec  # noqa: E402
+
+HIDDEN = 64
+#: Bytes per token allowed beside the formula: the hidden states, their gradient and a chunk's
+#: CPU bf16 matmul scratch (at most 8·h in all; 392 measured at h = 64) and token ids and targets
+#: (2·8) — against vocabulary-wide terms of 9–12 bytes per logit, V ≥ 4000 logits per token.
+REST_BYTES_PER_TOKEN = 8 * HIDDEN + 16
+
+
+def _chunked_cross_entropy(logits, targets):
+    """litgpt ``utils.chunked_cross_entropy`` for a list of logit chunks (as its LoRA loop calls it)."""
+    chunks = [c.reshape(-1, c.size(-1)) for c in logits]
+    target_chunks = [t.reshape(-1) for t in targets.split(logits[0].size(1), dim=1)]
+    losses = [torch.nn.functional.cross_entropy(c, t, ignore_index=-100, reduction="none")
+              for c, t in zip(chunks, target_chunks)]
+    n = (targets != -100).sum()
+    return torch.cat(losses).sum() / n.maximum(torch.ones_like(n))
+
+
+def _steps(b: int, s: int, vocab: int, steps: int) -> int:
+    """Peak bytes allocated (above the frozen weight) over ``steps`` training steps of the loss."""
+    weight = torch.randn(vocab, HIDDEN, dtype=torch.bfloat16)  # frozen lm_head
+    held: list = []
+
+    def run() -> None:
+        nonlocal held
+        for _ in range(steps):
+            x = torch.randn(b, s, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+            ids = torch.randint(0, vocab, (b, s))
+            out = [torch.nn.functional.linear(xi, weight) for xi in x.split(128, dim=1)]
+            logits = [o.to(torch.float32) for o in out]  # Fabric's convert_output
+            del out
+            held = logits  # the loop's variable: the previous step's list is released here
+            logits[-1] = logits[-1][..., :-1, :]
+            loss = _chunked_cross_entropy(logits, ids[..., 1:])
+            loss.backward()
+            del x, ids, loss, logits
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = peak = 0
+    for event in events:
+        now += event.nbytes()
+        peak = max(peak, now)
+    return peak
+
+
+def _model(vocab: int) -> ModelSpec:
+    return ModelSpec(id="tiny", layers=1, hidden=HIDDEN, heads=4, kv_heads=4, ffn=128, vocab=vocab,
+                     impl="litgpt", fused_qkv=True, tied_embeddings=False)
+
+
+@pytest.mark.parametrize("b,s,vocab", [(1, 1024, 8000), (2, 1024, 8000), (2, 256, 4000),
+                                       (4, 512, 6000)])
+@pytest.mark.parametrize("first_step", [True, False], ids=["first-step", "steady"])
+def test_litgpt_chunked_loss_peak_matches_the_profiler(b, s, vocab, first_step):
+    measured = _steps(b, s, vocab, 1 if first_step else 2)
+    _, peak, held = act.loss_bytes(_model(vocab), 2, b * s, "chunked", batch=b, first_step=first_step)
+    assert held == 4 * vocab * b * s  # the FP32 list the loop keeps
+    assert peak <= measured <= peak + REST_BYTES_PER_TOKEN * b * s, (measured, peak)
+
+
+def test_the_held_list_is_what_stays_after_a_step():
+    """After two steps nothing but the loop's FP32 list of the last step remains allocated."""
+    b, s, vocab = 2, 512, 4000
+    weight = torch.randn(vocab, HIDDEN, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        held = None
+        for _ in range(2):
+            x = torch.randn(b, s, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+            logits = [torch.nn.functional.linear(xi, weight).to(torch.float32)
+                      for xi in x.split(128, dim=1)]
+            held = logits
+            _chunked_cross_entropy(logits, torch.randint(0, vocab, (b, s))).backward()
+            del x, logits
+    end = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    _, _, want = act.loss_bytes(_model(vocab), 2, b * s, "chunked", batch=b)
+    assert held is not None
+    assert want <= end <= want + REST_BYTES_PER_TOKEN * b * s
