@@ -43,8 +43,9 @@ class LayerRecipe:
     input_requires_grad: bool = True  # False for layer 0 of LoRA without checkpointing
     fused: bool = False  # torch.compile: fused norms and SwiGLU (pointwise results recomputed)
     fp8: bool = False  # Float8 linears: the saved linear inputs are FP8
-    #: bitsandbytes' 4-bit matmul (``MatMul4Bit``) keeps its input for backward even when the
-    #: weight is frozen (``ctx.tensors = (A, B)``), so a QLoRA base saves what full FT saves.
+    #: bitsandbytes' 4-bit matmul (``MatMul4Bit``) before 0.43.2 keeps its input for backward
+    #: whenever that input needs a gradient, though the weight is frozen (``ctx.tensors = (A, B)``;
+    #: bitsandbytes PR #1270, July 2024, dropped it): a QLoRA base then saves what full FT saves.
     frozen_saves_input: bool = False
 
 
@@ -54,6 +55,9 @@ class Inventory:
 
     split: dict[str, float] = field(default_factory=dict)
     whole: dict[str, float] = field(default_factory=dict)
+    #: Storages kept on an autograd context outside ``save_for_backward`` (bitsandbytes'
+    #: ``ctx.tensors``): backward does not release them; they live as long as the graph.
+    on_context: set[str] = field(default_factory=set)
 
     def add(self, name: str, n_bytes: float, *, split: bool = True) -> None:
         (self.split if split else self.whole).setdefault(name, n_bytes)
@@ -62,6 +66,12 @@ class Inventory:
         """Bytes on one GPU: TP splits the head/FFN-wide tensors; SP also the h-wide ones."""
         whole = sum(self.whole.values())
         return sum(self.split.values()) / tp + (whole / tp if sp else whole)
+
+    def on_context_total(self, tp: int = 1, sp: bool = False) -> float:
+        """Bytes on one GPU of the storages in :attr:`on_context`."""
+        split = sum(v for k, v in self.split.items() if k in self.on_context)
+        whole = sum(v for k, v in self.whole.items() if k in self.on_context)
+        return split / tp + (whole / tp if sp else whole)
 
 
 def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, rec: LayerRecipe,
@@ -106,11 +116,13 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
     needs a gradient (``x_rg``; not in layer 0 of LoRA). lora_A's output
     (r wide, dtype c) is saved by lora_B.
     """
-    if (rec.trainable_base or rec.frozen_saves_input) and modules:
+    if (rec.trainable_base or rec.frozen_saves_input and x_rg) and modules:
         if rec.fp8:
             inv.add(f"{x_name}.fp8", tokens * FP8_BYTES * x_width, split=split_input)
         else:
             inv.add(x_name, tokens * rec.e * x_width, split=split_input)
+            if not rec.trainable_base:
+                inv.on_context.add(x_name)
     for m in modules:
         if m not in rec.lora_targets and not (m == "qkv" and rec.lora_targets & {"q", "k", "v"}):
             continue
@@ -161,6 +173,13 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
     return fc_rg or trainable or "down" in t
 
 
+def attention_is_eager(model: ModelSpec, rec: LayerRecipe) -> bool:
+    """Eager attention: asked for, or forced where litgpt soft-caps the scores ("with
+    softcapping we cannot use SDPA": litgpt ``model.py`` builds the scores, tanh, mask and an FP32
+    softmax itself). Hugging Face runs soft-capped attention in FlashAttention-2 (``softcap``)."""
+    return rec.attention == "eager" or (model.impl == "litgpt" and model.attention_softcap)
+
+
 @by_spec
 def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """Storages one decoder layer saves for backward (no checkpointing).
@@ -191,13 +210,16 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
     if model.impl == "litgpt" and model.fused_qkv:
         _litgpt_qkv_lora(inv, model, rec, tokens)
-    if qkv_rg and model.impl == "litgpt" and rec.attention != "eager":
+    eager = attention_is_eager(model, rec)
+    if qkv_rg and model.impl == "litgpt" and not eager:
         _litgpt_attention(inv, model, rec, tokens)
     elif qkv_rg:
-        if rec.attention == "eager":
+        if eager:
             inv.add("attn.q", tokens * e * h_q)
             inv.add("attn.k_repeated", tokens * e * h_q)
             inv.add("attn.v_repeated", tokens * e * h_q)
+            if model.attention_softcap:  # tanh(scores / cap) keeps its output
+                inv.add("attn.softcap_tanh", tokens * e * a * s)
             inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
             if e != FP32:
                 inv.add("attn.softmax_copy", tokens * e * a * s)
@@ -207,7 +229,7 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
             inv.add("attn.v", tokens * e * h_kv)
             inv.add("attn.out", tokens * e * h_q)
             inv.add("attn.lse", tokens * FP32 * a)
-    name_o = "attn.out" if rec.attention != "eager" else "attn.out_contiguous"
+    name_o = "attn.out" if not eager else "attn.out_contiguous"
     _linear_inputs(inv, name_o, h_q, ["o"], rec, tokens, split_input=True)
     h1_rg = rg_in or qkv_rg or rec.trainable_base or "o" in t
     # --- MLP block (with one norm per layer, a parallel block: the MLP reads norm1's output)
@@ -386,11 +408,14 @@ LOSS_CHUNKS = 8
 
 @by_spec
 def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
-               compiled: bool = False, batch: int = 1,
-               first_step: bool = False) -> tuple[float, float, float]:
+               compiled: bool = False, batch: int = 1, first_step: bool = False,
+               carried: float = 0.0, head_dequant: float = 0.0) -> tuple[float, float, float]:
     """(saved at the end of forward, peak while the loss runs, held by the training loop) for the
     logits and cross-entropy. ``held`` stays alive after the loss's backward, through the rest of
     backward and the optimizer step, until the next step's forward returns (a loop variable).
+    Where the loop holds the previous step's outputs, their graph lives as long: ``carried`` is
+    what that graph keeps beside them (inputs on an autograd context), ``head_dequant`` the
+    dequantized weight of a quantized ``lm_head`` (made for each chunk, forward and backward).
 
     ``standard`` (HF ``ForCausalLMLoss``, torchtitan): logits in the compute dtype are upcast
     to FP32 and ``log_softmax`` keeps its FP32 output (4V per token) for backward; at the start
@@ -403,13 +428,27 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
     ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
     log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient.
     """
+    saved, peak, held = _loss_bytes(model, e, tokens, loss, tp, compiled, batch, first_step,
+                                    carried, head_dequant)
+    if model.logit_softcap and loss != "fused":
+        # tanh(logits / cap) · cap keeps the tanh output (e per logit) until its backward, which
+        # runs after the loss's (HF Gemma 2; litgpt, per chunk of its LoRA head since 2024-12).
+        cap = e * model.vocab / tp * tokens
+        saved, peak = saved + cap, peak + cap
+    return saved, peak, held
+
+
+def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compiled: bool,
+                batch: int, first_step: bool, carried: float,
+                head_dequant: float) -> tuple[float, float, float]:
     v = model.vocab / tp
     if model.impl == "litgpt" and loss in ("chunked", "standard"):
         # litgpt's loops (``finetune/lora.py``, ``full.py``) keep ``logits`` from one step to the
         # next, in FP32 after Fabric's output cast (FABRIC_OUTPUT_BYTES).
         held = FABRIC_OUTPUT_BYTES * v * tokens
         if loss == "chunked":
-            return _litgpt_chunked(e, v, tokens, batch, held, first_step) + (held,)
+            return _litgpt_chunked(e, v, tokens, batch, held, first_step, carried,
+                                   head_dequant) + (held,)
         saved, peak = _logits_standard(e, v, tokens, tp)
         return saved * tokens, peak * tokens, held
     if loss == "held_fp32":
@@ -442,22 +481,29 @@ def _logits_standard(e: int, v: float, tokens: int, tp: int) -> tuple[float, flo
     return FP32 * v, max(e + 2 * FP32, 3 * FP32) * v
 
 
-def _litgpt_chunked(e: int, v: float, tokens: int, batch: int, held: float,
-                    first_step: bool) -> tuple[float, float]:
+def _litgpt_chunked(e: int, v: float, tokens: int, batch: int, held: float, first_step: bool,
+                    carried: float, head_dequant: float) -> tuple[float, float]:
     """litgpt's LoRA loss: (saved, peak) in bytes.
 
     The model returns 128-token logit chunks in the compute dtype; Fabric casts them to FP32 (the
-    list the loop holds) while the compute-dtype list and the previous step's FP32 list are still
-    referenced: e + 4 + 4 bytes per logit at the end of forward (4 less at a run's first step).
-    Each chunk's cross-entropy keeps FP32 log-probabilities (saved: 8 per logit). The autograd
-    engine runs every chunk's NLL and log-softmax backward before any chunk's cast and
-    ``lm_head`` backward (higher sequence numbers first), so the log-probabilities turn into FP32
-    gradients beside the held logits, with one chunk's NLL and log-softmax gradients on top.
+    list the loop holds) while the compute-dtype list and the previous step's FP32 list (with its
+    graph) are still referenced: e + 4 + 4 bytes per logit at the end of forward (4 less at a
+    run's first step). Each chunk's cross-entropy keeps FP32 log-probabilities (saved: 8 per
+    logit). The autograd engine runs nodes by decreasing sequence number, so every chunk's NLL
+    and log-softmax backward runs before any chunk's cast, and every cast before any
+    ``lm_head`` backward: the log-probabilities turn into FP32 gradients beside the held logits
+    (with one chunk's NLL and log-softmax gradients on top), then those into e-byte gradients.
+    A quantized ``lm_head`` dequantizes its weight for the last chunk of the forward (all the
+    e-byte chunks exist) and for the first chunk of its backward (all e-byte gradients exist).
     """
     chunk = min(LITGPT_LM_HEAD_CHUNK * batch, tokens)
     saved = 2 * held
-    cast = (e + FABRIC_OUTPUT_BYTES) * v * tokens if e < FABRIC_OUTPUT_BYTES else held
-    if not first_step:
-        cast += held
+    previous = 0.0 if first_step else held + carried
+    cast = previous + ((e + FABRIC_OUTPUT_BYTES) * v * tokens if e < FABRIC_OUTPUT_BYTES else held)
     backward = saved + 2 * FP32 * v * chunk
-    return saved, max(cast, backward)
+    peak = max(cast, backward)
+    if head_dequant:
+        forward_last_chunk = previous + e * v * tokens + head_dequant
+        head_backward = held + e * v * tokens + head_dequant
+        peak = max(peak, forward_last_chunk, head_backward)
+    return saved, peak

@@ -210,6 +210,9 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
             wl["quant_type"] = "torchao-nf4"
         else:
             wl["quant_type"] = "nf4"  # bitsandbytes
+        # litgpt's QLoRA ran bitsandbytes before 0.43.2 for every row here (its pyproject pinned
+        # ``bitsandbytes==0.42.0`` from 2024-03 to 2024-12; the 2023 rows predate 0.43.2).
+        wl["bnb_keeps_input"] = wl["quant_type"] == "nf4" and _is_litgpt(row)
         # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
         wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
     # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from planner import activations as act
 from planner.arch import lora_module_shapes, param_counts
 from planner.specs import Layout, ModelSpec, Overrides, Workload
-from planner.states import StateParts, compute_bytes, model_states, quantized_linear_bytes
+from planner.states import (StateParts, compute_bytes, model_states, quantized_head,
+                            quantized_linear_bytes)
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
@@ -68,7 +69,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"),
         fused=wl.compile,
         fp8=wl.fp8,
-        frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4",
+        frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
     )
 
 
@@ -121,9 +122,18 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         lm_head_trainable = wl.method == "full" or "lm_head" in wl.lora_targets
         saved += act.head_saved(model, rec, b, s, lm_head_trainable=lm_head_trainable,
                                 embedding_trainable=wl.method == "full") / (tp if sp else 1)
+        head_q = quantized_head(model, wl)
+        carried = 0.0
+        if model.impl == "litgpt" and rec.frozen_saves_input:
+            # litgpt's loop holds the previous step's outputs, so their graph with every input
+            # bitsandbytes kept on its contexts (the layers' and the chunked lm_head's) lives
+            # until this step's forward returns.
+            per_layer = act.layer_saved(model, rec, b, s).on_context_total(tp, sp)
+            carried = (n_layers * per_layer + (b * s * rec.e * model.hidden if head_q else 0.0)) * in_flight
         loss_saved, loss_peak, loss_held = act.loss_bytes(
             model, rec.e, b * s, wl.loss, tp, compiled=wl.compile, batch=b,
-            first_step=wl.peak_at_first_step)
+            first_step=wl.peak_at_first_step, carried=carried,
+            head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
     return {"saved": saved, "working": working, "loss_saved": loss_saved,
             "loss_peak": loss_peak, "loss_held": loss_held, "host": host}
 

@@ -71,6 +71,8 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields["o_bias"] = bool(cfg.get("attention_bias", False)) and model_type not in {"qwen2"}
     fields["mlp_bias"] = bool(cfg.get("mlp_bias", False))
     fields["max_position"] = _first(cfg, "max_position_embeddings", "n_positions")
+    fields["attention_softcap"] = cfg.get("attn_logit_softcapping") is not None
+    fields["logit_softcap"] = cfg.get("final_logit_softcapping") is not None
     fields.update(_FAMILY_FACTS.get(model_type, {}))
 
     experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts")

@@ -183,6 +183,10 @@ class ModelSpec(StrictModel):
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    #: tanh soft-capping of the attention scores / of the final logits (Gemma 2): the tanh keeps
+    #: its output for backward, and capped scores cannot go through SDPA's fused kernels.
+    attention_softcap: bool = False
+    logit_softcap: bool = False
     position: Literal["rope", "learned", "alibi", "none"] = "rope"
     max_position: Count | None = None
     moe: MoESpec | None = None
@@ -238,8 +242,11 @@ class Workload(StrictModel):
     double_quant: bool = True
     allow_relax: list[Literal["method", "seq_len"]] = []
     # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
-    # 4-bit base: bitsandbytes NF4 (its matmul keeps the input), torchao NF4 (torchtune), GPTQ
+    # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: Literal["nf4", "torchao-nf4", "gptq"] = "nf4"
+    # bitsandbytes before 0.43.2 (July 2024): each 4-bit matmul keeps its input on its autograd
+    # context (``ctx.tensors = (A, B)``), alive for as long as the graph
+    bnb_keeps_input: bool = False
     adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
     lora_dropout: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.0
     grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)

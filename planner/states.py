@@ -69,6 +69,14 @@ def quantized_linear_bytes(workload: Workload) -> float:
     return NF4_DQ_BYTES if workload.double_quant else NF4_BYTES
 
 
+def quantized_head(model: ModelSpec, workload: Workload) -> bool:
+    """Whether a QLoRA base quantizes ``lm_head`` too: litgpt's does (Lightning's
+    ``BitsandbytesPrecision`` replaces every ``torch.nn.Linear`` built under ``init_module``);
+    Hugging Face's ``BitsAndBytesConfig`` keeps the output layer in 16 bits
+    (``get_keys_to_not_convert``), as do torchtune and GPTQ checkpoints."""
+    return workload.method == "qlora" and model.impl == "litgpt" and workload.quant_type == "nf4"
+
+
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
     """Optimizer-state bytes per trainable parameter (bitsandbytes 32-bit paged AdamW keeps FP32
     states whatever the parameter dtype)."""
@@ -162,11 +170,13 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
     # LoRA / QLoRA: a frozen base and trainable adapters.
     if workload.method == "qlora":
         q = quantized_linear_bytes(workload)
-        frozen = (layer_share * q + end_share * e) / tp + n_norm * e
-        per_expert = q
-        if workload.quant_type == "nf4" and workload.quant_bits == 4:
-            frozen += layer_share / tp * BNB_4BIT_MEASURED_OVERHEAD
-            per_expert += BNB_4BIT_MEASURED_OVERHEAD
+        bnb = workload.quant_type == "nf4" and workload.quant_bits == 4
+        q_total = q + (BNB_4BIT_MEASURED_OVERHEAD if bnb else 0.0)
+        emb = (counts.embedding + counts.positions) * e
+        head = counts.lm_head * (q_total if quantized_head(model, workload) else e)
+        end_bytes = emb + head if pp == 1 else max(emb, head)
+        frozen = (layer_share * q_total + end_bytes) / tp + n_norm * e
+        per_expert = q_total
     else:
         frozen = n_local * e
         per_expert = e

@@ -99,3 +99,70 @@ def test_the_held_list_is_what_stays_after_a_step():
     _, _, want = act.loss_bytes(_model(vocab), 2, b * s, "chunked", batch=b)
     assert held is not None
     assert want <= end <= want + REST_BYTES_PER_TOKEN * b * s
+
+
+class _LegacyBnb4bitMatmul(torch.autograd.Function):
+    """bitsandbytes' ``MatMul4Bit`` before 0.43.2: dequantizes its weight for each use, forward
+    and backward, and keeps its input on the context (``ctx.tensors``), not via
+    ``save_for_backward``, so backward does not release it. An int8 weight stands for the
+    4-bit one; its bf16 copy is the dequantized weight."""
+
+    @staticmethod
+    def forward(ctx, a, w_q):
+        ctx.tensors = (a, w_q)
+        return torch.nn.functional.linear(a, w_q.to(a.dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        _, w_q = ctx.tensors
+        return grad @ w_q.to(grad.dtype), None
+
+
+@pytest.mark.parametrize("b,s,vocab,hidden,layers", [(2, 1024, 1000, 256, 6), (1, 2048, 2000, 128, 8)])
+def test_legacy_bnb_inputs_outlive_backward_until_the_loop_lets_go(b, s, vocab, hidden, layers):
+    """litgpt's QLoRA loop over a stack of legacy bitsandbytes linears and a quantized, chunked
+    head: at a steady step the previous step's graph, with every input its contexts keep, lives
+    until the new forward has returned (the loop's ``loss`` and ``logits`` still point at it).
+    The shapes keep the dequantized weights small: the CPU's matmul copies a transposed weight
+    operand that cuBLAS reads in place, so the CPU cannot show the head's dequantization."""
+    tokens = b * s
+    weights = [torch.randint(-8, 8, (hidden, hidden), dtype=torch.int8) for _ in range(layers)]
+    head = torch.randint(-8, 8, (vocab, hidden), dtype=torch.int8)
+
+    def model(x):
+        for w in weights:
+            x = _LegacyBnb4bitMatmul.apply(x, w) * 0.01
+        return [_LegacyBnb4bitMatmul.apply(xi, head) for xi in x.split(128, dim=1)]
+
+    def run():
+        held = loss = None
+        for _ in range(2):
+            x = torch.randn(b, s, hidden, dtype=torch.bfloat16, requires_grad=True)
+            ids = torch.randint(0, vocab, (b, s))
+            out = model(x)
+            logits = [o.to(torch.float32) for o in out]
+            del out
+            held = logits
+            logits[-1] = logits[-1][..., :-1, :]
+            loss = _chunked_cross_entropy(logits, ids[..., 1:])
+            loss.backward()
+            del x, ids, logits
+        return held, loss
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = measured = 0
+    for event in events:
+        now += event.nbytes()
+        measured = max(measured, now)
+    # Each step's inputs on the contexts: every layer's (its ``* 0.01`` product is the next
+    # layer's input) and the head's (the final hidden states): (layers + 1)·e·h per token.
+    inputs = (layers + 1) * 2 * hidden * tokens
+    spec = ModelSpec(id="tiny", layers=max(layers, 1), hidden=hidden, heads=4, kv_heads=4, ffn=128,
+                     vocab=vocab, impl="litgpt", fused_qkv=True, tied_embeddings=False)
+    _, peak, _ = act.loss_bytes(spec, 2, tokens, "chunked", batch=b, carried=inputs,
+                                head_dequant=vocab * hidden * 2)
+    want = inputs + peak
+    assert want <= measured <= want + REST_BYTES_PER_TOKEN * tokens * hidden / HIDDEN, (measured, want)
