@@ -37,6 +37,20 @@ def _chunked_cross_entropy(logits, targets):
     return torch.cat(losses).sum() / n.maximum(torch.ones_like(n))
 
 
+def _peak_bytes(run) -> int:
+    """The most bytes allocated at once while ``run()`` runs: the profiler's allocation and free
+    events replayed in time order (everything ``run`` allocates is freed or counted in it)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = peak = 0
+    for event in events:
+        now += event.nbytes()
+        peak = max(peak, now)
+    return peak
+
+
 def _steps(b: int, s: int, vocab: int, steps: int) -> int:
     """Peak bytes allocated (above the frozen weight) over ``steps`` training steps of the loss."""
     weight = torch.randn(vocab, HIDDEN, dtype=torch.bfloat16)  # frozen lm_head
@@ -56,15 +70,7 @@ def _steps(b: int, s: int, vocab: int, steps: int) -> int:
             loss.backward()
             del x, ids, loss, logits
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    now = peak = 0
-    for event in events:
-        now += event.nbytes()
-        peak = max(peak, now)
-    return peak
+    return _peak_bytes(run)
 
 
 def _model(vocab: int) -> ModelSpec:
@@ -149,14 +155,7 @@ def test_legacy_bnb_inputs_outlive_backward_until_the_loop_lets_go(b, s, vocab, 
             del x, ids, logits
         return held, loss
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    now = measured = 0
-    for event in events:
-        now += event.nbytes()
-        measured = max(measured, now)
+    measured = _peak_bytes(run)
     # Each step's inputs on the contexts: every layer's (its ``* 0.01`` product is the next
     # layer's input) and the head's (the final hidden states): (layers + 1)·e·h per token.
     inputs = (layers + 1) * 2 * hidden * tokens
