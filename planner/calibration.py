@@ -47,6 +47,11 @@ LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False, "impl": "litgpt"}
 #: litgpt commits the rows name that predate litgpt PR #606 (2023-10-24, "Half precision
 #: fixes"), which made RMSNorm upcast to FP32: before it, RMSNorm computed in the input dtype.
 LITGPT_PRE_FP32_NORM_COMMITS = ("8641822", "29de2828")
+#: lit-gpt's 2023 fine-tuning scripts (commits the rows name): ``batch_size = 128`` samples per
+#: optimizer step, ``gradient_accumulation_iters = batch_size // micro_batch_size``
+#: (``finetune/lora.py``, ``finetune/full.py`` at 8641822).
+LITGPT_2023_COMMITS = ("8641822",)
+LITGPT_2023_BATCH_SIZE = 128
 #: litgpt's LoRA recipes (``config_hub/finetune/*/lora.yaml``, ``finetune/lora.py``): dropout 0.05.
 LITGPT_LORA_DROPOUT = 0.05
 
@@ -241,6 +246,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     elif _litgpt_config(row) in LITGPT_CONFIG_GLOBAL_BATCH:
         per_step = int(_num(row, "micro_batch", 1)) * int(_num(row, "gpus", 1))
         wl["grad_accum"] = max(1, LITGPT_CONFIG_GLOBAL_BATCH[_litgpt_config(row)] // per_step)
+    elif _is_litgpt(row) and any(c in notes for c in LITGPT_2023_COMMITS):
+        wl["grad_accum"] = max(1, LITGPT_2023_BATCH_SIZE // int(_num(row, "micro_batch", 1)))
     offload = row.get("cpu_offload", "").lower()
     lay: dict[str, Any] = {
         "gpus": int(_num(row, "gpus", 1)), "tp": int(_num(row, "tp", 1)),
@@ -268,6 +275,10 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU.
     if _is_litgpt(row) and lay["zero"] == 3 and wl.get("grad_accum", 1) > 1:
         lay["unsharded_grad_accumulation"] = True
+    # Lightning's FSDPStrategy sets ``use_orig_params=True`` (torch >= 2.0) and litgpt wraps each
+    # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
+    if _is_litgpt(row) and lay["zero"] == 3 and method == "lora":
+        lay["fsdp_mixed_units"] = True
     if int(_num(row, "layers", 1)) % lay["pp"]:
         lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
     if lay["tp"] > 1:

@@ -293,6 +293,10 @@ class Layout(StrictModel):
     pp_virtual_stages: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1024)] = 1
     unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
     full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once
+    #: FSDP1 with ``use_orig_params=True`` and units that hold frozen and trainable weights (a
+    #: LoRA layer wrapped whole): each flat parameter's gradient covers the frozen weights too,
+    #: "equivalent to not freezing those parameters" (PyTorch FSDP docs).
+    fsdp_mixed_units: bool = False
     #: DeepSpeed ZeRO-1/2 with contiguous_gradients: gradient buckets allocated at each backward,
     #: in elements of the compute dtype (reduce_bucket_size, twice with overlap_comm).
     zero_bucket_elements: NonNegCount = 0

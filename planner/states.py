@@ -103,7 +103,8 @@ def _paged_share(tensor_elems: list[tuple[float, float]]) -> float:
 
 
 def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero_degree: int,
-                 zero: int, offload: str, adapter_bytes: int, ep: int = 1) -> StateParts:
+                 zero: int, offload: str, adapter_bytes: int, ep: int = 1,
+                 frozen_grads: bool = False) -> StateParts:
     """Per-GPU bytes of weights, gradients, optimizer states, master weights and adapters.
 
     TP divides every matrix (norms are replicated: a few KB); PP gives each stage L/pp layers and
@@ -112,7 +113,8 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
     gradients, stage 3 also the weights. Offload moves optimizer states (and with
     ``optimizer+params`` the weights) to host memory. Expert parallelism (MoE) splits the routed
     experts over ``ep`` ranks of the data-parallel group: an unsharded part holds N_experts/ep of
-    them, a ZeRO-sharded part N_experts/max(D, ep) (ep divides D).
+    them, a ZeRO-sharded part N_experts/max(D, ep) (ep divides D). ``frozen_grads``: LoRA under
+    FSDP1 units that mix frozen and trainable weights, whose gradients cover the frozen layers.
     """
     counts: ParamCounts = param_counts(model)
     e = compute_bytes(workload.precision)
@@ -193,6 +195,8 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
     per = (c / shard("weights") + c / shard("gradients")
            + (opt_b * (1 - paged_share) + master) / shard("optimizer"))
     put("adapter_states", n_lora * per)
+    if frozen_grads and workload.method == "lora":
+        put("gradients", layer_share / tp * e / shard("gradients"))
     host += n_lora * opt_b * paged_share / shard("optimizer")
     largest = max((r * max(d_in, d_out) for _, d_in, d_out in shapes), default=0) * c
     return StateParts(dev, host, n_lora, largest)

@@ -189,3 +189,52 @@ def test_litgpt_gqa_expands_kv_and_all_qkv_lora_pads_nothing():
     inv = act.layer_saved(model, rec, 2, 128)
     assert inv.split["attn.k_expanded"] == inv.split["attn.v_expanded"] == 256 * 2 * 256
     assert "qkv.lora_zero_pad_source" not in inv.split and "attn.qkv_out" not in inv.split
+
+
+def test_fsdp_units_mixing_frozen_weights_give_them_gradients():
+    """FSDP1 with use_orig_params=True: a LoRA layer wrapped whole gets a gradient for its whole
+    flat parameter, "equivalent to not freezing" (PyTorch FSDP docs): the layers' weights in the
+    compute dtype, sharded over the data-parallel ranks."""
+    from planner.arch import param_counts
+    from planner.catalog import get_model
+
+    base = {"model": "llama-2-7b", "workload": {"method": "lora", "precision": "bf16", "seq_len": 1024},
+            "layout": {"gpus": 4, "zero": 3, "checkpointing": "full"}}
+    plain = planner.estimate(base)
+    mixed = planner.estimate(planner.scenario.deep_merge(base, {"layout": {"fsdp_mixed_units": True}}))
+    counts = param_counts(get_model("llama-2-7b"))
+    layers_bytes = (counts.attention + counts.mlp) * 2
+    assert plain.components.get("gradients", 0) == 0
+    assert mixed.components["gradients"] == pytest.approx(layers_bytes / 4, abs=2)
+
+
+def test_legacy_bitsandbytes_keeps_every_frozen_input():
+    """bitsandbytes before 0.43.2 keeps each 4-bit matmul's input (ctx.tensors); current versions
+    keep none, so only the adapters' own inputs are saved."""
+    base = {"model": "llama-3.1-8b", "workload": {"method": "qlora", "precision": "bf16",
+                                                  "seq_len": 2048, "lora_targets": ["q", "v"]}}
+    now = planner.estimate(base).components["activations"]
+    legacy = planner.estimate(planner.scenario.deep_merge(
+        base, {"workload": {"bnb_keeps_input": True}})).components["activations"]
+    # per layer and token: the norms' outputs (h each) and the MLP product (f) in bf16; the
+    # attention output is kept by SDPA anyway; layer 0's first norm output needs no gradient.
+    model = planner.catalog.get_model("llama-3.1-8b")
+    per_layer = 2048 * 2 * (2 * model.hidden + model.ffn)
+    assert per_layer * (model.layers - 1) < legacy - now <= per_layer * model.layers
+
+
+def test_soft_capped_attention_is_eager_in_litgpt_and_keeps_its_tanh():
+    """Gemma 2 under litgpt: soft-capped scores bypass SDPA, so a layer keeps the s² scores' tanh,
+    FP32 softmax and its bf16 copy (2 + 4 + 2 bytes per score) beside q, K and V."""
+    from planner.catalog import get_model
+
+    gemma = get_model("gemma-2-2b")
+    litgpt = gemma.model_copy(update={"impl": "litgpt", "fused_qkv": True, "tied_embeddings": False})
+    rec = act.LayerRecipe(e=2, attention="flash")
+    b, s = 1, 512
+    layer = act.layer_saved(litgpt, rec, b, s)
+    scores = b * gemma.heads * s * s
+    assert layer.split["attn.softcap_tanh"] == 2 * scores
+    assert layer.split["attn.softmax_fp32"] == 4 * scores
+    hf = act.layer_saved(gemma, rec, b, s)  # Hugging Face: FlashAttention-2 caps in the kernel
+    assert "attn.softcap_tanh" not in hf.split and "attn.lse" in hf.split
