@@ -426,7 +426,8 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
     Liger's chunks are N/⌈V/h⌉ tokens, so about 12·h per token. Vocab-parallel loss divides by TP;
     under TP the standard loss is PyTorch's ``loss_parallel``, whose backward peaks at 16V.
     ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
-    log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient.
+    log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient; the loss
+    ``compiled`` does the same for the whole unchunked cross-entropy (torchtitan since 2025-04).
     """
     saved, peak, held = _loss_bytes(model, e, tokens, loss, tp, compiled, batch, first_step,
                                     carried, head_dequant)
@@ -462,6 +463,11 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
                 FP32 * v * tokens)
     if loss == "standard":
         saved, peak = _logits_standard(e, v, tokens, tp)
+    elif loss == "compiled":
+        # Inductor fuses the FP32 upcast, log-softmax and NLL: it keeps the e-byte logits (and a
+        # per-token log-sum-exp) and writes the e-byte gradient in one kernel (2e per logit at
+        # the peak; ``tests/truth`` measures it on the CPU).
+        saved, peak = e * v, 2 * e * v
     elif loss == "chunked":
         saved = e * v
         peak = e * v + (e if compiled else 3 * FP32) * v / LOSS_CHUNKS

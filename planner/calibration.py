@@ -75,6 +75,9 @@ LITGPT_CONFIG_GLOBAL_BATCH = {
 #: overlap_comm and contiguous_gradients on, so DeepSpeed holds two buckets during backward.
 QWEN_DS_ZERO2_BUCKET_ELEMENTS = 2 * 200_000_000
 
+#: torchtitan commits the rows name that compile the loss with ``--training.compile``
+#: (``build_cross_entropy_loss``: ``torch.compile(loss_fn)``, since PR #1033, 2025-04-02).
+TORCHTITAN_COMPILED_LOSS_COMMITS = ("e7c0cae",)
 #: torchtune's recipes held FP32 logits through backward until its chunked loss landed (PR #1390,
 #: merged 2024-08-28): rows dated before this month (year, month) run that loss.
 TORCHTUNE_CHUNKED_LOSS_SINCE = (2024, 8)
@@ -234,6 +237,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         wl["loss"] = "chunked"
     if not re.search(r"compile\s*=\s*(no|false)", low) and re.search(r"\bcompile\b", low):
         wl["compile"] = True
+        if any(c in notes for c in TORCHTITAN_COMPILED_LOSS_COMMITS) and "loss" not in wl:
+            wl["loss"] = "compiled"
     wl["fp8"] = "float8" in prec_text
     accum = re.search(r"grad(?:ient)? accumulation (\d+)", low)
     micro = re.search(r"split into (\d+) micro-batches", low)

@@ -253,8 +253,9 @@ class Workload(StrictModel):
     optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
     optimizer_step: Literal["foreach", "fused", "in_backward"] = "foreach"
     # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
-    # training loop keeps through backward (torchtune before its chunked loss)
-    loss: Literal["standard", "chunked", "fused", "held_fp32"] = "standard"
+    # training loop keeps through backward (torchtune before its chunked loss); "compiled":
+    # torch.compile fuses the upcast, log-softmax and their backward (torchtitan with compile)
+    loss: Literal["standard", "chunked", "fused", "held_fp32", "compiled"] = "standard"
     # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
     # first): no earlier step's outputs are still held by the training loop at the peak
     peak_at_first_step: bool = False

@@ -73,9 +73,9 @@ def _steps(b: int, s: int, vocab: int, steps: int) -> int:
     return _peak_bytes(run)
 
 
-def _model(vocab: int) -> ModelSpec:
+def _model(vocab: int, impl: str = "litgpt") -> ModelSpec:
     return ModelSpec(id="tiny", layers=1, hidden=HIDDEN, heads=4, kv_heads=4, ffn=128, vocab=vocab,
-                     impl="litgpt", fused_qkv=True, tied_embeddings=False)
+                     impl=impl, fused_qkv=True, tied_embeddings=False)
 
 
 @pytest.mark.parametrize("b,s,vocab", [(1, 1024, 8000), (2, 1024, 8000), (2, 256, 4000),
@@ -165,3 +165,31 @@ def test_legacy_bnb_inputs_outlive_backward_until_the_loop_lets_go(b, s, vocab, 
                                 head_dequant=vocab * hidden * 2)
     want = inputs + peak
     assert want <= measured <= want + REST_BYTES_PER_TOKEN * tokens * hidden / HIDDEN, (measured, want)
+
+
+def test_compiled_cross_entropy_keeps_only_the_logits():
+    """torchtitan's loss, ``cross_entropy(pred.flatten(0, 1).float(), labels)``, compiled: Inductor
+    fuses the upcast, log-softmax and their backward, so the step holds the bf16 logits and
+    their bf16 gradient (4 bytes per logit; eager holds 12 once the loop drops ``pred``)."""
+    def loss_fn(pred, labels):
+        return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    compiled = torch.compile(loss_fn)
+    b, s, vocab = 2, 512, 4000
+    labels = torch.randint(0, vocab, (b, s))
+
+    def step(fn):
+        pred = torch.randn(b, s, vocab, dtype=torch.bfloat16, requires_grad=True)
+        fn(pred, labels).backward()
+
+    try:
+        step(compiled)  # compiles outside the measurement
+    except Exception as exc:  # no C++ toolchain for Inductor's CPU kernels
+        pytest.skip(f"torch.compile unavailable here: {type(exc).__name__}")
+    spec = _model(vocab, impl="hf")
+    _, want, _ = act.loss_bytes(spec, 2, b * s, "compiled")
+    measured = _peak_bytes(lambda: step(compiled))
+    assert want <= measured <= want + REST_BYTES_PER_TOKEN * b * s, (measured, want)
+    _, eager_want, _ = act.loss_bytes(spec, 2, b * s, "standard")
+    eager = _peak_bytes(lambda: step(loss_fn))  # the leaf ``pred`` stays: + its e bytes
+    assert eager_want + 2 * vocab * b * s <= eager <= eager_want + 2 * vocab * b * s + REST_BYTES_PER_TOKEN * b * s
