@@ -336,7 +336,7 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
         if i % 2 == 0:
             inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
     inv.add("attn.out", tokens * e * h_q)
-    if rec.attention != "eager":
+    if not attention_is_eager(model, rec):
         inv.add("attn.lse", tokens * FP32 * model.heads)
     return inv
 

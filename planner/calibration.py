@@ -49,8 +49,8 @@ LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False, "impl": "litgpt"}
 LITGPT_PRE_FP32_NORM_COMMITS = ("8641822", "29de2828")
 #: lit-gpt's 2023 fine-tuning scripts (commits the rows name): ``batch_size = 128`` samples per
 #: optimizer step, ``gradient_accumulation_iters = batch_size // micro_batch_size``
-#: (``finetune/lora.py``, ``finetune/full.py`` at 8641822).
-LITGPT_2023_COMMITS = ("8641822",)
+#: (``finetune/lora.py`` at 8641822 and 29de2828).
+LITGPT_2023_COMMITS = ("8641822", "29de2828")
 LITGPT_2023_BATCH_SIZE = 128
 #: litgpt's LoRA recipes (``config_hub/finetune/*/lora.yaml``, ``finetune/lora.py``): dropout 0.05.
 LITGPT_LORA_DROPOUT = 0.05
@@ -225,7 +225,7 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
     # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into
     # the first batch" in the notes): the peak step has no earlier step's logits beside it.
-    if _is_litgpt(row) and "into the first batch" in low:
+    if _is_litgpt(row) and re.search(r"into (the )?first batch", low):
         wl["peak_at_first_step"] = True
     if _torchtune_before_chunked_loss(row) and "chunk" not in low:
         wl["loss"] = "held_fp32"

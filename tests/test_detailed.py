@@ -238,3 +238,18 @@ def test_soft_capped_attention_is_eager_in_litgpt_and_keeps_its_tanh():
     assert layer.split["attn.softmax_fp32"] == 4 * scores
     hf = act.layer_saved(gemma, rec, b, s)  # Hugging Face: FlashAttention-2 caps in the kernel
     assert "attn.softcap_tanh" not in hf.split and "attn.lse" in hf.split
+
+
+def test_first_step_has_no_gradients_from_earlier_micro_batches():
+    """At a run's first micro-batch nothing has accumulated yet: its backward start holds no
+    gradients, so the peak moves to its backward end, where its own unsharded gradients exist."""
+    base = {"model": "llama-2-7b",
+            "workload": {"method": "full", "precision": "bf16", "seq_len": 2048, "grad_accum": 4},
+            "layout": {"gpus": 2, "zero": 3, "unsharded_grad_accumulation": True}}
+    steady = planner.estimate(base)
+    first = planner.estimate(planner.scenario.deep_merge(base, {"workload": {"peak_at_first_step": True}}))
+    assert steady.components["gradients"] > 0
+    assert "peak phase: backward start" in steady.assumptions
+    assert "peak phase: backward end" in first.assumptions
+    assert first.components["gradients"] == steady.components["gradients"]  # unsharded, whole
+    assert first.total_bytes < steady.total_bytes
