@@ -47,6 +47,13 @@ class LayerRecipe:
     #: whenever that input needs a gradient, though the weight is frozen (``ctx.tensors = (A, B)``;
     #: bitsandbytes PR #1270, July 2024, dropped it): a QLoRA base then saves what full FT saves.
     frozen_saves_input: bool = False
+    #: The forward runs under ``torch.autocast`` (AMP: HF Trainer/accelerate with bf16 or fp16):
+    #: a LoRA module's saved input and lora_A output are autocast copies in the compute dtype,
+    #: and the FP32 adapter weights' compute-dtype casts are saved too.
+    autocast: bool = False
+    #: PEFT's quantized-base LoRA layers (bitsandbytes, GPTQ) skip their FP32 input cast under
+    #: CUDA autocast, so the adapters read (and save) the layer's own tensor.
+    lora_shares_input: bool = False
 
 
 @dataclass
@@ -123,18 +130,19 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
             inv.add(x_name, tokens * rec.e * x_width, split=split_input)
             if not rec.trainable_base:
                 inv.on_context.add(x_name)
+    copy = rec.e if rec.autocast else rec.c  # dtype of what an adapter saves
     for m in modules:
         if m not in rec.lora_targets and not (m == "qkv" and rec.lora_targets & {"q", "k", "v"}):
             continue
         if rec.lora_dropout:
             if x_rg:
                 inv.add(f"{m}.lora_dropout_mask", tokens * rec.mask_bytes * x_width, split=split_input)
-            inv.add(f"{m}.lora_dropped", tokens * rec.c * x_width, split=split_input)
-        elif rec.c == rec.e:
+            inv.add(f"{m}.lora_dropped", tokens * copy * x_width, split=split_input)
+        elif rec.c == rec.e or (rec.autocast and rec.lora_shares_input):
             inv.add(x_name, tokens * rec.e * x_width, split=split_input)
-        else:
-            inv.add(f"{m}.lora_cast", tokens * rec.c * x_width, split=split_input)
-        inv.add(f"{m}.lora_a_out", tokens * rec.c * rec.lora_rank, split=True)
+        else:  # its own cast (FP32 adapters), re-cast by autocast to the compute dtype
+            inv.add(f"{m}.lora_cast", tokens * copy * x_width, split=split_input)
+        inv.add(f"{m}.lora_a_out", tokens * copy * rec.lora_rank, split=True)
 
 
 def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe, tokens: int,
@@ -244,7 +252,27 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
         _mlp(inv, model, model.ffn, mlp_rg_in, rec, tokens)
     else:
         _moe(inv, model, mlp_rg_in, rec, tokens)
+    if rec.autocast and rec.c != rec.e:
+        _autocast_weight_casts(inv, model, rec)
     return inv
+
+
+def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -> None:
+    """Under autocast each FP32 adapter weight is cast to the compute dtype, and F.linear saves
+    that copy for its input's gradient: r·d_out·e for lora_B, r·d_in·e for lora_A when the
+    module's input needs a gradient (not q, k, v in layer 0 of LoRA); no token factor."""
+    d, f = model.head_dim_eff, model.ffn if model.moe is None else model.moe.expert_ffn
+    h, h_q, h_kv = model.hidden, model.heads * d, model.kv_heads_eff * d
+    shapes = {"q": (h, h_q), "k": (h, h_kv), "v": (h, h_kv), "o": (h_q, h),
+              "gate": (h, f), "up": (h, f), "down": (f, h)}
+    if model.fused_qkv:
+        shapes.update(q=(h, h_q + 2 * h_kv), k=(0, 0), v=(0, 0))
+    for m in rec.lora_targets & shapes.keys():
+        d_in, d_out = shapes[m]
+        if m in ("q", "k", "v") and not (rec.input_requires_grad or rec.trainable_base):
+            d_in = 0  # lora_A's input (the first norm's output) needs no gradient
+        if d_out:
+            inv.add(f"{m}.lora_weight_casts", rec.lora_rank * (d_in + d_out) * rec.e)
 
 
 def _litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:

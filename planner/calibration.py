@@ -193,6 +193,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         wl["precision"] = "mixed"
     elif "fp16" in prec_text:
         wl["precision"] = "fp16"
+    elif "hf trainer --bf16" in prec_text:
+        wl["precision"] = "mixed"  # the Trainer's --bf16 runs the forward under torch.autocast
     else:
         wl["precision"] = "bf16"
     wl["optimizer"] = "adam8bit" if "8bit" in opt_text or "8-bit" in opt_text else "adamw"

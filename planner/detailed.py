@@ -70,6 +70,8 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         fused=wl.compile,
         fp8=wl.fp8,
         frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
+        autocast=lora and wl.precision in ("mixed", "fp16"),
+        lora_shares_input=wl.method == "qlora" and wl.quant_type in ("nf4", "gptq"),
     )
 
 

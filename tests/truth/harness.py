@@ -75,8 +75,9 @@ def _decoder_layers(model) -> list:
     return [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
 
 
-def measure(model, shape: Shape) -> Measured:
-    """One forward (saved tensors counted), backward and AdamW step; byte counts."""
+def measure(model, shape: Shape, *, autocast: bool = False) -> Measured:
+    """One forward (saved tensors counted; under CPU bf16 autocast if asked), backward and AdamW
+    step; byte counts."""
     layers = _decoder_layers(model)
     current: list[int | None] = [None]
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -106,7 +107,8 @@ def measure(model, shape: Shape) -> Measured:
 
     torch.manual_seed(1)
     ids = torch.randint(0, shape.vocab, (shape.b, shape.s))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(input_ids=ids, labels=ids)
     for h in handles:
         h.remove()
@@ -151,7 +153,7 @@ NLL_TOTAL_WEIGHT_BYTES = 4
 
 def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, adapter_fp32: bool = True,
               rank: int = 4, targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
-              dropout: float = 0.0, checkpointing: bool = False) -> dict:
+              dropout: float = 0.0, checkpointing: bool = False, autocast: bool = False) -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner import activations as act
 
@@ -164,7 +166,7 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
             e=e, attention="eager" if attention == "eager" else "flash", trainable_base=not lora,
             lora_targets=frozenset(targets) if lora else frozenset(), c=c,
             lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
-            input_requires_grad=not (first and lora and not checkpointing))
+            input_requires_grad=not (first and lora and not checkpointing), autocast=autocast)
 
     b, s = shape.b, shape.s
     if checkpointing:

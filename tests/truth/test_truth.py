@@ -43,12 +43,13 @@ RECIPES = [
 ]
 
 
-def _run(shape, label, dtype, attention, lora, fp32, ckpt, dropout, targets=None):
+def _run(shape, label, dtype, attention, lora, fp32, ckpt, dropout, targets=None, autocast=False):
     kw = dict(dtype=dtype, attention=attention, lora=lora, adapter_fp32=fp32,
               checkpointing=ckpt, dropout=dropout)
     if targets is not None:
         kw["targets"] = targets
-    return measure(build(shape, **kw), shape), predicted(shape, **kw)
+    return (measure(build(shape, **kw), shape, autocast=autocast),
+            predicted(shape, **kw, autocast=autocast))
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r[0] for r in RECIPES])
@@ -92,3 +93,14 @@ def test_parameter_gradient_and_adam_bytes(lora, fp32):
         assert got.trainable_params == n_lora
         assert got.param_bytes == 2 * n_base + c * n_lora
         assert got.grad_bytes == c * n_lora and got.adam_bytes == 2 * c * n_lora
+
+
+@pytest.mark.parametrize("shape", [BASE, Shape(b=1, s=96), Shape(kv_heads=4)], ids=str)
+@pytest.mark.parametrize("recipe", [RECIPES[4], RECIPES[5], RECIPES[10]], ids=lambda r: r[0])
+def test_lora_under_autocast_exact(shape, recipe):
+    """HF Trainer's AMP (bf16 autocast) over a bf16 model with PEFT's FP32 adapters: each module
+    still copies its input to FP32, autocast re-casts it to bf16, and that copy, lora_A's bf16
+    output and the adapters' bf16 weight casts are what is saved (per decoder layer, exactly)."""
+    got, want = _run(shape, *recipe, autocast=True)
+    assert got.layers == [int(x) for x in want["layers"]], recipe[0]
+    assert got.shared == want["shared"]
