@@ -54,6 +54,13 @@ class LayerRecipe:
     #: PEFT's quantized-base LoRA layers (bitsandbytes, GPTQ) skip their FP32 input cast under
     #: CUDA autocast, so the adapters read (and save) the layer's own tensor.
     lora_shares_input: bool = False
+    #: FP32 norm weights over a bitsandbytes base (PEFT's ``prepare_model_for_kbit_training``,
+    #: TRL): a norm's output is FP32, the 4-bit base returns its input's dtype, so the MLP's
+    #: intermediates and the residual stream are FP32 (attention runs on autocast's bf16 casts).
+    fp32_stream: bool = False
+    #: FP32 embeddings too (``prepare_model_for_kbit_training`` alone): RoPE tables in FP32, and
+    #: the FP32 lm_head's autocast copy is saved for its input's gradient.
+    fp32_embeddings: bool = False
 
 
 @dataclass
@@ -114,23 +121,30 @@ def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, r
 
 
 def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str], rec: LayerRecipe,
-                   tokens: int, *, split_input: bool, x_rg: bool = True) -> None:
+                   tokens: int, *, split_input: bool, x_rg: bool = True,
+                   x_bytes: int | None = None) -> None:
     """Inputs that linear layers save for their weight gradients.
 
     A trainable base weight saves its input (FP8 with Float8 linears). A LoRA module saves the
     input of lora_A: the tensor itself when c = e, else its own cast copy (``x.to(c)``) per
     module; with dropout the dropped copy replaces it, plus a mask per module when the input
     needs a gradient (``x_rg``; not in layer 0 of LoRA). lora_A's output
-    (r wide, dtype c) is saved by lora_B.
+    (r wide, dtype c) is saved by lora_B. Under autocast the saved copies are in the compute
+    dtype: PEFT first casts x (``x_bytes`` wide per element) to the adapter dtype, a copy unless
+    they match (quantized-base layers skip it under CUDA autocast), then autocast casts to e.
     """
+    x_bytes = rec.e if x_bytes is None else x_bytes
     if (rec.trainable_base or rec.frozen_saves_input and x_rg) and modules:
         if rec.fp8:
             inv.add(f"{x_name}.fp8", tokens * FP8_BYTES * x_width, split=split_input)
         else:
-            inv.add(x_name, tokens * rec.e * x_width, split=split_input)
+            inv.add(x_name, tokens * x_bytes * x_width, split=split_input)
             if not rec.trainable_base:
                 inv.on_context.add(x_name)
     copy = rec.e if rec.autocast else rec.c  # dtype of what an adapter saves
+    # The tensor lora_A reads: x, cast to the adapter dtype, then by autocast to e.
+    pre = x_bytes if (rec.autocast and rec.lora_shares_input) else rec.c
+    saved = rec.e if rec.autocast else pre
     for m in modules:
         if m not in rec.lora_targets and not (m == "qkv" and rec.lora_targets & {"q", "k", "v"}):
             continue
@@ -138,10 +152,10 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
             if x_rg:
                 inv.add(f"{m}.lora_dropout_mask", tokens * rec.mask_bytes * x_width, split=split_input)
             inv.add(f"{m}.lora_dropped", tokens * copy * x_width, split=split_input)
-        elif rec.c == rec.e or (rec.autocast and rec.lora_shares_input):
-            inv.add(x_name, tokens * rec.e * x_width, split=split_input)
-        else:  # its own cast (FP32 adapters), re-cast by autocast to the compute dtype
-            inv.add(f"{m}.lora_cast", tokens * copy * x_width, split=split_input)
+        elif pre == x_bytes and saved == x_bytes:  # no cast: the layer's own tensor
+            inv.add(x_name, tokens * x_bytes * x_width, split=split_input)
+        else:  # its own cast (FP32 adapters or an FP32 input), per module
+            inv.add(f"{m}.lora_cast", tokens * saved * x_width, split=split_input)
         inv.add(f"{m}.lora_a_out", tokens * copy * rec.lora_rank, split=True)
 
 
@@ -149,11 +163,12 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
          prefix: str = "mlp") -> bool:
     """Gated: gate·up products keep gate, up, act(gate) and the product (4e·f); fused keeps
     gate and up only. Plain: fc output and act output (2e·f). Returns: output requires grad."""
-    e, t = rec.e, rec.lora_targets
+    t = rec.lora_targets
+    e = FP32 if rec.fp32_stream else rec.e  # the base returns its (FP32) input's dtype
     trainable = rec.trainable_base
     if model.gated_mlp:
         _linear_inputs(inv, f"{prefix}.input", model.hidden, ["gate", "up"], rec, tokens,
-                       split_input=False)
+                       split_input=False, x_bytes=e)
         gate_rg = rg_in or trainable or "gate" in t
         up_rg = rg_in or trainable or "up" in t
         if gate_rg:
@@ -171,13 +186,16 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
         if rec.fused and trainable and not rec.fp8:
             pass  # the product is recomputed from gate and up for down's weight gradient
         else:
-            _linear_inputs(inv, f"{prefix}.product", f, ["down"], rec, tokens, split_input=True)
+            _linear_inputs(inv, f"{prefix}.product", f, ["down"], rec, tokens, split_input=True,
+                           x_bytes=e)
         return prod_rg or trainable or "down" in t
-    _linear_inputs(inv, f"{prefix}.input", model.hidden, ["up"], rec, tokens, split_input=False)
+    _linear_inputs(inv, f"{prefix}.input", model.hidden, ["up"], rec, tokens, split_input=False,
+                   x_bytes=e)
     fc_rg = rg_in or trainable or "up" in t
     if fc_rg:
         inv.add(f"{prefix}.fc_out", tokens * e * f)  # saved by GELU
-    _linear_inputs(inv, f"{prefix}.act_out", f, ["down"], rec, tokens, split_input=True)
+    _linear_inputs(inv, f"{prefix}.act_out", f, ["down"], rec, tokens, split_input=True,
+                   x_bytes=e)
     return fc_rg or trainable or "down" in t
 
 
@@ -214,7 +232,8 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, norm, tokens, model)
     out1_rg = rg_in or rec.trainable_base
     qkv = ["qkv"] if model.fused_qkv else ["q", "k", "v"]
-    _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg)
+    _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg,
+                   x_bytes=FP32 if rec.fp32_stream else e)
     qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
     if model.impl == "litgpt" and model.fused_qkv:
         _litgpt_qkv_lora(inv, model, rec, tokens)
@@ -337,7 +356,7 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     input and output (2·e·h) per token. Not visible in a saved-tensor count; derived from the
     order in which autograd frees them (each is released once consumed)."""
     inv = Inventory()
-    tokens, e = b * s, rec.e
+    tokens, e = b * s, FP32 if rec.fp32_stream else rec.e
     f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
     inv.add("grad.mlp", tokens * e * f * (3 if model.gated_mlp else 2))
     inv.add("grad.residual", tokens * e * 2 * model.hidden, split=False)
@@ -374,7 +393,7 @@ def checkpoint_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inve
     """Full checkpointing (HF ``gradient_checkpointing``, non-reentrant): only the layer input,
     e·b·s·h, is kept per layer."""
     inv = Inventory()
-    inv.add("layer_input", b * s * rec.e * model.hidden, split=False)
+    inv.add("layer_input", b * s * (FP32 if rec.fp32_stream else rec.e) * model.hidden, split=False)
     return inv
 
 
@@ -382,7 +401,8 @@ def checkpoint_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inve
 def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
     """Tensors made once per forward and saved by every layer: the RoPE cos/sin tables
     (2·s·d·e, no batch dimension)."""
-    return 2 * s * model.head_dim_eff * rec.e if model.position == "rope" else 0.0
+    e = FP32 if rec.fp32_embeddings else rec.e  # made in the embeddings' dtype
+    return 2 * s * model.head_dim_eff * e if model.position == "rope" else 0.0
 
 
 def eager_mask_bytes(rec: LayerRecipe, b: int, s: int) -> float:
@@ -401,6 +421,8 @@ def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_tr
     _norm(inv, "final_norm", True, rec.trainable_base, model.hidden, rec, model.norm, tokens, model)
     if lm_head_trainable:
         inv.add("lm_head.input", tokens * rec.e * model.hidden, split=False)
+    if rec.fp32_embeddings and rec.autocast:  # the FP32 lm_head's bf16 copy (input gradient)
+        inv.add("lm_head.weight_cast", model.vocab * model.hidden * rec.e)
     n = inv.total() + 8 * tokens
     if embedding_trainable:
         n += 8 * tokens

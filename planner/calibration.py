@@ -38,6 +38,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": {"tied_embeddings": False},
 }
 
+#: Words that put a row on the Hugging Face stack (transformers Trainer, PEFT, TRL, and the
+#: tools built on them), whose bitsandbytes QLoRA casts norms to FP32 (``kbit_prep``).
+HF_STACK_WORDS = ("hf trainer", "transformers", "peft", "trl", "sfttrainer", "qlora.py",
+                  "axolotl", "llama-factory", "llamafactory", "prepare_model_for_kbit_training")
+
 #: Row model names that are catalog entries under another name.
 CATALOG_NAMES = {"phi-3-mini-4k": "phi-3-mini"}
 
@@ -186,6 +191,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     opt_text = row["optimizer"].lower()
     prec_text = row["precision"].lower()
     low = notes.lower()
+    every = " ".join((row.get("source", ""), opt_text, prec_text, low)).lower()
+    hf_stack = any(word in every for word in HF_STACK_WORDS) and not _is_litgpt(row)
     wl: dict[str, Any] = {"method": method, "seq_len": int(_num(row, "seq_len")),
                           "micro_batch": int(_num(row, "micro_batch"))}
     # Precision: FP32 master weights ("mixed") only where the row says so.
@@ -193,7 +200,7 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         wl["precision"] = "mixed"
     elif "fp16" in prec_text:
         wl["precision"] = "fp16"
-    elif "hf trainer --bf16" in prec_text:
+    elif method != "full" and "hf trainer" in every and "bf16" in prec_text:
         wl["precision"] = "mixed"  # the Trainer's --bf16 runs the forward under torch.autocast
     else:
         wl["precision"] = "bf16"
@@ -223,6 +230,13 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         # litgpt's QLoRA ran bitsandbytes before 0.43.2 for every row here (its pyproject pinned
         # ``bitsandbytes==0.42.0`` from 2024-03 to 2024-12; the 2023 rows predate 0.43.2).
         wl["bnb_keeps_input"] = wl["quant_type"] == "nf4" and _is_litgpt(row)
+        # Hugging Face QLoRA scripts cast the norms to FP32: peft's
+        # prepare_model_for_kbit_training casts every 16-bit weight, and the QLoRA reference
+        # script (qlora.py) and TRL cast embeddings and lm_head back to 16 bits.
+        if wl["quant_type"] == "nf4" and hf_stack:
+            alone = "prepare_model_for_kbit_training" in every and not re.search(
+                r"\btrl\b|sfttrainer|qlora\.py", every)
+            wl["kbit_prep"] = "peft" if alone else "trl"
         # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
         wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
     # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into

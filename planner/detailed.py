@@ -72,7 +72,14 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
         autocast=lora and wl.precision in ("mixed", "fp16"),
         lora_shares_input=wl.method == "qlora" and wl.quant_type in ("nf4", "gptq"),
+        fp32_stream=bnb_prepared(wl),
+        fp32_embeddings=bnb_prepared(wl) and wl.kbit_prep == "peft",
     )
+
+
+def bnb_prepared(wl: Workload) -> bool:
+    """A bitsandbytes QLoRA base whose 16-bit weights a script cast to FP32 (``kbit_prep``)."""
+    return wl.method == "qlora" and wl.quant_type == "nf4" and wl.kbit_prep != "none"
 
 
 def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:

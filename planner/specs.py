@@ -247,6 +247,10 @@ class Workload(StrictModel):
     # bitsandbytes before 0.43.2 (July 2024): each 4-bit matmul keeps its input on its autograd
     # context (``ctx.tensors = (A, B)``), alive for as long as the graph
     bnb_keeps_input: bool = False
+    # how a Hugging Face QLoRA script readies the 4-bit model: "peft" = peft's
+    # prepare_model_for_kbit_training (norms, embeddings and lm_head to FP32), "trl" = TRL's
+    # SFTTrainer after it (embeddings and lm_head back to 16 bits, norms FP32), "none"
+    kbit_prep: Literal["none", "peft", "trl"] = "none"
     adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
     lora_dropout: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.0
     grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)

@@ -174,10 +174,14 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
         q = quantized_linear_bytes(workload)
         bnb = workload.quant_type == "nf4" and workload.quant_bits == 4
         q_total = q + (BNB_4BIT_MEASURED_OVERHEAD if bnb else 0.0)
-        emb = (counts.embedding + counts.positions) * e
-        head = counts.lm_head * (q_total if quantized_head(model, workload) else e)
+        # peft's prepare_model_for_kbit_training casts every 16-bit weight to FP32; TRL casts
+        # embeddings and lm_head back (``kbit_prep``); norms stay FP32 either way.
+        e_end = 4 if bnb and workload.kbit_prep == "peft" else e
+        e_norm = 4 if bnb and workload.kbit_prep != "none" else e
+        emb = (counts.embedding + counts.positions) * e_end
+        head = counts.lm_head * (q_total if quantized_head(model, workload) else e_end)
         end_bytes = emb + head if pp == 1 else max(emb, head)
-        frozen = (layer_share * q_total + end_bytes) / tp + n_norm * e
+        frozen = (layer_share * q_total + end_bytes) / tp + n_norm * e_norm
         per_expert = q_total
     else:
         frozen = n_local * e

@@ -98,3 +98,22 @@ def test_cli_table_and_json(tmp_path):
     assert table.exit_code == 0 and "method qlora" in table.output and "MdAPE" in table.output
     bad = runner.invoke(app, ["validate", "nope.csv"])
     assert bad.exit_code == 2 and "no such file" in bad.output
+
+
+@pytest.mark.parametrize("source, notes, optimizer, prep", [
+    ("TRL SFTTrainer QLoRA blog", "bitsandbytes nf4", "HF Trainer paged_adamw_32bit", "trl"),
+    ("PEFT QLoRA example", "prepare_model_for_kbit_training", "HF Trainer adamw_torch", "peft"),
+    ("litgpt resource-tables", "quantize=bnb.nf4", "bnb PagedAdamW", None),
+])
+def test_rows_name_their_qlora_stack(source, notes, optimizer, prep):
+    """A Hugging Face bitsandbytes QLoRA row runs with FP32 norms (peft's or TRL's casting) and
+    AMP; a litgpt row with neither."""
+    from planner.calibration import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "qlora", "source": source, "notes": notes, "precision": "bf16",
+           "optimizer": optimizer}
+    wl = scenario_of(row)["workload"]
+    assert wl.get("kbit_prep") == prep
+    assert wl["precision"] == ("bf16" if prep is None else "mixed")

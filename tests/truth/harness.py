@@ -153,7 +153,8 @@ NLL_TOTAL_WEIGHT_BYTES = 4
 
 def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, adapter_fp32: bool = True,
               rank: int = 4, targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
-              dropout: float = 0.0, checkpointing: bool = False, autocast: bool = False) -> dict:
+              dropout: float = 0.0, checkpointing: bool = False, autocast: bool = False,
+              kbit_prep: str = "none") -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner import activations as act
 
@@ -166,7 +167,8 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
             e=e, attention="eager" if attention == "eager" else "flash", trainable_base=not lora,
             lora_targets=frozenset(targets) if lora else frozenset(), c=c,
             lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
-            input_requires_grad=not (first and lora and not checkpointing), autocast=autocast)
+            input_requires_grad=not (first and lora and not checkpointing), autocast=autocast,
+            fp32_stream=kbit_prep != "none", fp32_embeddings=kbit_prep == "peft")
 
     b, s = shape.b, shape.s
     if checkpointing:
@@ -179,3 +181,41 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
     outside = (act.head_saved(spec, rec(False), b, s, lm_head_trainable=not lora,
                               embedding_trainable=not lora) + loss_saved + NLL_TOTAL_WEIGHT_BYTES)
     return {"layers": layers, "shared": shared, "outside": outside}
+
+
+def build_qlora(shape: Shape, *, prep: str, rank: int = 4, dropout: float = 0.0,
+                targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")):
+    """A bitsandbytes NF4 (double-quantized) Llama as Hugging Face loads it, prepared the way a
+    QLoRA script does: ``prep="peft"`` runs ``peft.prepare_model_for_kbit_training`` (every
+    16-bit weight to FP32), ``"trl"`` then casts embeddings and lm_head back to bf16 as TRL's
+    ``peft_module_casting_to_bf16`` does, ``"none"`` leaves them bf16. Needs bitsandbytes."""
+    import tempfile
+
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=shape.h, intermediate_size=shape.f, num_hidden_layers=shape.layers,
+                      num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                      vocab_size=shape.vocab, max_position_embeddings=max(shape.s, 128),
+                      tie_word_embeddings=False, use_cache=False, attn_implementation="sdpa")
+    with tempfile.TemporaryDirectory() as tmp:
+        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp)
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                   bnb_4bit_use_double_quant=True,
+                                   bnb_4bit_compute_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=quant, device_map="cpu",
+                                                     dtype=torch.bfloat16, attn_implementation="sdpa")
+    if prep != "none":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj",
+             "up": "up_proj", "down": "down_proj"}
+    conf = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout,
+                      target_modules=[names[t] for t in targets])
+    model = get_peft_model(model, conf)
+    if prep == "trl":
+        for name, module in model.named_modules():
+            if ("embed_tokens" in name or "lm_head" in name) and hasattr(module, "weight"):
+                module.to(torch.bfloat16)
+    model.train()
+    return model

@@ -104,3 +104,24 @@ def test_lora_under_autocast_exact(shape, recipe):
     got, want = _run(shape, *recipe, autocast=True)
     assert got.layers == [int(x) for x in want["layers"]], recipe[0]
     assert got.shared == want["shared"]
+
+
+@pytest.mark.parametrize("shape", [BASE, Shape(b=1, s=96), Shape(f=512)], ids=str)
+@pytest.mark.parametrize("prep", ["none", "peft", "trl"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_qlora_prepared_for_kbit_training_exact(shape, prep, dropout):
+    """A bitsandbytes NF4 Llama under bf16 autocast, with PEFT adapters, as Hugging Face QLoRA
+    scripts ready it: FP32 norms make the 4-bit MLP projections return FP32, so gate, up and
+    their product are FP32; peft's FP32 embeddings also make the RoPE tables FP32 and the FP32
+    lm_head's bf16 copy is saved. On the CPU PEFT's quantized layers read CUDA's autocast flag
+    (off), so each adapter copies its input as the plain LoRA layers do: the formulas are
+    checked with that copy (``lora_shares_input`` False), per layer and outside, exactly."""
+    pytest.importorskip("bitsandbytes")
+    from harness import build_qlora
+
+    got = measure(build_qlora(shape, prep=prep, dropout=dropout), shape, autocast=True)
+    want = predicted(shape, dtype=torch.bfloat16, attention="sdpa", lora=True, dropout=dropout,
+                     autocast=True, kbit_prep=prep)
+    assert got.layers == [int(x) for x in want["layers"]]
+    assert got.shared == want["shared"]
+    assert abs(got.outside - want["outside"]) <= OUTSIDE_TOLERANCE_BYTES
