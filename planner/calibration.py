@@ -80,6 +80,8 @@ LITGPT_CONFIG_GLOBAL_BATCH = {
 #: overlap_comm and contiguous_gradients on, so DeepSpeed holds two buckets during backward.
 QWEN_DS_ZERO2_BUCKET_ELEMENTS = 2 * 200_000_000
 
+#: bitsandbytes 0.43.2 (released 2024-07, PR #1270) stopped keeping a 4-bit matmul's input.
+BNB_DROPPED_MATMUL_INPUT = (2024, 7)
 #: torchtitan commits the rows name that compile the loss with ``--training.compile``
 #: (``build_cross_entropy_loss``: ``torch.compile(loss_fn)``, since PR #1033, 2025-04-02).
 TORCHTITAN_COMPILED_LOSS_COMMITS = ("e7c0cae",)
@@ -131,6 +133,16 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
 
 def _is_litgpt(row: dict[str, str]) -> bool:
     return row.get("source", "").lower().startswith(("litgpt", "lit-gpt"))
+
+
+def _row_date(row: dict[str, str]) -> tuple[int, int] | None:
+    """(year, month) a row's source or notes date it by ("(Apr 2024)", "Oct 2023", "2024-03")."""
+    text = " ".join((row.get("source", ""), row.get("notes", ""))).lower()
+    found = re.search(r"\b(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)\w* (20\d\d)\b", text)
+    if found:
+        return int(found.group(2)), _MONTHS[found.group(1)]
+    found = re.search(r"\b(20\d\d)-(0[1-9]|1[0-2])\b", text)
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def _torchtune_before_chunked_loss(row: dict[str, str]) -> bool:
@@ -229,7 +241,10 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
             wl["quant_type"] = "nf4"  # bitsandbytes
         # litgpt's QLoRA ran bitsandbytes before 0.43.2 for every row here (its pyproject pinned
         # ``bitsandbytes==0.42.0`` from 2024-03 to 2024-12; the 2023 rows predate 0.43.2).
-        wl["bnb_keeps_input"] = wl["quant_type"] == "nf4" and _is_litgpt(row)
+        # Elsewhere a run dated before bitsandbytes 0.43.2 ran the old matmul too.
+        dated = _row_date(row)
+        wl["bnb_keeps_input"] = wl["quant_type"] == "nf4" and (
+            _is_litgpt(row) or dated is not None and dated < BNB_DROPPED_MATMUL_INPUT)
         # Hugging Face QLoRA scripts cast the norms to FP32: peft's
         # prepare_model_for_kbit_training casts every 16-bit weight, and the QLoRA reference
         # script (qlora.py) and TRL cast embeddings and lm_head back to 16 bits.

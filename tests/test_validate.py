@@ -117,3 +117,14 @@ def test_rows_name_their_qlora_stack(source, notes, optimizer, prep):
     wl = scenario_of(row)["workload"]
     assert wl.get("kbit_prep") == prep
     assert wl["precision"] == ("bf16" if prep is None else "mixed")
+
+
+@pytest.mark.parametrize("dated, keeps", [("(Oct 2023)", True), ("(Mar 2025)", False), ("", False)])
+def test_rows_dated_before_bitsandbytes_0_43_2_keep_matmul_inputs(dated, keeps):
+    from planner.calibration import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "qlora", "source": f"HF QLoRA blog {dated}", "notes": "bitsandbytes nf4",
+           "precision": "bf16", "optimizer": "HF Trainer paged_adamw_32bit"}
+    assert scenario_of(row)["workload"]["bnb_keeps_input"] is keeps
