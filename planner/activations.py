@@ -137,10 +137,14 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
     if (rec.trainable_base or rec.frozen_saves_input and x_rg) and modules:
         if rec.fp8:
             inv.add(f"{x_name}.fp8", tokens * FP8_BYTES * x_width, split=split_input)
-        else:
+        elif rec.trainable_base or x_bytes == rec.e:
             inv.add(x_name, tokens * x_bytes * x_width, split=split_input)
             if not rec.trainable_base:
                 inv.on_context.add(x_name)
+        else:  # bitsandbytes casts an FP32 input to its compute dtype first: a copy per module
+            for m in modules:
+                inv.add(f"{m}.bnb_input", tokens * rec.e * x_width, split=split_input)
+                inv.on_context.add(f"{m}.bnb_input")
     copy = rec.e if rec.autocast else rec.c  # dtype of what an adapter saves
     # The tensor lora_A reads: x, cast to the adapter dtype, then by autocast to e.
     pre = x_bytes if (rec.autocast and rec.lora_shares_input) else rec.c

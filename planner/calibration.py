@@ -80,6 +80,11 @@ LITGPT_CONFIG_GLOBAL_BATCH = {
 #: overlap_comm and contiguous_gradients on, so DeepSpeed holds two buckets during backward.
 QWEN_DS_ZERO2_BUCKET_ELEMENTS = 2 * 200_000_000
 
+#: TRL's ``peft_module_casting_to_bf16`` (embeddings and lm_head back to 16 bits after
+#: ``prepare_model_for_kbit_training``) from Dec 2023; TRL 0.26 (PR #4577, Dec 2025) stopped
+#: calling ``prepare_model_for_kbit_training`` and casts the adapters to bf16.
+TRL_CASTS_BACK_SINCE = (2023, 12)
+TRL_STOPPED_KBIT_PREP = (2025, 12)
 #: bitsandbytes 0.43.2 (released 2024-07, PR #1270) stopped keeping a 4-bit matmul's input.
 BNB_DROPPED_MATMUL_INPUT = (2024, 7)
 #: torchtitan commits the rows name that compile the loss with ``--training.compile``
@@ -145,6 +150,21 @@ def _row_date(row: dict[str, str]) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
+def _kbit_prep(text: str, dated: tuple[int, int] | None) -> str:
+    """How a Hugging Face QLoRA row readied its 4-bit model: peft's
+    ``prepare_model_for_kbit_training`` alone ("peft"), followed by TRL's casting of embeddings
+    and lm_head back to 16 bits ("trl", TRL from Dec 2023, and qlora.py), or, with TRL from
+    0.26 (Dec 2025), no FP32 norms at all ("none")."""
+    trl = re.search(r"\btrl\b|sfttrainer", text)
+    if trl and dated is not None and dated >= TRL_STOPPED_KBIT_PREP:
+        return "none"
+    if trl and dated is not None and dated < TRL_CASTS_BACK_SINCE:
+        return "peft"
+    if trl or "qlora.py" in text:
+        return "trl"
+    return "peft" if "prepare_model_for_kbit_training" in text else "trl"
+
+
 def _torchtune_before_chunked_loss(row: dict[str, str]) -> bool:
     """A torchtune row dated (its source's "(Apr 2024)") before the chunked loss."""
     source = row.get("source", "").lower()
@@ -204,7 +224,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     prec_text = row["precision"].lower()
     low = notes.lower()
     every = " ".join((row.get("source", ""), opt_text, prec_text, low)).lower()
-    hf_stack = any(word in every for word in HF_STACK_WORDS) and not _is_litgpt(row)
+    own_loop = re.search(r"lit-?gpt|torchtune|torchtitan", row.get("source", "").lower())
+    hf_stack = any(word in every for word in HF_STACK_WORDS) and not own_loop
     wl: dict[str, Any] = {"method": method, "seq_len": int(_num(row, "seq_len")),
                           "micro_batch": int(_num(row, "micro_batch"))}
     # Precision: FP32 master weights ("mixed") only where the row says so.
@@ -212,8 +233,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         wl["precision"] = "mixed"
     elif "fp16" in prec_text:
         wl["precision"] = "fp16"
-    elif method != "full" and "hf trainer" in every and "bf16" in prec_text:
-        wl["precision"] = "mixed"  # the Trainer's --bf16 runs the forward under torch.autocast
+    elif method != "full" and hf_stack and "bf16" in prec_text:
+        wl["precision"] = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
     else:
         wl["precision"] = "bf16"
     wl["optimizer"] = "adam8bit" if "8bit" in opt_text or "8-bit" in opt_text else "adamw"
@@ -249,9 +270,9 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         # prepare_model_for_kbit_training casts every 16-bit weight, and the QLoRA reference
         # script (qlora.py) and TRL cast embeddings and lm_head back to 16 bits.
         if wl["quant_type"] == "nf4" and hf_stack:
-            alone = "prepare_model_for_kbit_training" in every and not re.search(
-                r"\btrl\b|sfttrainer|qlora\.py", every)
-            wl["kbit_prep"] = "peft" if alone else "trl"
+            wl["kbit_prep"] = _kbit_prep(every, dated)
+            if wl["kbit_prep"] == "none":  # TRL since 0.26 casts the adapters to bf16 instead
+                wl["adapter_dtype"] = "compute"
         # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
         wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
     # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into

@@ -71,8 +71,8 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         fp8=wl.fp8,
         frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
         autocast=lora and wl.precision in ("mixed", "fp16"),
-        lora_shares_input=wl.method == "qlora" and wl.quant_type in ("nf4", "gptq"),
-        fp32_stream=bnb_prepared(wl),
+        lora_shares_input=wl.method == "qlora" and wl.quant_type == "nf4",
+        fp32_stream=bnb_prepared(wl) and (wl.kbit_prep == "peft" or not _norm_keeps_dtype(model)),
         fp32_embeddings=bnb_prepared(wl) and wl.kbit_prep == "peft",
     )
 
@@ -80,6 +80,12 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
 def bnb_prepared(wl: Workload) -> bool:
     """A bitsandbytes QLoRA base whose 16-bit weights a script cast to FP32 (``kbit_prep``)."""
     return wl.method == "qlora" and wl.quant_type == "nf4" and wl.kbit_prep != "none"
+
+
+def _norm_keeps_dtype(model: ModelSpec) -> bool:
+    """Gemma's RMSNorm returns ``output.type_as(x)``: an FP32 weight leaves a bf16 stream bf16
+    (Llama-style norms return ``weight * x``, FP32 with an FP32 weight)."""
+    return (model.family or "").startswith("gemma")
 
 
 def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:

@@ -101,13 +101,17 @@ def test_cli_table_and_json(tmp_path):
 
 
 @pytest.mark.parametrize("source, notes, optimizer, prep", [
-    ("TRL SFTTrainer QLoRA blog", "bitsandbytes nf4", "HF Trainer paged_adamw_32bit", "trl"),
+    ("TRL SFTTrainer QLoRA blog (Jun 2024)", "bitsandbytes nf4", "paged_adamw_32bit", "trl"),
+    ("TRL SFTTrainer QLoRA blog (Oct 2023)", "bitsandbytes nf4", "paged_adamw_32bit", "peft"),
+    ("TRL SFTTrainer QLoRA blog (Jan 2026)", "bitsandbytes nf4", "paged_adamw_32bit", "none"),
     ("PEFT QLoRA example", "prepare_model_for_kbit_training", "HF Trainer adamw_torch", "peft"),
     ("litgpt resource-tables", "quantize=bnb.nf4", "bnb PagedAdamW", None),
+    ("torchtune QLoRA (Sep 2024)", "transformers tokenizer; nf4", "torch AdamW", None),
 ])
 def test_rows_name_their_qlora_stack(source, notes, optimizer, prep):
-    """A Hugging Face bitsandbytes QLoRA row runs with FP32 norms (peft's or TRL's casting) and
-    AMP; a litgpt row with neither."""
+    """A Hugging Face bitsandbytes QLoRA row runs under AMP with the norms its tools cast to FP32
+    (peft's prepare_model_for_kbit_training; TRL from Dec 2023 casts embeddings and lm_head
+    back; TRL from Dec 2025 casts nothing); a litgpt or torchtune row with neither."""
     from planner.calibration import scenario_of
 
     with CSV.open(newline="") as fh:

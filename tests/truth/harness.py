@@ -154,7 +154,7 @@ NLL_TOTAL_WEIGHT_BYTES = 4
 def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, adapter_fp32: bool = True,
               rank: int = 4, targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
               dropout: float = 0.0, checkpointing: bool = False, autocast: bool = False,
-              kbit_prep: str = "none") -> dict:
+              kbit_prep: str = "none", shares_input: bool = False) -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner import activations as act
 
@@ -168,7 +168,8 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
             lora_targets=frozenset(targets) if lora else frozenset(), c=c,
             lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
             input_requires_grad=not (first and lora and not checkpointing), autocast=autocast,
-            fp32_stream=kbit_prep != "none", fp32_embeddings=kbit_prep == "peft")
+            fp32_stream=kbit_prep != "none", fp32_embeddings=kbit_prep == "peft",
+            lora_shares_input=shares_input)
 
     b, s = shape.b, shape.s
     if checkpointing:

@@ -125,3 +125,23 @@ def test_qlora_prepared_for_kbit_training_exact(shape, prep, dropout):
     assert got.layers == [int(x) for x in want["layers"]]
     assert got.shared == want["shared"]
     assert abs(got.outside - want["outside"]) <= OUTSIDE_TOLERANCE_BYTES
+
+
+@pytest.mark.parametrize("prep", ["none", "peft", "trl"])
+def test_qlora_adapters_share_their_input_under_cuda_autocast(prep, monkeypatch):
+    """On CUDA, PEFT's bitsandbytes layers see autocast on (``torch.is_autocast_enabled()``,
+    which reads CUDA's flag) and skip their FP32 input cast: an adapter then reads the layer's
+    own tensor, and only FP32 inputs (behind FP32 norms) are re-cast per module. Emulated here by
+    pointing that flag at the CPU's autocast state; checked exactly with ``lora_shares_input``."""
+    pytest.importorskip("bitsandbytes")
+    from harness import build_qlora
+
+    flag = torch.is_autocast_enabled
+    monkeypatch.setattr(torch, "is_autocast_enabled",
+                        lambda device_type=None: flag(device_type or "cpu"))
+    got = measure(build_qlora(BASE, prep=prep), BASE, autocast=True)
+    want = predicted(BASE, dtype=torch.bfloat16, attention="sdpa", lora=True, autocast=True,
+                     kbit_prep=prep, shares_input=True)
+    assert got.layers == [int(x) for x in want["layers"]]
+    assert got.shared == want["shared"]
+    assert abs(got.outside - want["outside"]) <= OUTSIDE_TOLERANCE_BYTES
