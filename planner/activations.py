@@ -243,7 +243,7 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
         _litgpt_qkv_lora(inv, model, rec, tokens)
     eager = attention_is_eager(model, rec)
     if qkv_rg and model.impl == "litgpt" and not eager:
-        _litgpt_attention(inv, model, rec, tokens)
+        _litgpt_attention(inv, model, rec, tokens, s)
     elif qkv_rg:
         if eager:
             inv.add("attn.q", tokens * e * h_q)
@@ -317,7 +317,8 @@ def _litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     inv.add("qkv.lora_index", 8 * sum(width[p] for p in enabled))
 
 
-def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
+def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
+                      s: int) -> None:
     """What SDPA keeps in litgpt's ``CausalSelfAttention``: q and k after RoPE (new tensors);
     with grouped or multi-query attention k and v are expanded and reshaped to all heads
     (copies: e·h_q each); with as many KV heads as heads, v is a view of the fused QKV output,
@@ -325,6 +326,14 @@ def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens
     FP32 log-sum-exp. Source: litgpt ``model.py`` (``qkv.split`` / ``expand`` / ``reshape``)."""
     e, d = rec.e, model.head_dim_eff
     h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    if model.mqa_sdpa_math and model.kv_heads_eff == 1:
+        # SDPA's math path (``_scaled_dot_product_attention_math``): the scaled q, K and V
+        # broadcast to every head by ``matmul`` (copies ``bmm`` saves) and the softmax output.
+        inv.add("attn.q_scaled", tokens * e * h_q)
+        inv.add("attn.k_broadcast", tokens * e * h_q)
+        inv.add("attn.v_broadcast", tokens * e * h_q)
+        inv.add("attn.probs", tokens * e * model.heads * s)
+        return
     inv.add("attn.q", tokens * e * h_q)
     if model.kv_heads_eff == model.heads:
         inv.add("attn.k", tokens * e * h_kv)

@@ -50,7 +50,8 @@ CATALOG_NAMES = {"phi-3-mini-4k": "phi-3-mini"}
 #: tie it (``convert_hf_checkpoint`` copies the embedding into ``lm_head.weight``).
 LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False, "impl": "litgpt"}
 #: litgpt commits the rows name that predate litgpt PR #606 (2023-10-24, "Half precision
-#: fixes"), which made RMSNorm upcast to FP32: before it, RMSNorm computed in the input dtype.
+#: fixes"), which made RMSNorm upcast to FP32: before it, RMSNorm computed in the input dtype;
+#: and PR #667 (2023-10-24), which expanded multi-query K/V for SDPA's fused kernels.
 LITGPT_PRE_FP32_NORM_COMMITS = ("8641822", "29de2828")
 #: lit-gpt's 2023 fine-tuning scripts (commits the rows name): ``batch_size = 128`` samples per
 #: optimizer step, ``gradient_accumulation_iters = batch_size // micro_batch_size``
@@ -133,6 +134,7 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
         base.update(LITGPT_MODEL)
         if any(c in row.get("notes", "") for c in LITGPT_PRE_FP32_NORM_COMMITS):
             base["norm_upcast"] = False
+            base["mqa_sdpa_math"] = True  # PR #667 (expanded K/V) landed the same day
     return base
 
 

@@ -179,6 +179,9 @@ class ModelSpec(StrictModel):
     #: (q, k, v split as views of the fused QKV output; LoRA q/v updates zero-padded).
     impl: Literal["hf", "litgpt"] = "hf"
     norm_upcast: bool = True  # RMSNorm computes in FP32 (False: litgpt before Oct 24, 2023)
+    #: litgpt before Oct 24, 2023 (PR #667) left multi-query K/V unexpanded, so PyTorch's SDPA
+    #: (no grouped-query kernels before 2.5) ran its math path, keeping the s² probabilities.
+    mqa_sdpa_math: bool = False
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False

@@ -145,3 +145,29 @@ def test_qlora_adapters_share_their_input_under_cuda_autocast(prep, monkeypatch)
     assert got.layers == [int(x) for x in want["layers"]]
     assert got.shared == want["shared"]
     assert abs(got.outside - want["outside"]) <= OUTSIDE_TOLERANCE_BYTES
+
+
+def test_sdpa_math_path_for_unexpanded_multi_query():
+    """PyTorch's SDPA given multi-query K/V that were not expanded to every head runs its math
+    path (no fused kernel took grouped queries before 2.5): what it saves is the scaled q, K and
+    V broadcast to every head (copies ``bmm`` keeps) and the softmax output, as modelled for
+    litgpt before Oct 2023 (``mqa_sdpa_math``). FP32 here, which the CPU does not upcast."""
+    from planner import activations as act
+    from planner.specs import ModelSpec
+
+    b, a, s, d = 2, 8, 64, 16
+    q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) * 1 for heads in (a, 1, 1))
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        saved.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    spec = ModelSpec(layers=1, hidden=a * d, heads=a, kv_heads=1, head_dim=d, ffn=4 * a * d,
+                     vocab=100, impl="litgpt", fused_qkv=True, mqa_sdpa_math=True)
+    inv = act.Inventory()
+    act._litgpt_attention(inv, spec, act.LayerRecipe(e=4), b * s, s)
+    assert sum(saved.values()) == inv.total()
