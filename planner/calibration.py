@@ -226,7 +226,9 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     prec_text = row["precision"].lower()
     low = notes.lower()
     every = " ".join((row.get("source", ""), opt_text, prec_text, low)).lower()
-    own_loop = re.search(r"lit-?gpt|torchtune|torchtitan", row.get("source", "").lower())
+    # Frameworks with their own loops or kernels (Unsloth patches the model's layers) are not
+    # the plain Hugging Face stack, whatever libraries their rows mention.
+    own_loop = re.search(r"lit-?gpt|torchtune|torchtitan|unsloth", row.get("source", "").lower())
     hf_stack = any(word in every for word in HF_STACK_WORDS) and not own_loop
     wl: dict[str, Any] = {"method": method, "seq_len": int(_num(row, "seq_len")),
                           "micro_batch": int(_num(row, "micro_batch"))}
