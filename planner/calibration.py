@@ -49,13 +49,11 @@ CATALOG_NAMES = {"phi-3-mini-4k": "phi-3-mini"}
 #: litgpt's GPT: one fused QKV linear (``attn.qkv``) and its own ``lm_head`` even for models that
 #: tie it (``convert_hf_checkpoint`` copies the embedding into ``lm_head.weight``).
 LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False, "impl": "litgpt"}
-#: litgpt commits the rows name that predate litgpt PR #606 (2023-10-24, "Half precision
-#: fixes"), which made RMSNorm upcast to FP32: before it, RMSNorm computed in the input dtype;
-#: and PR #667 (2023-10-24), which expanded multi-query K/V for SDPA's fused kernels.
-LITGPT_PRE_FP32_NORM_COMMITS = ("8641822", "29de2828")
-#: lit-gpt's 2023 fine-tuning scripts (commits the rows name): ``batch_size = 128`` samples per
-#: optimizer step, ``gradient_accumulation_iters = batch_size // micro_batch_size``
-#: (``finetune/lora.py`` at 8641822 and 29de2828).
+#: lit-gpt commits the rows name from before 2023-10-24. They predate PR #606 ("Half precision
+#: fixes"), which made RMSNorm upcast to FP32 (before it, RMSNorm computed in the input dtype),
+#: and PR #667, which expanded multi-query K/V for SDPA's fused kernels. Their fine-tuning
+#: scripts take ``batch_size = 128`` samples per optimizer step and accumulate
+#: ``batch_size // micro_batch_size`` micro-batches (``finetune/lora.py``).
 LITGPT_2023_COMMITS = ("8641822", "29de2828")
 LITGPT_2023_BATCH_SIZE = 128
 #: litgpt's LoRA recipes (``config_hub/finetune/*/lora.yaml``, ``finetune/lora.py``): dropout 0.05.
@@ -132,7 +130,7 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
     base["id"] = key
     if _is_litgpt(row):
         base.update(LITGPT_MODEL)
-        if any(c in row.get("notes", "") for c in LITGPT_PRE_FP32_NORM_COMMITS):
+        if any(c in row.get("notes", "") for c in LITGPT_2023_COMMITS):
             base["norm_upcast"] = False
             base["mqa_sdpa_math"] = True  # PR #667 (expanded K/V) landed the same day
     return base
@@ -169,11 +167,9 @@ def _kbit_prep(text: str, dated: tuple[int, int] | None) -> str:
 
 def _torchtune_before_chunked_loss(row: dict[str, str]) -> bool:
     """A torchtune row dated (its source's "(Apr 2024)") before the chunked loss."""
-    source = row.get("source", "").lower()
-    found = re.search(r"\b(\w{3})\w* (\d{4})\)", source)
-    if not source.startswith("torchtune") or not found or found.group(1) not in _MONTHS:
-        return False
-    return (int(found.group(2)), _MONTHS[found.group(1)]) < TORCHTUNE_CHUNKED_LOSS_SINCE
+    dated = _row_date({"source": row.get("source", "")})
+    return (row.get("source", "").lower().startswith("torchtune") and dated is not None
+            and dated < TORCHTUNE_CHUNKED_LOSS_SINCE)
 
 
 def _litgpt_config(row: dict[str, str]) -> str | None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from planner import activations as act
 from planner.arch import lora_module_shapes, param_counts
 from planner.specs import Layout, ModelSpec, Overrides, Workload
-from planner.states import (StateParts, compute_bytes, model_states, quantized_head,
-                            quantized_linear_bytes)
+from planner.states import (StateParts, bnb_prepared, compute_bytes, model_states,
+                            quantized_head, quantized_linear_bytes)
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
@@ -77,11 +77,6 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
     )
 
 
-def bnb_prepared(wl: Workload) -> bool:
-    """A bitsandbytes QLoRA base whose 16-bit weights a script cast to FP32 (``kbit_prep``)."""
-    return wl.method == "qlora" and wl.quant_type == "nf4" and wl.kbit_prep != "none"
-
-
 def _norm_keeps_dtype(model: ModelSpec) -> bool:
     """Gemma's RMSNorm returns ``output.type_as(x)``: an FP32 weight leaves a bf16 stream bf16
     (Llama-style norms return ``weight * x``, FP32 with an FP32 weight)."""
@@ -115,7 +110,8 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
     tp, sp = layout.tp, layout.sp
     rec = _recipe(model, wl, layout, first_layer=False)
     n_layers = -(-model.layers // layout.pp)  # the heaviest stage when pp does not divide L
-    full_layer = act.layer_saved(model, rec, b, s).total(tp, sp)
+    layer = act.layer_saved(model, rec, b, s)
+    full_layer = layer.total(tp, sp)
     temps = act.backward_temporaries(model, rec, b, s).total(tp, sp)
     first = act.layer_saved(model, _recipe(model, wl, layout, first_layer=True), b, s).total(tp, sp)
     if layout.checkpointing == "none":
@@ -137,7 +133,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
     if rec.frozen_saves_input and layout.checkpointing == "none":
         # legacy bitsandbytes: each step's matmul inputs on autograd contexts (with
         # checkpointing they belong to the recomputed layer; not modelled beyond it)
-        on_context = n_layers * act.layer_saved(model, rec, b, s).on_context_total(tp, sp) * in_flight
+        on_context = n_layers * layer.on_context_total(tp, sp) * in_flight
     if last_stage:
         lm_head_trainable = wl.method == "full" or "lm_head" in wl.lora_targets
         saved += act.head_saved(model, rec, b, s, lm_head_trainable=lm_head_trainable,

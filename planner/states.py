@@ -77,6 +77,13 @@ def quantized_head(model: ModelSpec, workload: Workload) -> bool:
     return workload.method == "qlora" and model.impl == "litgpt" and workload.quant_type == "nf4"
 
 
+def bnb_prepared(workload: Workload) -> bool:
+    """A bitsandbytes 4-bit QLoRA base whose 16-bit weights a script cast to FP32
+    (``kbit_prep``): norms FP32, and with ``peft`` embeddings and lm_head too."""
+    return (workload.method == "qlora" and workload.quant_type == "nf4"
+            and workload.quant_bits == 4 and workload.kbit_prep != "none")
+
+
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
     """Optimizer-state bytes per trainable parameter (bitsandbytes 32-bit paged AdamW keeps FP32
     states whatever the parameter dtype)."""
@@ -176,8 +183,8 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
         q_total = q + (BNB_4BIT_MEASURED_OVERHEAD if bnb else 0.0)
         # peft's prepare_model_for_kbit_training casts every 16-bit weight to FP32; TRL casts
         # embeddings and lm_head back (``kbit_prep``); norms stay FP32 either way.
-        e_end = 4 if bnb and workload.kbit_prep == "peft" else e
-        e_norm = 4 if bnb and workload.kbit_prep != "none" else e
+        e_end = 4 if bnb_prepared(workload) and workload.kbit_prep == "peft" else e
+        e_norm = 4 if bnb_prepared(workload) else e
         emb = (counts.embedding + counts.positions) * e_end
         head = counts.lm_head * (q_total if quantized_head(model, workload) else e_end)
         end_bytes = emb + head if pp == 1 else max(emb, head)
