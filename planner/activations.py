@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.arch import lora_module_shapes
 from planner.memo import by_spec
 from planner.specs import ModelSpec
 
@@ -283,19 +284,18 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
 def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -> None:
     """Under autocast each FP32 adapter weight is cast to the compute dtype, and F.linear saves
     that copy for its input's gradient: r·d_out·e for lora_B, r·d_in·e for lora_A when the
-    module's input needs a gradient (not q, k, v in layer 0 of LoRA); no token factor."""
-    d, f = model.head_dim_eff, model.ffn if model.moe is None else model.moe.expert_ffn
-    h, h_q, h_kv = model.hidden, model.heads * d, model.kv_heads_eff * d
-    shapes = {"q": (h, h_q), "k": (h, h_kv), "v": (h, h_kv), "o": (h_q, h),
-              "gate": (h, f), "up": (h, f), "down": (f, h)}
-    if model.fused_qkv:
-        shapes.update(q=(h, h_q + 2 * h_kv), k=(0, 0), v=(0, 0))
-    for m in rec.lora_targets & shapes.keys():
-        d_in, d_out = shapes[m]
-        if m in ("q", "k", "v") and not (rec.input_requires_grad or rec.trainable_base):
-            d_in = 0  # lora_A's input (the first norm's output) needs no gradient
-        if d_out:
-            inv.add(f"{m}.lora_weight_casts", rec.lora_rank * (d_in + d_out) * rec.e)
+    module's input needs a gradient (not q, k, v in layer 0 of LoRA); no token factor. With
+    ``fused_qkv`` q, k and v are one adapted linear (as :func:`planner.arch.lora_adapters`)."""
+    shapes = lora_module_shapes(model)
+    adapted = [m for m in shapes if m in rec.lora_targets]
+    qkv = [m for m in adapted if m in ("q", "k", "v")]
+    groups = [[m] for m in adapted if m not in qkv]
+    groups += [qkv] if model.fused_qkv and qkv else [[m] for m in qkv]
+    qkv_input_rg = rec.input_requires_grad or rec.trainable_base
+    for group in groups:
+        d_in = shapes[group[0]][0] if group[0] not in qkv or qkv_input_rg else 0
+        d_out = sum(shapes[m][1] for m in group)
+        inv.add(f"{group[0]}.lora_weight_casts", rec.lora_rank * (d_in + d_out) * rec.e)
 
 
 def _litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
