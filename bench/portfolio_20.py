@@ -54,8 +54,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=30.0)
     args = ap.parse_args()
-    from planner.procure_report import tables
-    from planner.procurement import procure
+    from planner.report.procurement import tables
+    from planner.fleet.procure import procure
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,13 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import InputError
-from planner.estimate import Estimate, estimate_resolved
-from planner.scenario import deep_merge, read_scenario_file, resolve, scenario_from_flags
-from planner.specs import Scenario
+from planner.core.errors import InputError
+from planner.memory.estimate import Estimate, estimate_resolved
+from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, scenario_from_flags
+from planner.core.specs import Scenario
 
 if TYPE_CHECKING:
-    from planner.plans import PlanResult
+    from planner.search.results import PlanResult
 
 __all__ = ["Estimate", "InputError", "PlanResult", "Scenario", "batch", "estimate", "plan", "procure"]
 __version__ = "0.1.0"
@@ -65,7 +65,7 @@ def plan(scenario: str | Path | dict[str, Any] | Scenario | None = None, *, pare
     Options are the flat scenario keys (``model``, ``method``, ``tokens``, ``objective``,
     ``gpu_types``, ``max_gpus``, ``budget_usd``, ``deadline_hours``, ``fleet``…).
     """
-    from planner.solve import plan_raw
+    from planner.search.answer import plan_raw
 
     raw, source, base_dir = _raw_of(scenario, options)
     return plan_raw(raw, source=source, base_dir=base_dir, pareto=pareto)
@@ -76,12 +76,12 @@ def batch(*paths: str | Path, top: int = 1, workers: int | None = None, prices: 
     """Plan every scenario in the files and folders given: a pandas DataFrame, one row per plan
     (the best ``top`` of each scenario) or per invalid/infeasible scenario, with its error.
     ``out`` also writes it (.csv, .json, .parquet, .md, .html), atomically."""
-    from planner.batch_run import PriceOptions, run_batch
+    from planner.search.batch import PriceOptions, run_batch
 
     run = run_batch(paths, top=top, workers=workers,
                     prices=PriceOptions(tuple(str(p) for p in prices), price_date))
     if out is not None:
-        from planner.reports import write_frame
+        from planner.report.files import write_frame
 
         write_frame(run.frame, out)
     return run.frame
@@ -89,8 +89,8 @@ def batch(*paths: str | Path, top: int = 1, workers: int | None = None, prices: 
 
 def procure(portfolio: str | Path, *, time_limit_s: float | None = None, workers: int | None = None):
     """The fleet to buy or rent for a portfolio file, the schedule and the costs
-    (:class:`planner.procure_report.ProcureTables`: summary, fleet, schedule, costs, compare)."""
-    from planner.procurement import procure as run
-    from planner.procure_report import tables
+    (:class:`planner.report.procurement.ProcureTables`: summary, fleet, schedule, costs, compare)."""
+    from planner.fleet.procure import procure as run
+    from planner.report.procurement import tables
 
     return tables(run(portfolio, time_limit_s=time_limit_s, workers=workers))

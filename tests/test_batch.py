@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 import planner
-from planner.batch_run import run_batch
-from planner.cli import app
-from planner.reports import atomic_write_text, write_frame
+from planner.search.batch import run_batch
+from planner.cli.main import app
+from planner.report.files import atomic_write_text, write_frame
 
 from conftest import ROOT
 
@@ -107,7 +107,7 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
         tmp.write_text("half")
         raise Boom
 
-    from planner.reports import atomic_write
+    from planner.report.files import atomic_write
 
     with pytest.raises(Boom):
         atomic_write(path, fail)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from planner import catalog
-from planner.arch import param_counts
-from planner.catalog import UnknownName
+from planner.core.arch import param_counts
+from planner.catalog.store import UnknownName
 
 GPUS = list(catalog.gpus())
 MODELS = list(catalog.models())
@@ -134,7 +134,7 @@ def test_unknown_names_suggest():
 
 def test_aliases_unique_across_catalog():
     """Catalog() raises on a name owned by two entries; this checks it is really enforced."""
-    from planner.catalog import Catalog
+    from planner.catalog.store import Catalog
 
     a, b = GPUS[0], GPUS[1].model_copy(update={"aliases": [GPUS[0].aliases[0]]})
     with pytest.raises(ValueError, match="belongs to both"):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 import planner
-from planner import activations as act
-from planner.arch import exact_lora_params
-from planner.specs import ModelSpec
-from planner.states import NF4_DQ_BYTES, NF4_BYTES
+from planner.memory import activations as act
+from planner.core.arch import exact_lora_params
+from planner.core.specs import ModelSpec
+from planner.memory.model_states import NF4_DQ_BYTES, NF4_BYTES
 
 TINY = ModelSpec(layers=4, hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=688, vocab=1000)
 ALL = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
@@ -115,9 +115,9 @@ def test_tight_when_headroom_inside_band():
 def test_recipe_knobs_move_memory_the_right_way(change, smaller):
     base = {"model": "llama-3.2-3b", "workload": {"method": "full", "seq_len": 4096, "precision": "bf16"}}
     if "layout" in change and "checkpointing" in change["layout"] and "workload" in change:
-        base = planner.scenario.deep_merge(base, {"layout": change["layout"]})  # vary one knob
+        base = planner.scenario.resolve.deep_merge(base, {"layout": change["layout"]})  # vary one knob
     a = planner.estimate(base).predicted["allocated_bytes"]
-    b = planner.estimate(planner.scenario.deep_merge(base, change)).predicted["allocated_bytes"]
+    b = planner.estimate(planner.scenario.resolve.deep_merge(base, change)).predicted["allocated_bytes"]
     assert (b < a) if smaller else (b > a)
 
 
@@ -125,8 +125,8 @@ def test_recipe_knobs_move_memory_the_right_way(change, smaller):
 def test_zero_stages_never_add_memory(zero):
     base = {"model": "llama-3.1-8b", "workload": {"method": "full", "precision": "mixed"},
             "layout": {"gpus": 8, "checkpointing": "full"}}
-    lower = planner.estimate(planner.scenario.deep_merge(base, {"layout": {"zero": max(zero - 1, 0)}}))
-    here = planner.estimate(planner.scenario.deep_merge(base, {"layout": {"zero": zero}}))
+    lower = planner.estimate(planner.scenario.resolve.deep_merge(base, {"layout": {"zero": max(zero - 1, 0)}}))
+    here = planner.estimate(planner.scenario.resolve.deep_merge(base, {"layout": {"zero": zero}}))
     assert here.components.get("optimizer_states", 0) <= lower.components.get("optimizer_states", 0)
     assert here.components.get("weights", 0) <= lower.components.get("weights", 0)
 
@@ -135,9 +135,9 @@ def test_array_form_equals_estimates():
     """The search's array evaluation gives exactly the totals single estimates give."""
     import numpy as np
 
-    from planner.memory import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
-    from planner.memory import memory_components
-    from planner.scenario import resolve
+    from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
+    from planner.memory.profiles import memory_components
+    from planner.scenario.resolve import resolve
 
     rs = resolve({"model": "llama-3.1-8b", "workload": {"method": "lora"}})
     ckpts = np.array([0, 2, 2])
@@ -195,13 +195,13 @@ def test_fsdp_units_mixing_frozen_weights_give_them_gradients():
     """FSDP1 with use_orig_params=True: a LoRA layer wrapped whole gets a gradient for its whole
     flat parameter, "equivalent to not freezing" (PyTorch FSDP docs): the layers' weights in the
     compute dtype, sharded over the data-parallel ranks."""
-    from planner.arch import param_counts
-    from planner.catalog import get_model
+    from planner.core.arch import param_counts
+    from planner.catalog.store import get_model
 
     base = {"model": "llama-2-7b", "workload": {"method": "lora", "precision": "bf16", "seq_len": 1024},
             "layout": {"gpus": 4, "zero": 3, "checkpointing": "full"}}
     plain = planner.estimate(base)
-    mixed = planner.estimate(planner.scenario.deep_merge(base, {"layout": {"fsdp_mixed_units": True}}))
+    mixed = planner.estimate(planner.scenario.resolve.deep_merge(base, {"layout": {"fsdp_mixed_units": True}}))
     counts = param_counts(get_model("llama-2-7b"))
     layers_bytes = (counts.attention + counts.mlp) * 2
     assert plain.components.get("gradients", 0) == 0
@@ -214,7 +214,7 @@ def test_legacy_bitsandbytes_keeps_every_frozen_input():
     base = {"model": "llama-3.1-8b", "workload": {"method": "qlora", "precision": "bf16",
                                                   "seq_len": 2048, "lora_targets": ["q", "v"]}}
     now = planner.estimate(base).components["activations"]
-    legacy = planner.estimate(planner.scenario.deep_merge(
+    legacy = planner.estimate(planner.scenario.resolve.deep_merge(
         base, {"workload": {"bnb_keeps_input": True}})).components["activations"]
     # per layer and token: the norms' outputs (h each) and the MLP product (f) in bf16; the
     # attention output is kept by SDPA anyway; layer 0's first norm output needs no gradient.
@@ -226,7 +226,7 @@ def test_legacy_bitsandbytes_keeps_every_frozen_input():
 def test_soft_capped_attention_is_eager_in_litgpt_and_keeps_its_tanh():
     """Gemma 2 under litgpt: soft-capped scores bypass SDPA, so a layer keeps the s² scores' tanh,
     FP32 softmax and its bf16 copy (2 + 4 + 2 bytes per score) beside q, K and V."""
-    from planner.catalog import get_model
+    from planner.catalog.store import get_model
 
     gemma = get_model("gemma-2-2b")
     litgpt = gemma.model_copy(update={"impl": "litgpt", "fused_qkv": True, "tied_embeddings": False})
@@ -247,7 +247,7 @@ def test_first_step_has_no_gradients_from_earlier_micro_batches():
             "workload": {"method": "full", "precision": "bf16", "seq_len": 2048, "grad_accum": 4},
             "layout": {"gpus": 2, "zero": 3, "unsharded_grad_accumulation": True}}
     steady = planner.estimate(base)
-    first = planner.estimate(planner.scenario.deep_merge(base, {"workload": {"peak_at_first_step": True}}))
+    first = planner.estimate(planner.scenario.resolve.deep_merge(base, {"workload": {"peak_at_first_step": True}}))
     assert steady.components["gradients"] > 0
     assert "peak phase: backward start" in steady.assumptions
     assert "peak phase: backward end" in first.assumptions

@@ -7,9 +7,9 @@ import json
 import yaml
 from typer.testing import CliRunner
 
-from planner.cli import app
+from planner.cli.main import app
 from planner.launch.export import export_resolved
-from planner.scenario import resolve
+from planner.scenario.resolve import resolve
 
 runner = CliRunner()
 
@@ -29,7 +29,7 @@ TP_PP = {"name": "tp", "profile": "seed", "model": "llama-3.1-70b",
 
 def _export(raw):
     if "pp_virtual_stages" in raw["layout"]:
-        from planner.specs import Layout
+        from planner.core.specs import Layout
 
         if "pp_virtual_stages" not in Layout.model_fields:
             raw = {**raw, "layout": {k: v for k, v in raw["layout"].items() if k != "pp_virtual_stages"}}

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from planner.validate import validate_rows
+from planner.validate.score import validate_rows
 
 from conftest import ROOT
 
@@ -25,9 +25,9 @@ def test_columns_are_the_calibration_columns():
 def test_parameter_count_of_a_grid_shape():
     """768 hidden, 8 layers, 12 heads of 64 (4 KV heads), FFN 2048, vocab 32000, untied:
     8·(2·768² + 2·768·256 + 3·768·2048 + 2·768) + 2·32000·768 + 768 = 99,496,704 — the count
-    planner.arch gives for the same architecture."""
-    from planner.arch import param_counts
-    from planner.specs import ModelSpec
+    planner.core.arch gives for the same architecture."""
+    from planner.core.arch import param_counts
+    from planner.core.specs import ModelSpec
 
     run = gpu_memory.grid(quick=True)[0]
     assert gpu_memory.params_of(run) == 99_496_704

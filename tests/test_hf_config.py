@@ -8,8 +8,8 @@ import pytest
 
 import planner
 from planner import catalog
-from planner.arch import param_counts
-from planner.errors import InputError
+from planner.core.arch import param_counts
+from planner.core.errors import InputError
 
 from conftest import FIXTURES, ROOT
 

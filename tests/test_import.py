@@ -9,9 +9,9 @@ import yaml
 from typer.testing import CliRunner
 
 import planner
-from planner.cli import app
+from planner.cli.main import app
 from planner.launch.export import export_resolved, write_bundle
-from planner.scenario import resolve
+from planner.scenario.resolve import resolve
 
 runner = CliRunner()
 

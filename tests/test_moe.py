@@ -6,8 +6,8 @@ import pytest
 
 import planner
 from planner import catalog
-from planner.arch import expert_params, param_counts
-from planner.errors import InputError
+from planner.core.arch import expert_params, param_counts
+from planner.core.errors import InputError
 
 BASE = {"profile": "seed", "model": "mixtral-8x7b", "workload": {"method": "full", "seq_len": 2048},
         "overrides": {"activation_bytes": 0}}

@@ -1,6 +1,6 @@
 """CP-SAT search against the exhaustive enumeration, on hundreds of random small scenarios.
 
-The enumeration (planner.planning.enumerate_all) evaluates every column of the space with the
+The enumeration (planner.search.candidates.enumerate_all) evaluates every column of the space with the
 same formulas and no bounds, bisection or solver; the search must return the same top-k
 objective values, and every plan it returns must pass the independent checker.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from planner.check import check_plan
-from planner.planning import enumerate_all, search
-from planner.plans import assemble
-from planner.scenario import resolve
-from planner.space import build_request
+from planner.search.checker import check_plan
+from planner.search.candidates import enumerate_all, search
+from planner.search.results import assemble
+from planner.scenario.resolve import resolve
+from planner.search.space import build_request
 
 SMALL_GPUS = ["rtx-4090", "rtx-3090", "a100-40gb", "a100-80gb", "h100", "l4", "t4", "v100-16gb", "l40s"]
 MODELS = [

@@ -8,8 +8,8 @@ import pytest
 
 import planner
 from planner import catalog
-from planner.errors import InputError
-from planner.prices import apply_to_catalog, from_catalog, load_price_table, read_prices
+from planner.core.errors import InputError
+from planner.catalog.prices import apply_to_catalog, from_catalog, load_price_table, read_prices
 
 from conftest import FIXTURES
 

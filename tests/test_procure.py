@@ -9,13 +9,13 @@ import random
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
-from planner.errors import InputError
-from planner.fleet_model import (
+from planner.cli.main import app
+from planner.core.errors import InputError
+from planner.fleet.cpsat import (
     Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, check, objective_of,
 )
-from planner.options import gpu_counts
-from planner.portfolio import load_portfolio
+from planner.fleet.job_options import gpu_counts
+from planner.fleet.portfolio import load_portfolio
 
 from conftest import ROOT
 
@@ -200,8 +200,8 @@ jobs: [{name: slow, scenario: {profile: seed, model: llama-3.1-8b, workload: {me
 
 @pytest.fixture(scope="module")
 def shipped():
-    from planner.procure_report import tables
-    from planner.procurement import procure
+    from planner.report.procurement import tables
+    from planner.fleet.procure import procure
 
     result = procure(SHIPPED, time_limit_s=20)
     return result, tables(result)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.memory import seed_memory
-from planner.specs import Layout, ModelSpec, Overrides, Workload
+from planner.memory.seed import seed_memory
+from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 
 MODEL = ModelSpec(id="m", params_b=7, layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.estimate import estimate_resolved
-from planner.scenario import load_scenarios
+from planner.memory.estimate import estimate_resolved
+from planner.scenario.resolve import load_scenarios
 
 from conftest import ROOT
 
@@ -46,7 +46,7 @@ def test_default_profile_falls_back_to_seed_for_dims_only_models():
     explicit profile the documents' rules are used, and the answer says so; asked for explicitly,
     the detailed profile is an input error."""
     import planner
-    from planner.errors import InputError
+    from planner.core.errors import InputError
 
     dims = {"params_b": 7, "layers": 32, "hidden": 4096}
     est = planner.estimate({"model": dims, "workload": {"micro_batch": 4},
@@ -62,7 +62,7 @@ def test_uneven_pipeline_stages_only_when_asked():
     profile): then the heaviest stage (ceil(126/8) = 16 layers of Llama 3.1 405B) is sized and the
     answer warns."""
     import planner
-    from planner.errors import InputError
+    from planner.core.errors import InputError
 
     raw = {"model": "llama-3.1-405b", "workload": {"method": "full", "precision": "bf16"},
            "layout": {"gpu": "h100", "gpus": 8, "pp": 8, "zero": 0}}

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 import planner
-from planner.check import check_plan
-from planner.cli import app
-from planner.search import Columns, Limits, PlanModel, top_k
+from planner.search.checker import check_plan
+from planner.cli.main import app
+from planner.search.cpsat import Columns, Limits, PlanModel, top_k
 
 # ---------------------------------------------------------------------------------------------
 # Each constraint on a tiny model, three ways: trivially feasible; a forbidden column pinned is

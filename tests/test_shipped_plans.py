@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.batch_run import is_portfolio
-from planner.scenario import read_scenario_file
-from planner.solve import plan_raw
+from planner.search.batch import is_portfolio
+from planner.scenario.resolve import read_scenario_file
+from planner.search.answer import plan_raw
 
 from conftest import ROOT
 

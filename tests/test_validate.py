@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
-from planner.detailed import ERROR_BANDS
-from planner.validate import error_bands, validate_file, validate_rows, read_rows
+from planner.cli.main import app
+from planner.memory.detailed import ERROR_BANDS
+from planner.validate.score import error_bands, validate_file, validate_rows, read_rows
 
 CSV = Path(__file__).resolve().parent.parent / "data" / "measured_calibration.csv"
 
@@ -53,7 +53,7 @@ def test_calibration_figures_meet_the_targets(detailed):
 
 
 def test_error_bands_are_what_validation_measures(detailed):
-    from planner.validate import RowResult
+    from planner.validate.score import RowResult
 
     results = [RowResult(**r) for r in detailed["results"]]
     measured = error_bands(results)
@@ -112,7 +112,7 @@ def test_rows_name_their_qlora_stack(source, notes, optimizer, prep):
     """A Hugging Face bitsandbytes QLoRA row runs under AMP with the norms its tools cast to FP32
     (peft's prepare_model_for_kbit_training; TRL from Dec 2023 casts embeddings and lm_head
     back; TRL from Dec 2025 casts nothing); a litgpt or torchtune row with neither."""
-    from planner.calibration import scenario_of
+    from planner.validate.rows import scenario_of
 
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))
@@ -125,7 +125,7 @@ def test_rows_name_their_qlora_stack(source, notes, optimizer, prep):
 
 @pytest.mark.parametrize("dated, keeps", [("(Oct 2023)", True), ("(Mar 2025)", False), ("", False)])
 def test_rows_dated_before_bitsandbytes_0_43_2_keep_matmul_inputs(dated, keeps):
-    from planner.calibration import scenario_of
+    from planner.validate.rows import scenario_of
 
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))

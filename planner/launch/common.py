@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.scenario import ResolvedScenario
+from planner.scenario.resolve import ResolvedScenario
 
 #: Export formats, in the order they are written.
 FORMATS = ("deepspeed", "accelerate", "torchrun", "hf", "torchtune", "megatron", "skypilot")

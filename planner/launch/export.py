@@ -8,12 +8,12 @@ from typing import Any
 
 import yaml
 
-from planner.errors import InputError
+from planner.core.errors import InputError
 from planner.launch.common import FORMATS, Bundle, Ctx
 from planner.launch.frameworks import (accelerate_config, deepspeed_config, dump_json, dump_yaml,
                                        skypilot_task, torchrun_command)
 from planner.launch.recipes import hf_files, megatron_args, torchtune_override
-from planner.scenario import ResolvedScenario, read_scenario_file, resolve
+from planner.scenario.resolve import ResolvedScenario, read_scenario_file, resolve
 
 #: Plan fields that pin a scenario (what ``plans.plan_scenario`` sets).
 _WORKLOAD = ("method", "precision", "seq_len", "micro_batch", "grad_accum", "optimizer")
@@ -45,7 +45,7 @@ def load_plan(path: str | Path, rank: int = 1) -> tuple[dict[str, Any], Path]:
     data = _read(path)
     if _is_plan_output(data):
         return _pinned_from_output(data, rank, path), path.parent
-    from planner.solve import plan_raw
+    from planner.search.answer import plan_raw
 
     raws = read_scenario_file(path)
     if len(raws) != 1:

@@ -13,13 +13,13 @@ from typing import Any
 import yaml
 
 from planner import catalog
-from planner.catalog import UnknownName
-from planner.errors import InputError
+from planner.catalog.store import UnknownName
+from planner.core.errors import InputError
 from planner.launch.readers import (HF_OPTIM, Found, _is_int, _precision, _targets, read_accelerate,
                                     read_bnb, read_deepspeed, read_lora, read_model_kwargs,
                                     read_training_args, torchtune_model_name)
-from planner.scenario import FLAG_SECTIONS, deep_merge
-from planner.specs import Layout, Workload
+from planner.scenario.resolve import FLAG_SECTIONS, deep_merge
+from planner.core.specs import Layout, Workload
 
 CONFIG_HELP = ("A config you have: DeepSpeed JSON, accelerate YAML, TrainingArguments JSON, PEFT "
                "LoraConfig, BitsAndBytesConfig, model kwargs, axolotl or torchtune YAML (repeatable).")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from planner.launch.export import export_resolved
-from planner.scenario import resolve
+from planner.scenario.resolve import resolve
 
 #: Pinned plans: (scenario, what it exercises).
 PLANS = {

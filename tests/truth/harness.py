@@ -140,7 +140,7 @@ def measure(model, shape: Shape, *, autocast: bool = False) -> Measured:
 
 def spec_of(shape: Shape):
     """The planner's ModelSpec for the same architecture."""
-    from planner.specs import ModelSpec
+    from planner.core.specs import ModelSpec
 
     return ModelSpec(layers=shape.layers, hidden=shape.h, heads=shape.heads, kv_heads=shape.kv_heads,
                      head_dim=shape.h // shape.heads, ffn=shape.f, vocab=shape.vocab,
@@ -156,7 +156,7 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
               dropout: float = 0.0, checkpointing: bool = False, autocast: bool = False,
               kbit_prep: str = "none", shares_input: bool = False) -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
-    from planner import activations as act
+    from planner.memory import activations as act
 
     spec = spec_of(shape)
     e = 4 if dtype == torch.float32 else 2

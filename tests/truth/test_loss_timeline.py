@@ -3,7 +3,7 @@
 litgpt's LoRA loop (``finetune/lora.py``) runs the frozen ``lm_head`` on 128-token slices of the
 sequence, Lightning Fabric casts the returned list to FP32 (``convert_output``), the loop keeps
 that list in a variable until the next step's forward returns, and the cross-entropy runs per
-chunk. :func:`planner.activations.loss_bytes` says what that costs; here the same operations run
+chunk. :func:`planner.memory.activations.loss_bytes` says what that costs; here the same operations run
 under ``torch.profiler`` with ``profile_memory=True`` and every allocation and free is replayed
 to find the measured peak, for a run's first step and for a step whose predecessor's logits are
 still held. What the formula leaves out is the vocabulary-free rest (the final hidden states, their
@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from planner import activations as act  # noqa: E402
-from planner.specs import ModelSpec  # noqa: E402
+from planner.memory import activations as act  # noqa: E402
+from planner.core.specs import ModelSpec  # noqa: E402
 
 HIDDEN = 64
 #: Bytes per token allowed beside the formula: the hidden states, their gradient and a chunk's

@@ -1,10 +1,10 @@
 """The detailed profile's formulas against real PyTorch + transformers + PEFT on the CPU.
 
 Every saved-for-backward byte of a tiny Llama (random init, built from a config) is counted and
-compared with ``planner.activations`` over a grid of shapes and recipes: per decoder layer and
+compared with ``planner.memory.activations`` over a grid of shapes and recipes: per decoder layer and
 the RoPE tables exactly; outside the layers (final norm, LM head, loss) within
 :data:`OUTSIDE_TOLERANCE_BYTES` (with b = 1 the loss saves one more int64 scalar). Parameter,
-gradient and AdamW-state bytes are compared with ``planner.states`` and ``planner.arch``.
+gradient and AdamW-state bytes are compared with ``planner.memory.model_states`` and ``planner.core.arch``.
 Skipped when the ``truth`` extra (torch, transformers, peft) is not installed.
 """
 
@@ -18,7 +18,7 @@ pytest.importorskip("peft")
 
 from harness import Shape, build, measure, predicted, spec_of  # noqa: E402
 
-from planner.arch import exact_lora_params, param_counts  # noqa: E402
+from planner.core.arch import exact_lora_params, param_counts  # noqa: E402
 
 #: Outside the layers the loss saves an extra 8-byte int64 scalar for some shapes (b = 1): the
 #: one tolerance of the comparison, far below any figure the planner reports.
@@ -152,8 +152,8 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
     path (no fused kernel took grouped queries before 2.5): what it saves is the scaled q, K and
     V broadcast to every head (copies ``bmm`` keeps) and the softmax output, as modelled for
     litgpt before Oct 2023 (``mqa_sdpa_math``). FP32 here, which the CPU does not upcast."""
-    from planner import activations as act
-    from planner.specs import ModelSpec
+    from planner.memory import activations as act
+    from planner.core.specs import ModelSpec
 
     b, a, s, d = 2, 8, 64, 16
     q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) * 1 for heads in (a, 1, 1))

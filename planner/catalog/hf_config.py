@@ -1,0 +1,115 @@
+"""Read a local Hugging Face ``config.json`` into a :class:`ModelSpec` (never the hub).
+
+Covers the families in the catalog (Llama, Mistral, Mixtral, Qwen2/2.5/3 and their MoE
+variants, Gemma 1/2/3, Phi-3, DeepSeek-V3, GPT-2 style) by the keys their configs use; other
+decoder-only configs that use the standard key names load too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from planner.core.specs import MLASpec, ModelSpec, MoESpec
+
+#: model_type -> extra facts the config does not state but the architecture implies.
+_FAMILY_FACTS: dict[str, dict[str, Any]] = {
+    "qwen2": {"qkv_bias": True},
+    "qwen2_moe": {"qkv_bias": True},
+    "qwen": {"qkv_bias": True},
+    "qwen3": {"qk_norm": True},
+    "qwen3_moe": {"qk_norm": True},
+    "gemma2": {"norms_per_layer": 4},
+    "gemma3": {"norms_per_layer": 4, "qk_norm": True},
+    "gemma3_text": {"norms_per_layer": 4, "qk_norm": True},
+    "gpt2": {
+        "gated_mlp": False, "norm": "layernorm", "position": "learned",
+        "qkv_bias": True, "o_bias": True, "mlp_bias": True,
+    },
+}
+
+_GATED_ACTIVATIONS = {"silu", "swiglu", "gelu_pytorch_tanh", "geglu", "gelu_new_gated"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return default
+
+
+def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> ModelSpec:
+    """Map a parsed config to a ModelSpec; raises :class:`ConfigError` naming what is missing."""
+    if "text_config" in cfg and "num_hidden_layers" not in cfg:
+        # Multimodal wrappers (Gemma 3, Llama 4...): the language model is what trains here.
+        cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", "")}
+    model_type = str(cfg.get("model_type", "")).lower()
+    fields: dict[str, Any] = {
+        "id": Path(source).parent.name or "custom",
+        "layers": _first(cfg, "num_hidden_layers", "n_layer", "num_layers"),
+        "hidden": _first(cfg, "hidden_size", "n_embd", "d_model"),
+        "heads": _first(cfg, "num_attention_heads", "n_head"),
+        "vocab": cfg.get("vocab_size"),
+    }
+    missing = [k for k in ("layers", "hidden", "heads", "vocab") if fields[k] is None]
+    if missing:
+        raise ConfigError(f"{source} lacks {', '.join(missing)} (not a decoder LLM config?)")
+    fields["kv_heads"] = _first(cfg, "num_key_value_heads", default=fields["heads"])
+    fields["head_dim"] = cfg.get("head_dim") or fields["hidden"] // fields["heads"]
+    ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim")
+    fields["ffn"] = ffn if ffn is not None else 4 * fields["hidden"]
+    # transformers' PretrainedConfig ties embeddings unless the config says otherwise.
+    fields["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    act = str(_first(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu"))
+    fields["gated_mlp"] = act in _GATED_ACTIVATIONS
+    fields["qkv_bias"] = bool(cfg.get("attention_bias", False))
+    fields["o_bias"] = bool(cfg.get("attention_bias", False)) and model_type not in {"qwen2"}
+    fields["mlp_bias"] = bool(cfg.get("mlp_bias", False))
+    fields["max_position"] = _first(cfg, "max_position_embeddings", "n_positions")
+    fields["attention_softcap"] = cfg.get("attn_logit_softcapping") is not None
+    fields["logit_softcap"] = cfg.get("final_logit_softcapping") is not None
+    fields.update(_FAMILY_FACTS.get(model_type, {}))
+
+    experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts")
+    if experts:
+        fields["moe"] = MoESpec(
+            experts=experts,
+            active=_first(cfg, "num_experts_per_tok", "moe_top_k", default=2),
+            expert_ffn=_first(cfg, "moe_intermediate_size", default=fields["ffn"]),
+            shared_experts=_first(cfg, "n_shared_experts", default=0),
+            shared_ffn=_first(cfg, "moe_intermediate_size", "shared_expert_intermediate_size", default=0)
+            if cfg.get("n_shared_experts")
+            else 0,
+            first_dense_layers=_first(cfg, "first_k_dense_replace", default=0),
+            moe_every=_first(cfg, "decoder_sparse_step", "moe_layer_freq", default=1),
+        )
+    if cfg.get("kv_lora_rank"):
+        fields["mla"] = MLASpec(
+            q_lora_rank=cfg.get("q_lora_rank"),
+            kv_lora_rank=cfg["kv_lora_rank"],
+            qk_nope_head_dim=cfg["qk_nope_head_dim"],
+            qk_rope_head_dim=cfg["qk_rope_head_dim"],
+            v_head_dim=cfg["v_head_dim"],
+        )
+    fields["family"] = model_type or None
+    return ModelSpec.model_validate(fields)
+
+
+def load_hf_config(path: Path) -> ModelSpec:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"no such file {str(path)!r}")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path} does not hold a JSON object")
+    return spec_from_hf_config(cfg, source=str(path))

@@ -1,0 +1,1 @@
+"""The ``planner`` command: each sub-command parses, calls the library, renders."""

@@ -1,0 +1,180 @@
+"""``planner batch`` and ``planner procure``: parse, call the library, render.
+
+Registered on the main app by :func:`register` (one line in planner.cli.main).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from planner.core.errors import InputError
+
+
+def _fail(problems: list[str]) -> None:
+    from planner.cli.app import fail
+
+    fail(problems)
+
+
+def _progress_bar(total_hint: str):
+    """A rich progress bar on a terminal's stderr; nothing when stderr is piped."""
+    if not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn(total_hint), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    task = progress.add_task(total_hint, total=None)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return progress, update
+
+
+def batch(
+    paths: Annotated[list[Path], typer.Argument(help="Scenario files and folders (searched recursively).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Result file: .csv, .json, .parquet, .md or .html.")],
+    top: Annotated[int, typer.Option(help="Plans per scenario (best first).", min=1, max=1000)] = 1,
+    workers: Annotated[Optional[int], typer.Option(help="Processes (default: the CPUs available).", min=1)] = None,
+    prices: Annotated[Optional[list[Path]], typer.Option("--prices", help="Price file (SkyPilot CSV or planner "
+                                                          "format), repeatable; later files win.")] = None,
+    price_date: Annotated[Optional[str], typer.Option("--price-date", help="Date of a SkyPilot CSV "
+                                                      "(default: the file's own date).")] = None,
+    max_price_age: Annotated[float, typer.Option("--max-price-age-days", help="Older prices are flagged stale.")]
+    = 180.0,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="PNG: memory per GPU of each best plan.")] = None,
+) -> None:
+    """Plan every scenario in the files and folders given; one record per plan (or error).
+
+    Exit code 0 when every scenario got a plan, 1 when some were infeasible or invalid (all
+    results still written), 2 when nothing could be read.
+    """
+    from planner.search.batch import PriceOptions, run_batch
+    from planner.report.files import TABLE_FORMATS, batch_document, batch_summary, write_frame
+
+    if out.suffix.lower() not in TABLE_FORMATS:
+        _fail([f"--out: {out}: unknown format {out.suffix or '(none)'}; use one of {', '.join(TABLE_FORMATS)}"])
+    opts = PriceOptions(tuple(str(p) for p in prices or ()), price_date, max_price_age)
+    try:
+        if opts.files:  # read them once here, so a bad price file is one clear error
+            from planner.catalog.prices import load_price_table
+
+            load_price_table(opts.files, date=price_date)
+        bar, update = _progress_bar("planning")
+        if bar:
+            with bar:
+                run = run_batch(paths, top=top, workers=workers, prices=opts, progress=update)
+        else:
+            run = run_batch(paths, top=top, workers=workers, prices=opts)
+    except InputError as exc:
+        _fail(exc.problems)
+        return
+    if plot is not None and not run.scenarios.empty:
+        from planner.report.plot import plot_batch_memory
+
+        plot_batch_memory(run.scenarios, plot)
+    write_frame(run.frame, out, document=lambda fmt: batch_document(run, fmt, out.parent, plot))
+    typer.echo(batch_summary(run))
+    typer.echo(f"results: {out}" + (f"; plot: {plot}" if plot else ""))
+    for line in run.scenarios.loc[~run.scenarios["status"].isin(("optimal", "feasible")), "error"].dropna()[:20]:
+        typer.echo(f"  {line}", err=True)
+    raise typer.Exit(run.exit_code)
+
+
+def _rich_table(title: str, frame, columns: list[str] | None = None):
+    from rich.table import Table
+
+    from planner.report.files import _cell
+
+    cols = [c for c in (columns or list(frame.columns)) if c in frame.columns]
+    table = Table(title=title, header_style="bold", title_justify="left")
+    for c in cols:
+        table.add_column(c, no_wrap=True)
+    for row in frame[cols].itertuples(index=False):
+        table.add_row(*(_cell(v) for v in row))
+    return table
+
+
+def procure(
+    portfolio: Annotated[Path, typer.Argument(help="Portfolio YAML: jobs with windows, horizon, prices.")],
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds for the whole answer, candidate "
+                                                        "generation included (default: the portfolio's time_limit_s, 30).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | json | md | html")] = "table",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the report here (default: stdout).")]
+    = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="PNG: the fleet schedule (and FILE-memory.png: "
+                                                 "memory per GPU of each job's plan).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Processes for the jobs' candidates.", min=1)] = None,
+) -> None:
+    """The fleet to buy or rent for a portfolio of jobs, each job's plan and time slot, the cost
+    breakdown, and buy against rent: one CP-SAT model across all jobs.
+
+    Exit code 0 with a plan, 1 when some job cannot run inside its window, 2 for invalid input.
+    """
+    from planner.fleet.procure import procure as run_procure
+    from planner.report.procurement import FLEET_COLUMNS, SCHEDULE_COLUMNS, document, summary_text, tables
+    from planner.report.files import atomic_write_text
+
+    if fmt not in ("table", "json", "md", "html"):
+        _fail([f"--format: must be table, json, md or html (got {fmt!r})"])
+    try:
+        result = run_procure(portfolio, time_limit_s=time_limit, workers=workers)
+    except InputError as exc:
+        _fail(exc.problems)
+        return
+    t = tables(result)
+    pictures = []
+    if plot is not None and t.plans:
+        from planner.report.plot import memory_bars, plot_schedule
+
+        slots = [{**r, "lane": f"{r['gpu']} ({'bought' if r['mode'] == 'buy' else 'rented'})"}
+                 for r in t.schedule.to_dict(orient="records")]
+        plot_schedule(slots, result.problem.portfolio.horizon_h, plot, title=f"Fleet schedule: {t.summary['portfolio']}")
+        mem_png = plot.with_name(plot.stem + "-memory.png")
+        first = {}
+        for row, plan in zip(t.schedule.itertuples(), t.plans):
+            first.setdefault(row.job, plan)
+        memory_bars([f"{j}\n{p.gpu}×{p.gpus}" for j, p in first.items()],
+                    [p.memory["components"] for p in first.values()],
+                    [p.memory["usable_bytes"] for p in first.values()], mem_png)
+        pictures = [("fleet schedule", plot), ("memory per GPU", mem_png)]
+    if fmt == "json":
+        from planner.report.terminal import to_json
+
+        text = to_json(t.to_dict())
+    elif fmt in ("md", "html"):
+        text = document(t, fmt, (out or Path(".")).parent if out else Path("."), pictures)
+    else:
+        text = None
+    if text is not None and out is not None:
+        atomic_write_text(out, text)
+        typer.echo(summary_text(t))
+        typer.echo(f"report: {out}")
+    elif text is not None:
+        typer.echo(text)
+    else:
+        from planner.cli.app import console as _console
+
+        console = _console()
+        console.print(summary_text(t), markup=False)
+        if not t.fleet.empty:
+            console.print(_rich_table("Fleet to buy", t.fleet, FLEET_COLUMNS))
+        if not t.schedule.empty:
+            console.print(_rich_table("Jobs: plan and time slot", t.schedule,
+                                      [c for c in SCHEDULE_COLUMNS if t.schedule[c].notna().any()]))
+            console.print(_rich_table("Cost breakdown", t.costs))
+            console.print(_rich_table("Buy against rent", t.compare))
+        if out is not None:
+            atomic_write_text(out, summary_text(t) + "\n")
+    raise typer.Exit(0 if not result.problems and t.plans else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(batch)
+    app.command()(procure)

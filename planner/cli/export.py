@@ -1,0 +1,44 @@
+"""``planner export``: the command (parse, call :mod:`planner.launch.export`, render)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.core.errors import InputError
+from planner.launch.common import FORMATS
+
+
+def export(
+    source: Annotated[Path, typer.Argument(help="`planner plan --json` output, or a scenario YAML.")],
+    rank: Annotated[int, typer.Option(help="Which plan (1 = the best).")] = 1,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the files to.")] = Path("launch"),
+    formats: Annotated[Optional[str], typer.Option(
+        "--format", help=f"Comma-separated subset of: {', '.join(FORMATS)} (default all).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the files as JSON; write nothing.")] = False,
+) -> None:
+    """Write the configs that run a plan: DeepSpeed, accelerate, torchrun, HF Trainer + PEFT +
+    bitsandbytes, torchtune, Megatron-LM, SkyPilot; and PLAN.md with what you must fill in."""
+    from planner.cli.app import fail as _fail
+    from planner.launch.export import export_plan, write_bundle
+
+    chosen = FORMATS if formats is None else tuple(f.strip() for f in formats.split(",") if f.strip())
+    try:
+        if rank < 1:
+            raise InputError([f"rank: must be ≥ 1 (got {rank})"])
+        _, bundle = export_plan(source, rank=rank, formats=chosen)
+    except InputError as exc:
+        _fail(exc.problems)
+        return
+    if as_json:
+        typer.echo(json.dumps({"files": bundle.files, "fill_in": bundle.fill_in, "notes": bundle.notes,
+                               "skipped": bundle.skipped}, indent=2, ensure_ascii=False))
+        return
+    for path in write_bundle(bundle, out):
+        typer.echo(f"wrote {path}")
+    for fmt, why in bundle.skipped.items():
+        typer.echo(f"not written: {fmt}: {why}")
+    typer.echo(f"fill in: see {out / 'PLAN.md'} ({len(bundle.fill_in)} items beyond the usual)")

@@ -1,0 +1,1 @@
+"""Foundations every layer shares: typed specs, units, input errors, parameter counts, memoisation."""

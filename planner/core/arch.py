@@ -1,0 +1,202 @@
+"""Parameter counts from a model's architecture: the one place they are computed.
+
+Counts are exact for the tensors they list (no rounding): embeddings, attention (MHA, GQA or
+multi-head latent attention), dense or gated MLPs, mixture-of-experts layers with routers and
+shared experts, norms and biases, learned positions, tied or untied LM head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.core.memo import by_spec
+from planner.core.specs import LORA_TARGETS, ModelSpec
+
+
+class ArchitectureIncomplete(ValueError):
+    """The spec lacks a dimension the count needs (e.g. explicit dims with only params_b)."""
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    embedding: int
+    lm_head: int
+    positions: int
+    attention: int  # all layers
+    mlp: int  # all layers, every expert counted
+    norms: int  # all layers and the final norm
+    active_mlp: int  # MLP parameters one token passes through (MoE: active + shared experts)
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + self.positions + self.attention + self.mlp + self.norms
+
+    @property
+    def active(self) -> int:
+        """Parameters used per token (differs from ``total`` only for MoE models)."""
+        return self.total - self.mlp + self.active_mlp
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding - self.lm_head - self.positions
+
+
+def _need(spec: ModelSpec, *fields: str) -> None:
+    missing = [f for f in fields if getattr(spec, f) is None]
+    if missing:
+        raise ArchitectureIncomplete(
+            f"model {spec.id!r} lacks {', '.join(missing)}: give params_b or the full architecture"
+        )
+
+
+def attention_params_per_layer(spec: ModelSpec) -> int:
+    """Q, K, V, O projections (+ biases, + per-head q/k norms), or MLA's low-rank projections."""
+    h = spec.hidden
+    if spec.mla is not None:
+        _need(spec, "heads")
+        m, a = spec.mla, spec.heads
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk  # down, norm, up
+        else:
+            q = h * a * qk
+        kv_a = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  # down + its norm
+        kv_b = m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+        o = a * m.v_head_dim * h
+        return q + kv_a + kv_b + o + (h if spec.o_bias else 0)
+    _need(spec, "heads")
+    a, kv, d = spec.heads, spec.kv_heads_eff, spec.head_dim_eff
+    q_out, kv_out = a * d, kv * d
+    n = h * q_out + 2 * h * kv_out + q_out * h
+    if spec.qkv_bias:
+        n += q_out + 2 * kv_out
+    if spec.o_bias:
+        n += h
+    if spec.qk_norm:
+        n += 2 * d
+    return n
+
+
+def dense_mlp_params(spec: ModelSpec, ffn: int) -> int:
+    """Gated (SwiGLU/GeGLU): gate, up, down = 3·h·f; plain: up, down = 2·h·f; + biases."""
+    h = spec.hidden
+    if spec.gated_mlp:
+        n = 3 * h * ffn
+        bias = 2 * ffn + h
+    else:
+        n = 2 * h * ffn
+        bias = ffn + h
+    return n + (bias if spec.mlp_bias else 0)
+
+
+def is_moe_layer(spec: ModelSpec, index: int) -> bool:
+    moe = spec.moe
+    if moe is None or index < moe.first_dense_layers:
+        return False
+    return (index - moe.first_dense_layers) % moe.moe_every == 0
+
+
+def _mlp_params(spec: ModelSpec) -> tuple[int, int]:
+    """(all MLP parameters, MLP parameters active per token), summed over layers."""
+    moe = spec.moe
+    dense_layers = sum(1 for i in range(spec.layers) if not is_moe_layer(spec, i))
+    moe_layers = spec.layers - dense_layers
+    total = active = 0
+    if dense_layers:
+        _need(spec, "ffn")
+        per = dense_mlp_params(spec, spec.ffn)
+        total += dense_layers * per
+        active += dense_layers * per
+    if moe_layers:
+        expert = dense_mlp_params(spec, moe.expert_ffn)
+        shared = moe.shared_experts * dense_mlp_params(spec, moe.shared_ffn) if moe.shared_ffn else 0
+        router = spec.hidden * moe.experts
+        total += moe_layers * (router + moe.experts * expert + shared)
+        active += moe_layers * (router + moe.active * expert + shared)
+    return total, active
+
+
+@by_spec
+def param_counts(spec: ModelSpec) -> ParamCounts:
+    """Exact parameter counts of a full architecture (raises if the spec is only dims)."""
+    _need(spec, "vocab", "heads")
+    h, layers = spec.hidden, spec.layers
+    embedding = spec.vocab * h
+    lm_head = 0 if spec.tied_embeddings else spec.vocab * h
+    positions = (spec.max_position or 0) * h if spec.position == "learned" else 0
+    norm_size = h * (2 if spec.norm == "layernorm" else 1)
+    norms = (layers * spec.norms_per_layer + 1) * norm_size
+    mlp, active_mlp = _mlp_params(spec)
+    return ParamCounts(
+        embedding=embedding,
+        lm_head=lm_head,
+        positions=positions,
+        attention=layers * attention_params_per_layer(spec),
+        mlp=mlp,
+        norms=norms,
+        active_mlp=active_mlp,
+    )
+
+
+def total_params(spec: ModelSpec) -> int:
+    """N: the explicit ``params_b`` if given, else the count from the architecture."""
+    if spec.params_b is not None:
+        return round(spec.params_b * 1e9)
+    return param_counts(spec).total
+
+
+def has_full_architecture(spec: ModelSpec) -> bool:
+    try:
+        param_counts(spec)
+    except ArchitectureIncomplete:
+        return False
+    return True
+
+
+def seed_lora_params(spec: ModelSpec, rank: int) -> int:
+    """N_lora ≈ L · 18 · r · H: the documents' attention + MLP rule of thumb (000_…, §4)."""
+    return spec.layers * 18 * rank * spec.hidden
+
+
+def lora_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(d_in, d_out) of each linear layer LoRA can adapt, in one dense layer."""
+    _need(spec, "heads", "ffn")
+    h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads_eff, spec.head_dim_eff
+    shapes = {"q": (h, a * d), "k": (h, kv * d), "v": (h, kv * d), "o": (a * d, h)}
+    shapes["up"] = (h, spec.ffn)
+    shapes["down"] = (spec.ffn, h)
+    if spec.gated_mlp:
+        shapes["gate"] = (h, spec.ffn)
+    return shapes
+
+
+def lora_adapters(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS) -> list[tuple[int, int, int]]:
+    """(count, d_in, d_out) of each adapted linear layer. With ``fused_qkv`` the targeted q/k/v
+    projections are one linear (d_out = the sum of their widths, as PEFT adapts Qwen's c_attn);
+    ``lm_head`` adapts the output layer once."""
+    shapes = lora_module_shapes(spec)
+    per_layer = [t for t in targets if t in shapes]
+    out = []
+    qkv = [t for t in per_layer if t in ("q", "k", "v")]
+    if spec.fused_qkv and qkv:
+        out.append((spec.layers, spec.hidden, sum(shapes[t][1] for t in qkv)))
+        per_layer = [t for t in per_layer if t not in qkv]
+    out += [(spec.layers, *shapes[t]) for t in per_layer]
+    if "lm_head" in targets:
+        _need(spec, "vocab")
+        out.append((1, spec.hidden, spec.vocab))
+    return out
+
+
+def exact_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> int:
+    """Σ r·(d_in + d_out) over the adapted linear layers (dense models; see :func:`lora_adapters`)."""
+    return sum(n * rank * (d_in + d_out) for n, d_in, d_out in lora_adapters(spec, targets))
+
+
+def expert_params(spec: ModelSpec) -> int:
+    """Routed-expert MLP parameters of all MoE layers (what expert parallelism shards); 0 for
+    dense models. Routers and shared experts stay on every expert-parallel rank."""
+    if spec.moe is None or spec.params_b is not None and not has_full_architecture(spec):
+        return 0
+    moe_layers = sum(1 for i in range(spec.layers) if is_moe_layer(spec, i))
+    return moe_layers * spec.moe.experts * dense_mlp_params(spec, spec.moe.expert_ffn)

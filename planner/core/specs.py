@@ -1,0 +1,379 @@
+"""Typed schemas: catalog entries (GPUs, models) and the scenario format.
+
+Validation happens here, at the edge, strictly: unknown keys are errors (``extra="forbid"``), so a
+typo'd key in a scenario file is reported rather than silently dropped. Past this module, code
+trusts its inputs. Counts accept YAML's ``1e9`` (read as a string) wherever an integer is meant.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
+
+# --------------------------------------------------------------------------------------------
+# Value types
+
+
+def _parse_number(value: Any) -> Any:
+    """Accept ``"1e9"`` and ``"7_000"`` (YAML reads both as strings); reject booleans."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true/false")
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"must be a number, got {value!r}") from None
+    return value
+
+
+def _parse_count(value: Any) -> Any:
+    value = _parse_number(value)
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"must be a whole number, got {value:g}")
+        value = int(value)
+    return value
+
+
+#: A positive whole number (accepts ``1e9``).
+Count = Annotated[int, BeforeValidator(_parse_count), Field(ge=1)]
+#: A non-negative whole number.
+NonNegCount = Annotated[int, BeforeValidator(_parse_count), Field(ge=0)]
+#: A non-negative real number (accepts ``4e9``).
+NonNegFloat = Annotated[float, BeforeValidator(_parse_number), Field(ge=0, allow_inf_nan=False)]
+PosFloat = Annotated[float, BeforeValidator(_parse_number), Field(gt=0, allow_inf_nan=False)]
+
+#: Upper bounds that catch absurd input (a typo of three extra zeros) without limiting real use.
+MAX_GPUS = 1_000_000
+MAX_SEQ_LEN = 16 * 1024 * 1024
+MAX_MICRO_BATCH = 1_000_000
+
+Method = Literal["full", "lora", "qlora", "inference"]
+Optimizer = Literal["adamw", "adam8bit", "paged_adamw8bit", "sgd"]
+Precision = Literal["mixed", "bf16", "fp16", "fp32"]
+Checkpointing = Literal["none", "selective", "full"]
+Attention = Literal["eager", "flash"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+Profile = Literal["seed", "detailed"]
+Objective = Literal["gpus", "hourly", "cost", "time"]
+
+#: Linear layers LoRA can adapt, in PEFT's Llama naming (``all`` = every one of them).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Catalog entries
+
+
+class GpuSpec(StrictModel):
+    """One GPU type. Memory in MiB as nvidia-smi (or the vendor's tool) reports it."""
+
+    id: str
+    name: str
+    vendor: Literal["nvidia", "amd", "huawei", "intel", "google"]
+    aliases: list[str] = []
+    architecture: str
+    memory_mib: Annotated[int, Field(gt=0)]
+    memory_mib_kind: Literal["nvidia-smi", "vendor-tool", "nominal"]
+    memory_source: str
+    bf16_dense_tflops: float | None
+    fp16_dense_tflops: float | None
+    fp8_dense_tflops: float | None
+    tflops_source: str
+    supports_bf16: bool
+    supports_flash_attn2: bool
+    memory_bandwidth_gbps: float | None
+    gpus_per_node: Annotated[int, Field(ge=1)]
+    nvlink_domain: Annotated[int, Field(ge=1)]
+    p2p: bool
+    intra_node_gbps: float | None
+    inter_node_gbps: float | None
+    whole_node_only: bool
+    host_ram_per_node_gib: float | None
+    price_on_demand_usd_per_hour: float | None
+    price_on_demand_source: str | None
+    price_spot_usd_per_hour: float | None
+    price_spot_source: str | None
+    price_purchase_usd: float | None
+    price_purchase_source: str | None
+    price_retrieved: str | None
+    utilization_low: Annotated[float, Field(gt=0, le=1)]
+    utilization_high: Annotated[float, Field(gt=0, le=1)]
+    utilization_source: str
+    notes: str | None = None
+
+    @property
+    def memory_bytes(self) -> int:
+        from planner.core.units import mib_to_bytes
+
+        return mib_to_bytes(self.memory_mib)
+
+    @property
+    def peak_tflops_16bit(self) -> float | None:
+        """Dense 16-bit tensor peak: BF16 where supported, else FP16."""
+        return self.bf16_dense_tflops if self.supports_bf16 else self.fp16_dense_tflops
+
+
+class MoESpec(StrictModel):
+    """Mixture of experts: ``first_dense_layers`` dense layers, then MoE layers."""
+
+    experts: Count
+    active: Count
+    expert_ffn: Count
+    shared_experts: NonNegCount = 0
+    shared_ffn: NonNegCount = 0
+    first_dense_layers: NonNegCount = 0
+    moe_every: Count = 1
+
+
+class MLASpec(StrictModel):
+    """Multi-head latent attention (DeepSeek-V2/V3)."""
+
+    q_lora_rank: NonNegCount | None = None
+    kv_lora_rank: Count
+    qk_nope_head_dim: Count
+    qk_rope_head_dim: Count
+    v_head_dim: Count
+
+
+class ModelSpec(StrictModel):
+    """A transformer's architecture. ``params_b`` overrides the count computed from it.
+
+    Catalog entries carry every field; a scenario may give only ``params_b``, ``layers`` and
+    ``hidden`` (enough for the ``seed`` profile), or a full architecture.
+    """
+
+    id: str = "custom"
+    name: str | None = None
+    hf_repo: str | None = None
+    aliases: list[str] = []
+    family: str | None = None
+    layers: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=100_000)]
+    hidden: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=10_000_000)]
+    heads: Count | None = None
+    kv_heads: Count | None = None
+    head_dim: Count | None = None
+    ffn: Count | None = None
+    vocab: Count | None = None
+    tied_embeddings: bool = False
+    gated_mlp: bool = True
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norms_per_layer: NonNegCount = 2
+    fused_qkv: bool = False  # one QKV linear (Qwen v1 c_attn, GPT-NeoX, litgpt): one LoRA input
+    #: Whose module code saves the activations: Hugging Face transformers/PEFT, or litgpt's GPT
+    #: (q, k, v split as views of the fused QKV output; LoRA q/v updates zero-padded).
+    impl: Literal["hf", "litgpt"] = "hf"
+    norm_upcast: bool = True  # RMSNorm computes in FP32 (False: litgpt before Oct 24, 2023)
+    #: litgpt before Oct 24, 2023 (PR #667) left multi-query K/V unexpanded, so PyTorch's SDPA
+    #: (no grouped-query kernels before 2.5) ran its math path, keeping the s² probabilities.
+    mqa_sdpa_math: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    #: tanh soft-capping of the attention scores / of the final logits (Gemma 2): the tanh keeps
+    #: its output for backward, and capped scores cannot go through SDPA's fused kernels.
+    attention_softcap: bool = False
+    logit_softcap: bool = False
+    position: Literal["rope", "learned", "alibi", "none"] = "rope"
+    max_position: Count | None = None
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    params_b: Annotated[float | None, BeforeValidator(_parse_number), Field(gt=0, le=100_000)] = None
+    official_params_b: float | None = None
+    params_source: str | None = None
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.kv_heads is not None and self.heads is not None:
+            if self.kv_heads > self.heads or self.heads % self.kv_heads:
+                raise ValueError(
+                    f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})"
+                )
+        if self.moe is not None and self.moe.active > self.moe.experts:
+            raise ValueError("moe.active must not exceed moe.experts")
+        return self
+
+    @property
+    def kv_heads_eff(self) -> int | None:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def head_dim_eff(self) -> int | None:
+        if self.head_dim is not None:
+            return self.head_dim
+        if self.heads:
+            return self.hidden // self.heads
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario
+
+
+class Workload(StrictModel):
+    """What is trained (or served) and how: everything that changes the result of training."""
+
+    method: Method = "full"
+    optimizer: Optimizer = "adamw"
+    precision: Precision = "mixed"
+    seq_len: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_SEQ_LEN)] = 2048
+    micro_batch: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_MICRO_BATCH)] = 1
+    grad_accum: Count | None = None
+    global_batch: Count | None = None
+    tokens: PosFloat | None = None
+    lora_rank: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=65_536)] = 16
+    lora_alpha: PosFloat | None = None
+    lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "all", "lm_head"]] = ["all"]
+    quant_bits: Literal[4, 8] = 4
+    double_quant: bool = True
+    allow_relax: list[Literal["method", "seq_len"]] = []
+    # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
+    # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
+    quant_type: Literal["nf4", "torchao-nf4", "gptq"] = "nf4"
+    # bitsandbytes before 0.43.2 (July 2024): each 4-bit matmul keeps its input on its autograd
+    # context (``ctx.tensors = (A, B)``), alive for as long as the graph
+    bnb_keeps_input: bool = False
+    # how a Hugging Face QLoRA script readies the 4-bit model: "peft" = peft's
+    # prepare_model_for_kbit_training (norms, embeddings and lm_head to FP32), "trl" = TRL's
+    # SFTTrainer after it (embeddings and lm_head back to 16 bits, norms FP32), "none"
+    kbit_prep: Literal["none", "peft", "trl"] = "none"
+    adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
+    lora_dropout: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.0
+    grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)
+    optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
+    optimizer_step: Literal["foreach", "fused", "in_backward"] = "foreach"
+    # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
+    # training loop keeps through backward (torchtune before its chunked loss); "compiled":
+    # torch.compile fuses the upcast, log-softmax and their backward (torchtitan with compile)
+    loss: Literal["standard", "chunked", "fused", "held_fp32", "compiled"] = "standard"
+    # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
+    # first): no earlier step's outputs are still held by the training loop at the peak
+    peak_at_first_step: bool = False
+    compile: bool = False  # torch.compile: fused norms and activations
+    fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
+
+    @property
+    def lora_target_set(self) -> tuple[str, ...]:
+        if "all" in self.lora_targets:
+            return LORA_TARGETS
+        return tuple(t for t in LORA_TARGETS if t in self.lora_targets)
+
+
+class Layout(StrictModel):
+    """How the work is laid out on hardware: systems choices that do not change what is trained."""
+
+    gpu: str | None = None
+    gpus: Annotated[int | None, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    dp: Annotated[int | None, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    tp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    pp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    cp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    #: Expert parallelism (MoE): routed experts split over ep ranks carved out of dp (ep | dp).
+    ep: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    sp: bool = False
+    zero: Literal[0, 1, 2, 3] = 0
+    offload: Offload = "none"
+    checkpointing: Checkpointing = "none"
+    attention: Attention = "flash"
+    # Layout details the ``detailed`` profile models (the ``seed`` profile ignores them).
+    activation_offload: bool = False  # checkpointed layer inputs kept in host memory
+    pp_schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    #: Pipeline stages of unequal layer counts when pp does not divide the layers (torchtitan
+    #: splits a 126-layer model over 8 stages); the detailed profile sizes the heaviest stage.
+    uneven_pp: bool = False
+    pp_virtual_stages: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1024)] = 1
+    unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
+    full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once
+    #: FSDP1 with ``use_orig_params=True`` and units that hold frozen and trainable weights (a
+    #: LoRA layer wrapped whole): each flat parameter's gradient covers the frozen weights too,
+    #: "equivalent to not freezing those parameters" (PyTorch FSDP docs).
+    fsdp_mixed_units: bool = False
+    #: DeepSpeed ZeRO-1/2 with contiguous_gradients: gradient buckets allocated at each backward,
+    #: in elements of the compute dtype (reduce_bucket_size, twice with overlap_comm).
+    zero_bucket_elements: NonNegCount = 0
+
+
+class Overrides(StrictModel):
+    """Replace one formula's output with a figure of your own (e.g. to reproduce a document)."""
+
+    activation_bytes: NonNegFloat | None = None
+    k_factor: PosFloat | None = None
+    lora_params: NonNegCount | None = None
+    lora_bytes_per_param: NonNegFloat | None = None
+    base_bytes_per_param: PosFloat | None = None
+    reserve: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.10
+
+
+class SearchSpace(StrictModel):
+    """Candidate lists and limits for ``planner plan`` (None = the whole space)."""
+
+    gpu_types: list[str] | None = None
+    max_gpus: Annotated[int | None, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    micro_batch: list[Count] | None = None
+    attention: list[Attention] | None = None
+    checkpointing: list[Checkpointing] | None = None
+    zero: list[Literal[0, 1, 2, 3]] | None = None
+    offload: list[Offload] | None = None
+    tp: list[Count] | None = None
+    pp: list[Count] | None = None
+    cp: list[Count] | None = None
+    ep: list[Count] | None = None
+    method: list[Method] | None = None
+    precision: list[Precision] | None = None
+    optimizer: list[Optimizer] | None = None
+    seq_len: list[Count] | None = None
+    distinct: Literal["layout", "none"] = "layout"
+    utilization: Annotated[float | None, BeforeValidator(_parse_number), Field(gt=0, le=1)] = None
+
+
+class Constraints(StrictModel):
+    budget_usd: PosFloat | None = None
+    deadline_hours: PosFloat | None = None
+    fleet: dict[str, Count] | None = None
+    #: TP/PP between cards without NVLink run over PCIe: allowed (and charged) unless false.
+    pcie_model_parallel: bool = True
+
+
+def _model_kind(value: Any) -> str:
+    return "name" if isinstance(value, str) else "dims"
+
+
+#: A catalog name, a path to a Hugging Face ``config.json``, or explicit dims.
+ModelField = Annotated[
+    Annotated[str, Tag("name")] | Annotated[ModelSpec, Tag("dims")],
+    Discriminator(_model_kind),
+]
+
+#: Union tags that pydantic puts into error locations; error messages leave them out.
+UNION_TAGS = frozenset({"name", "dims"})
+
+
+class Scenario(StrictModel):
+    name: str = "scenario"
+    profile: Profile = "detailed"  # detailed beats seed on measured runs (planner validate)
+    model: ModelField
+    workload: Workload = Workload()
+    layout: Layout = Layout()
+    overrides: Overrides = Overrides()
+    search: SearchSpace = SearchSpace()
+    constraints: Constraints = Constraints()
+    objective: Objective | None = None  # default: cost with a token budget, else gpus
+    top: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1000)] = 10
+    time_limit_s: PosFloat = 30.0

@@ -1,0 +1,1 @@
+"""Procurement: candidate plans per job and GPU type, purchase and rental offers, the CP-SAT fleet model."""

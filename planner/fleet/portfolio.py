@@ -1,0 +1,199 @@
+"""Portfolio files for ``planner procure``: jobs with windows, the horizon, prices, costs of owning.
+
+A portfolio is a YAML mapping (schema: :class:`Portfolio`, ``planner schema --portfolio``)::
+
+    name: team-h1
+    start_date: 2027-01-04          # optional: lets windows be dates
+    horizon_days: 120               # or horizon_hours
+    lifetime_months: 36             # purchases amortised linearly over this
+    defaults: {profile: seed}       # merged under every job's scenario
+    jobs:
+      - name: sft-70b
+        count: 3                    # three runs of this job
+        scenario: {model: llama-3.1-70b, workload: {method: qlora, tokens: 2e8}}
+        earliest_start_hours: 0     # or earliest_start_date
+        deadline_date: 2027-03-01   # or deadline_hours (default: the horizon's end)
+
+Windows are in hours from the start of the horizon, or dates (which need ``start_date``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
+
+from planner.core.errors import InputError, format_validation_error
+from planner.core.specs import Count, PosFloat, StrictModel, _parse_number
+
+#: Hours in an average month (365.25 · 24 / 12), for lifetimes given in months.
+HOURS_PER_MONTH = 730.5
+DEFAULT_LIFETIME_MONTHS = 36.0
+#: Electricity while a GPU computes, per GPU, including its share of the server and cooling:
+#: 1.0 kW (DGX H100: 10.2 kW max for 8 GPUs ≈ 1.3 kW each; the GPU alone 700 W [recalled: NVIDIA
+#: DGX H100 datasheet]) × PUE 1.4 (Uptime Institute survey 2023: fleet average 1.58, new sites
+#: 1.2–1.4 [recalled]) × $0.10/kWh (US industrial average ≈ $0.08–0.09/kWh, EIA 2024 [recalled]).
+#: A guess for data-centre cards; set ``power_usd_per_gpu_hour`` per type for others.
+DEFAULT_POWER_USD_PER_GPU_HOUR = 1.0 * 1.4 * 0.10
+#: Hosting an owned GPU whether busy or not: colocation at ≈ $150/kW-month (US wholesale
+#: colocation rates 2024, CBRE data-centre reports [recalled]) for 1.0 kW per GPU, over 730.5 h.
+DEFAULT_HOSTING_USD_PER_GPU_HOUR = 150.0 * 1.0 / HOURS_PER_MONTH
+
+PerGpu = float | dict[str, float]
+
+
+def _date(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(f"not a date (YYYY-MM-DD): {value!r}") from None
+    return value
+
+
+Date = Annotated[dt.date, BeforeValidator(_date)]
+Hours = Annotated[float, BeforeValidator(_parse_number), Field(ge=0, allow_inf_nan=False)]
+
+
+class PriceFile(StrictModel):
+    """A price file (SkyPilot catalog CSV, planner price list, or catalog-shaped YAML)."""
+
+    path: str
+    format: Literal["auto", "skypilot", "csv", "yaml"] = "auto"
+    date: Date | None = None  # dates a SkyPilot CSV (default: the file's own date)
+
+
+class Job(StrictModel):
+    name: str
+    scenario: dict[str, Any] | str  # a mapping, or a scenario file holding one scenario
+    count: Count = 1
+    earliest_start_hours: Hours | None = None
+    earliest_start_date: Date | None = None
+    deadline_hours: Hours | None = None
+    deadline_date: Date | None = None
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> Job:
+        if self.earliest_start_hours is not None and self.earliest_start_date is not None:
+            raise ValueError("give earliest_start_hours or earliest_start_date, not both")
+        if self.deadline_hours is not None and self.deadline_date is not None:
+            raise ValueError("give deadline_hours or deadline_date, not both")
+        return self
+
+
+class Portfolio(StrictModel):
+    name: str = "portfolio"
+    start_date: Date | None = None
+    horizon_hours: PosFloat | None = None
+    horizon_days: PosFloat | None = None
+    lifetime_months: PosFloat = DEFAULT_LIFETIME_MONTHS
+    gpu_types: list[str] | None = None  # None: every type in the catalog
+    buy: bool = True
+    rent: list[Literal["on_demand", "spot"]] = ["on_demand"]
+    prices: list[PriceFile] = []
+    max_price_age_days: PosFloat = 180.0
+    power_usd_per_gpu_hour: PerGpu = DEFAULT_POWER_USD_PER_GPU_HOUR
+    hosting_usd_per_gpu_hour: PerGpu = DEFAULT_HOSTING_USD_PER_GPU_HOUR
+    purchase_unit_gpus: dict[str, Count] = {}
+    max_gpus_per_job: Annotated[int, BeforeValidator(_parse_number), Field(ge=1, le=100_000)] = 1024
+    time_limit_s: PosFloat = 30.0
+    time_unit_hours: PosFloat = 1.0
+    defaults: dict[str, Any] = {}
+    jobs: Annotated[list[Job], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _horizon(self) -> Portfolio:
+        if (self.horizon_hours is None) == (self.horizon_days is None):
+            raise ValueError("give horizon_hours or horizon_days (one of them)")
+        return self
+
+    @property
+    def horizon_h(self) -> float:
+        return self.horizon_hours if self.horizon_hours is not None else self.horizon_days * 24.0
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One job of the portfolio, resolved: its scenario mapping and its window in hours."""
+
+    name: str
+    raw: dict[str, Any]
+    source: str
+    base_dir: Path
+    count: int
+    release_hours: float
+    deadline_hours: float
+
+
+def _hours(p: Portfolio, hours: float | None, date: dt.date | None, default: float, where: str,
+           problems: list[str]) -> float:
+    if date is not None:
+        if p.start_date is None:
+            problems.append(f"{where}: a date needs the portfolio's start_date")
+            return default
+        return (date - p.start_date).days * 24.0
+    return default if hours is None else float(hours)
+
+
+def load_portfolio(path: str | Path) -> tuple[Portfolio, list[JobRun]]:
+    """Read and check a portfolio file; every problem at once, one line each."""
+    from planner.search.answer import absolute_model_path
+    from planner.scenario.resolve import deep_merge, load_yaml, read_scenario_file
+
+    path = Path(path)
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise InputError([f"{path}: a portfolio is a mapping with jobs: [...]"])
+    try:
+        p = Portfolio.model_validate(data)
+    except ValidationError as exc:
+        raise InputError([f"{path}: {line}" for line in format_validation_error(exc, Portfolio)]) from None
+    problems: list[str] = []
+    runs = []
+    horizon = p.horizon_h
+    for i, job in enumerate(p.jobs):
+        where = f"{path}: jobs[{i}]"
+        if isinstance(job.scenario, str):
+            file = (path.parent / job.scenario)
+            try:
+                raws = read_scenario_file(file)
+            except InputError as exc:
+                problems.extend(f"{where}.scenario: {m}" for m in exc.problems)
+                continue
+            if len(raws) != 1:
+                problems.append(f"{where}.scenario: {file} holds {len(raws)} scenarios; give one")
+                continue
+            raw, base = raws[0], file.parent
+        else:
+            raw, base = job.scenario, path.parent
+        raw = absolute_model_path(deep_merge(deep_merge(p.defaults, raw), {"name": job.name}), base)
+        release = _hours(p, job.earliest_start_hours, job.earliest_start_date, 0.0, f"{where}.earliest_start",
+                         problems)
+        deadline = _hours(p, job.deadline_hours, job.deadline_date, horizon, f"{where}.deadline", problems)
+        if deadline > horizon + 1e-9:
+            problems.append(f"{where}.deadline: {deadline:g} h is past the horizon ({horizon:g} h)")
+        if release >= deadline:
+            problems.append(f"{where}: earliest start {release:g} h is not before the deadline {deadline:g} h")
+        runs.append(JobRun(job.name, raw, f"{where} ({job.name})", base, job.count, release, min(deadline, horizon)))
+    names = [j.name for j in p.jobs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"{path}: jobs: duplicate names {', '.join(dupes)}")
+    if problems:
+        raise InputError(problems)
+    return p, runs
+
+
+def per_gpu(value: PerGpu, gpu_id: str, default: float) -> float:
+    """A cost given once for every type, or per type (catalog names; others get ``default``)."""
+    if isinstance(value, dict):
+        from planner import catalog
+
+        for name, v in value.items():
+            if catalog.get_gpu(name).id == gpu_id:
+                return float(v)
+        return default
+    return float(value)

@@ -1,0 +1,578 @@
+"""Activation memory of one training step, from the tensors each layer saves for backward.
+
+Every figure is bytes on one GPU. The per-layer inventory follows, op by op, what eager PyTorch
+kernels save in a Hugging Face Llama-style layer (RMSNorm, gated SiLU MLP, GQA, no dropout) or a
+GPT-style one (LayerNorm, plain GELU MLP), as measured byte for byte on CPU (see
+``tests/truth/``; the derivation is in the docstring of :func:`layer_saved`). Each storage is
+counted once even when several ops save it (q/k/v share their input, gate/up theirs).
+
+Symbols: b micro-batch, s sequence length per GPU (after context parallelism), h hidden, h_q =
+heads·head_dim, h_kv = kv_heads·head_dim, f FFN width, a heads, e bytes of the compute dtype,
+c bytes of the LoRA adapters, r LoRA rank, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.core.arch import lora_module_shapes
+from planner.core.memo import by_spec
+from planner.core.specs import ModelSpec
+
+#: Bytes of a saved RMSNorm/LayerNorm statistic per token: rsqrt (RMSNorm) in FP32 = 4;
+#: LayerNorm keeps mean and rstd in FP32 = 8 (``aten.native_layer_norm``).
+FP32 = 4
+#: A dropout mask on CUDA is a bool tensor (``aten.native_dropout``): 1 byte per element.
+#: (On CPU it is a float tensor in the input dtype; the CPU harness passes that instead.)
+CUDA_DROPOUT_MASK_BYTES = 1.0
+#: Bytes per element of an FP8 (e4m3) tensor: Float8 linears save their input cast to FP8.
+FP8_BYTES = 1
+
+
+@dataclass(frozen=True)
+class LayerRecipe:
+    """What decides which tensors a layer saves (everything but the shapes)."""
+
+    e: int  # bytes per element of activations (compute dtype)
+    attention: str = "flash"  # eager | flash (any kernel that saves q, k, v, out and an FP32 lse)
+    trainable_base: bool = True  # full fine-tuning: every weight needs its input saved
+    lora_targets: frozenset[str] = frozenset()
+    c: int = 2  # bytes per element of the LoRA adapters (PEFT's default: FP32 = 4)
+    lora_rank: int = 0
+    lora_dropout: bool = False
+    mask_bytes: float = CUDA_DROPOUT_MASK_BYTES
+    input_requires_grad: bool = True  # False for layer 0 of LoRA without checkpointing
+    fused: bool = False  # torch.compile: fused norms and SwiGLU (pointwise results recomputed)
+    fp8: bool = False  # Float8 linears: the saved linear inputs are FP8
+    #: bitsandbytes' 4-bit matmul (``MatMul4Bit``) before 0.43.2 keeps its input for backward
+    #: whenever that input needs a gradient, though the weight is frozen (``ctx.tensors = (A, B)``;
+    #: bitsandbytes PR #1270, July 2024, dropped it): a QLoRA base then saves what full FT saves.
+    frozen_saves_input: bool = False
+    #: The forward runs under ``torch.autocast`` (AMP: HF Trainer/accelerate with bf16 or fp16):
+    #: a LoRA module's saved input and lora_A output are autocast copies in the compute dtype,
+    #: and the FP32 adapter weights' compute-dtype casts are saved too.
+    autocast: bool = False
+    #: PEFT's quantized-base LoRA layers (bitsandbytes, GPTQ) skip their FP32 input cast under
+    #: CUDA autocast, so the adapters read (and save) the layer's own tensor.
+    lora_shares_input: bool = False
+    #: FP32 norm weights over a bitsandbytes base (PEFT's ``prepare_model_for_kbit_training``,
+    #: TRL): a norm's output is FP32, the 4-bit base returns its input's dtype, so the MLP's
+    #: intermediates and the residual stream are FP32 (attention runs on autocast's bf16 casts).
+    fp32_stream: bool = False
+    #: FP32 embeddings too (``prepare_model_for_kbit_training`` alone): RoPE tables in FP32, and
+    #: the FP32 lm_head's autocast copy is saved for its input's gradient.
+    fp32_embeddings: bool = False
+
+
+@dataclass
+class Inventory:
+    """Named saved storages of one layer, bytes; ``split`` ones are divided by TP."""
+
+    split: dict[str, float] = field(default_factory=dict)
+    whole: dict[str, float] = field(default_factory=dict)
+    #: Storages kept on an autograd context outside ``save_for_backward`` (bitsandbytes'
+    #: ``ctx.tensors``): backward does not release them; they live as long as the graph.
+    on_context: set[str] = field(default_factory=set)
+
+    def add(self, name: str, n_bytes: float, *, split: bool = True) -> None:
+        (self.split if split else self.whole).setdefault(name, n_bytes)
+
+    def total(self, tp: int = 1, sp: bool = False) -> float:
+        """Bytes on one GPU: TP splits the head/FFN-wide tensors; SP also the h-wide ones."""
+        whole = sum(self.whole.values())
+        return sum(self.split.values()) / tp + (whole / tp if sp else whole)
+
+    def on_context_total(self, tp: int = 1, sp: bool = False) -> float:
+        """Bytes on one GPU of the storages in :attr:`on_context`."""
+        split = sum(v for k, v in self.split.items() if k in self.on_context)
+        whole = sum(v for k, v in self.whole.items() if k in self.on_context)
+        return split / tp + (whole / tp if sp else whole)
+
+
+def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, rec: LayerRecipe,
+          kind: str, tokens: int, model: ModelSpec | None = None) -> None:
+    """A norm's saved tensors: HF RMSNorm keeps an FP32 copy of its input (4h) and rsqrt (4),
+    plus y (e·h) for its weight's gradient; LayerNorm keeps its input (e·h), mean and rstd (8);
+    a fused (compiled) RMSNorm keeps its input and rsqrt (e·h + 4).
+
+    litgpt's RMSNorm: before Oct 24, 2023 (``norm_upcast`` False; litgpt PR #606 added the
+    upcast) it computes in the input dtype and keeps its input and rsqrt (e·h + e), plus the
+    normalised x (e·h) for a trainable weight; since then it upcasts like HF, but multiplies the
+    weight with the FP32 normalised x, so a trainable weight keeps that FP32 tensor (4h)."""
+    if not (rg or weight_trainable):
+        return
+    litgpt = model is not None and model.impl == "litgpt"
+    if kind == "rmsnorm" and not rec.fused and model is not None and not model.norm_upcast:
+        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
+        inv.add(f"{name}.rstd", tokens * rec.e, split=False)
+        if weight_trainable:
+            inv.add(f"{name}.y", tokens * rec.e * h, split=False)
+        return
+    if kind == "layernorm":
+        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
+        inv.add(f"{name}.stats", tokens * 2 * FP32, split=False)
+    elif rec.fused:
+        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
+        inv.add(f"{name}.rstd", tokens * FP32, split=False)
+    else:
+        inv.add(f"{name}.fp32_input", tokens * FP32 * h, split=False)
+        inv.add(f"{name}.rstd", tokens * FP32, split=False)
+        if weight_trainable:
+            inv.add(f"{name}.y", tokens * (FP32 if litgpt else rec.e) * h, split=False)
+
+
+def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str], rec: LayerRecipe,
+                   tokens: int, *, split_input: bool, x_rg: bool = True,
+                   x_bytes: int | None = None) -> None:
+    """Inputs that linear layers save for their weight gradients.
+
+    A trainable base weight saves its input (FP8 with Float8 linears). A LoRA module saves the
+    input of lora_A: the tensor itself when c = e, else its own cast copy (``x.to(c)``) per
+    module; with dropout the dropped copy replaces it, plus a mask per module when the input
+    needs a gradient (``x_rg``; not in layer 0 of LoRA). lora_A's output
+    (r wide, dtype c) is saved by lora_B. Under autocast the saved copies are in the compute
+    dtype: PEFT first casts x (``x_bytes`` wide per element) to the adapter dtype, a copy unless
+    they match (quantized-base layers skip it under CUDA autocast), then autocast casts to e.
+    """
+    x_bytes = rec.e if x_bytes is None else x_bytes
+    if (rec.trainable_base or rec.frozen_saves_input and x_rg) and modules:
+        if rec.fp8:
+            inv.add(f"{x_name}.fp8", tokens * FP8_BYTES * x_width, split=split_input)
+        elif rec.trainable_base or x_bytes == rec.e:
+            inv.add(x_name, tokens * x_bytes * x_width, split=split_input)
+            if not rec.trainable_base:
+                inv.on_context.add(x_name)
+        else:  # bitsandbytes casts an FP32 input to its compute dtype first: a copy per module
+            for m in modules:
+                inv.add(f"{m}.bnb_input", tokens * rec.e * x_width, split=split_input)
+                inv.on_context.add(f"{m}.bnb_input")
+    copy = rec.e if rec.autocast else rec.c  # dtype of what an adapter saves
+    # The tensor lora_A reads: x, cast to the adapter dtype, then by autocast to e.
+    pre = x_bytes if (rec.autocast and rec.lora_shares_input) else rec.c
+    saved = rec.e if rec.autocast else pre
+    for m in modules:
+        if m not in rec.lora_targets and not (m == "qkv" and rec.lora_targets & {"q", "k", "v"}):
+            continue
+        if rec.lora_dropout:
+            if x_rg:
+                inv.add(f"{m}.lora_dropout_mask", tokens * rec.mask_bytes * x_width, split=split_input)
+            inv.add(f"{m}.lora_dropped", tokens * copy * x_width, split=split_input)
+        elif pre == x_bytes and saved == x_bytes:  # no cast: the layer's own tensor
+            inv.add(x_name, tokens * x_bytes * x_width, split=split_input)
+        else:  # its own cast (FP32 adapters or an FP32 input), per module
+            inv.add(f"{m}.lora_cast", tokens * saved * x_width, split=split_input)
+        inv.add(f"{m}.lora_a_out", tokens * copy * rec.lora_rank, split=True)
+
+
+def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe, tokens: int,
+         prefix: str = "mlp") -> bool:
+    """Gated: gate·up products keep gate, up, act(gate) and the product (4e·f); fused keeps
+    gate and up only. Plain: fc output and act output (2e·f). Returns: output requires grad."""
+    t = rec.lora_targets
+    e = FP32 if rec.fp32_stream else rec.e  # the base returns its (FP32) input's dtype
+    trainable = rec.trainable_base
+    if model.gated_mlp:
+        _linear_inputs(inv, f"{prefix}.input", model.hidden, ["gate", "up"], rec, tokens,
+                       split_input=False, x_bytes=e)
+        gate_rg = rg_in or trainable or "gate" in t
+        up_rg = rg_in or trainable or "up" in t
+        if gate_rg:
+            inv.add(f"{prefix}.gate_out", tokens * e * f)  # saved by act
+        if rec.fused:
+            if gate_rg or up_rg:
+                inv.add(f"{prefix}.gate_out", tokens * e * f)
+                inv.add(f"{prefix}.up_out", tokens * e * f)
+        else:
+            if gate_rg:
+                inv.add(f"{prefix}.up_out", tokens * e * f)  # mul saves up for d(act)
+            if up_rg:
+                inv.add(f"{prefix}.act_out", tokens * e * f)  # mul saves act for d(up)
+        prod_rg = gate_rg or up_rg
+        if rec.fused and trainable and not rec.fp8:
+            pass  # the product is recomputed from gate and up for down's weight gradient
+        else:
+            _linear_inputs(inv, f"{prefix}.product", f, ["down"], rec, tokens, split_input=True,
+                           x_bytes=e)
+        return prod_rg or trainable or "down" in t
+    _linear_inputs(inv, f"{prefix}.input", model.hidden, ["up"], rec, tokens, split_input=False,
+                   x_bytes=e)
+    fc_rg = rg_in or trainable or "up" in t
+    if fc_rg:
+        inv.add(f"{prefix}.fc_out", tokens * e * f)  # saved by GELU
+    _linear_inputs(inv, f"{prefix}.act_out", f, ["down"], rec, tokens, split_input=True,
+                   x_bytes=e)
+    return fc_rg or trainable or "down" in t
+
+
+def attention_is_eager(model: ModelSpec, rec: LayerRecipe) -> bool:
+    """Eager attention: asked for, or forced where litgpt soft-caps the scores ("with
+    softcapping we cannot use SDPA": litgpt ``model.py`` builds the scores, tanh, mask and an FP32
+    softmax itself). Hugging Face runs soft-capped attention in FlashAttention-2 (``softcap``)."""
+    return rec.attention == "eager" or (model.impl == "litgpt" and model.attention_softcap)
+
+
+@by_spec
+def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Storages one decoder layer saves for backward (no checkpointing).
+
+    HF Llama, full fine-tuning, flash/SDPA, per token: 2 norms × (4h + 4 + e·h y + e·h output)
+    + q, k, v after RoPE (e·h_q + 2e·h_kv) + attention output (e·h_q) + FP32 lse (4a) + MLP 4e·f
+    = 8h + 8 + 4e·h + 2e·h_q + 2e·h_kv + 4e·f + 4a. Eager attention instead saves a contiguous q,
+    K and V repeated to all a heads (GQA saves nothing there), the FP32 softmax (4·a·s per
+    token), its e-byte copy when e ≠ 4, and the output: 4e·h_q + a·s·(4 + e·[e≠4]).
+    A frozen base (LoRA) saves only what gradients flowing to earlier adapters need. Sources:
+    ``../shared/design/cpu-ground-truth.md`` §4–5, re-measured by ``tests/truth``; Korthikanti
+    et al. 2022 for the GPT layer's structure. Excludes: dropout other than LoRA's (none in
+    these models), the causal mask and RoPE tables (shared by all layers: :func:`shared_saved`).
+    """
+    inv = Inventory()
+    tokens = b * s
+    h, e = model.hidden, rec.e
+    a, d = model.heads, model.head_dim_eff
+    h_q, h_kv = a * d, model.kv_heads_eff * d
+    t = rec.lora_targets
+    rg_in = rec.input_requires_grad
+    norm = model.norm
+    # --- attention block
+    _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, norm, tokens, model)
+    out1_rg = rg_in or rec.trainable_base
+    qkv = ["qkv"] if model.fused_qkv else ["q", "k", "v"]
+    _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg,
+                   x_bytes=FP32 if rec.fp32_stream else e)
+    qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
+    if model.impl == "litgpt" and model.fused_qkv:
+        _litgpt_qkv_lora(inv, model, rec, tokens)
+    eager = attention_is_eager(model, rec)
+    if qkv_rg and model.impl == "litgpt" and not eager:
+        _litgpt_attention(inv, model, rec, tokens, s)
+    elif qkv_rg:
+        if eager:
+            inv.add("attn.q", tokens * e * h_q)
+            inv.add("attn.k_repeated", tokens * e * h_q)
+            inv.add("attn.v_repeated", tokens * e * h_q)
+            if model.attention_softcap:  # tanh(scores / cap) keeps its output
+                inv.add("attn.softcap_tanh", tokens * e * a * s)
+            inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
+            if e != FP32:
+                inv.add("attn.softmax_copy", tokens * e * a * s)
+        else:
+            inv.add("attn.q", tokens * e * h_q)
+            inv.add("attn.k", tokens * e * h_kv)
+            inv.add("attn.v", tokens * e * h_kv)
+            inv.add("attn.out", tokens * e * h_q)
+            inv.add("attn.lse", tokens * FP32 * a)
+    name_o = "attn.out" if not eager else "attn.out_contiguous"
+    _linear_inputs(inv, name_o, h_q, ["o"], rec, tokens, split_input=True)
+    h1_rg = rg_in or qkv_rg or rec.trainable_base or "o" in t
+    # --- MLP block (with one norm per layer, a parallel block: the MLP reads norm1's output)
+    if model.norms_per_layer >= 2:
+        _norm(inv, "norm2", h1_rg, rec.trainable_base, h, rec, norm, tokens, model)
+    if model.norms_per_layer > 2:  # Gemma 2: post-attention and post-MLP norms
+        _norm(inv, "norm3", h1_rg, rec.trainable_base, h, rec, norm, tokens, model)
+        _norm(inv, "norm4", h1_rg, rec.trainable_base, h, rec, norm, tokens, model)
+    mlp_rg_in = h1_rg or rec.trainable_base
+    moe = model.moe
+    if moe is None:
+        _mlp(inv, model, model.ffn, mlp_rg_in, rec, tokens)
+    else:
+        _moe(inv, model, mlp_rg_in, rec, tokens)
+    if rec.autocast and rec.c != rec.e:
+        _autocast_weight_casts(inv, model, rec)
+    return inv
+
+
+def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -> None:
+    """Under autocast each FP32 adapter weight is cast to the compute dtype, and F.linear saves
+    that copy for its input's gradient: r·d_out·e for lora_B, r·d_in·e for lora_A when the
+    module's input needs a gradient (not q, k, v in layer 0 of LoRA); no token factor. With
+    ``fused_qkv`` q, k and v are one adapted linear (as :func:`planner.core.arch.lora_adapters`)."""
+    shapes = lora_module_shapes(model)
+    adapted = [m for m in shapes if m in rec.lora_targets]
+    qkv = [m for m in adapted if m in ("q", "k", "v")]
+    groups = [[m] for m in adapted if m not in qkv]
+    groups += [qkv] if model.fused_qkv and qkv else [[m] for m in qkv]
+    qkv_input_rg = rec.input_requires_grad or rec.trainable_base
+    for group in groups:
+        d_in = shapes[group[0]][0] if group[0] not in qkv or qkv_input_rg else 0
+        d_out = sum(shapes[m][1] for m in group)
+        inv.add(f"{group[0]}.lora_weight_casts", rec.lora_rank * (d_in + d_out) * rec.e)
+
+
+def _litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
+    """litgpt's ``LoRAQKVLinear`` adapts a subset of q, k, v of the fused projection by
+    zero-padding the low-rank update to the fused width: ``index_copy`` keeps its source, the
+    update of the enabled parts (c bytes each). Nothing extra when q, k and v are all adapted
+    (``zero_pad`` returns its input). Source: litgpt ``lora.py`` ``zero_pad`` (``index_copy``;
+    its derivative ``grad.index_select(dim, index).expand_as(source)`` keeps ``source``)."""
+    t = rec.lora_targets
+    enabled = [p for p in ("q", "k", "v") if p in t]
+    if not enabled or len(enabled) == 3:
+        return
+    d = model.head_dim_eff
+    width = {"q": model.heads * d, "k": model.kv_heads_eff * d, "v": model.kv_heads_eff * d}
+    inv.add("qkv.lora_zero_pad_source", tokens * rec.c * sum(width[p] for p in enabled))
+    # lora_A has r rows per enabled part, so its output is r·parts wide; the int64 index of
+    # the padded columns is built once per forward (8 bytes per column, no token dimension).
+    inv.split["qkv.lora_a_out"] = tokens * rec.c * rec.lora_rank * len(enabled)
+    inv.add("qkv.lora_index", 8 * sum(width[p] for p in enabled))
+
+
+def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
+                      s: int) -> None:
+    """What SDPA keeps in litgpt's ``CausalSelfAttention``: q and k after RoPE (new tensors);
+    with grouped or multi-query attention k and v are expanded and reshaped to all heads
+    (copies: e·h_q each); with as many KV heads as heads, v is a view of the fused QKV output,
+    so SDPA's saved v keeps that whole output alive (e·(h_q + 2·h_kv)). Plus the output and the
+    FP32 log-sum-exp. Source: litgpt ``model.py`` (``qkv.split`` / ``expand`` / ``reshape``)."""
+    e, d = rec.e, model.head_dim_eff
+    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    if model.mqa_sdpa_math and model.kv_heads_eff == 1:
+        # SDPA's math path (``_scaled_dot_product_attention_math``): the scaled q, K and V
+        # broadcast to every head by ``matmul`` (copies ``bmm`` saves) and the softmax output.
+        inv.add("attn.q_scaled", tokens * e * h_q)
+        inv.add("attn.k_broadcast", tokens * e * h_q)
+        inv.add("attn.v_broadcast", tokens * e * h_q)
+        inv.add("attn.probs", tokens * e * model.heads * s)
+        return
+    inv.add("attn.q", tokens * e * h_q)
+    if model.kv_heads_eff == model.heads:
+        inv.add("attn.k", tokens * e * h_kv)
+        inv.add("attn.qkv_out", tokens * e * (h_q + 2 * h_kv))
+    else:
+        inv.add("attn.k_expanded", tokens * e * h_q)
+        inv.add("attn.v_expanded", tokens * e * h_q)
+    inv.add("attn.out", tokens * e * h_q)
+    inv.add("attn.lse", tokens * FP32 * model.heads)
+
+
+def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens: int) -> None:
+    """A MoE layer: each token goes through ``active`` experts (its hidden state copied once per
+    expert by the dispatch, e·h each) plus the shared experts; the router saves FP32 logits
+    (4·E per token). Routing imbalance is not modelled: the mean load is assumed."""
+    moe = model.moe
+    inv.add("moe.router_logits", tokens * FP32 * moe.experts)
+    inv.add("moe.dispatched", tokens * moe.active * rec.e * model.hidden)
+    sub = Inventory()
+    _mlp(sub, model, moe.expert_ffn, rg_in, rec, tokens * moe.active, prefix="experts")
+    if moe.shared_experts and moe.shared_ffn:
+        _mlp(sub, model, moe.shared_ffn * moe.shared_experts, rg_in, rec, tokens, prefix="shared")
+    for k, v in sub.split.items():
+        inv.add(k, v)
+    for k, v in sub.whole.items():
+        inv.add(k, v, split=False)
+
+
+@by_spec
+def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Gradients that exist, beside the saved tensors, while one layer runs backward: those of the
+    MLP's intermediates (gate, up and their product: 3·e·f; plain MLP: 2·e·f) and of the layer's
+    input and output (2·e·h) per token. Not visible in a saved-tensor count; derived from the
+    order in which autograd frees them (each is released once consumed)."""
+    inv = Inventory()
+    tokens, e = b * s, FP32 if rec.fp32_stream else rec.e
+    f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    inv.add("grad.mlp", tokens * e * f * (3 if model.gated_mlp else 2))
+    inv.add("grad.residual", tokens * e * 2 * model.hidden, split=False)
+    return inv
+
+
+@by_spec
+def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Op-level selective checkpointing (torchtitan's ``selective_ac_option: op``, the common
+    PyTorch policy): keep the layer input, the attention kernel's outputs (out + FP32 lse) and
+    every other matmul output in forward order (Llama: q, v, gate, down); recompute the rest.
+    Source: torchtitan ``_save_list`` / ``_custom_policy`` ("save all compute-intensive ops
+    except every second mm"). With eager attention nothing s²-sized is kept (Korthikanti's
+    selective recomputation)."""
+    inv = Inventory()
+    tokens, e = b * s, rec.e
+    h, d = model.hidden, model.head_dim_eff
+    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    inv.add("layer_input", tokens * e * h, split=False)
+    f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    mms = [("q", h_q), ("k", h_kv), ("v", h_kv), ("o", h)]
+    mms += [("gate", f), ("up", f), ("down", h)] if model.gated_mlp else [("up", f), ("down", h)]
+    for i, (name, width) in enumerate(mms):
+        if i % 2 == 0:
+            inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
+    inv.add("attn.out", tokens * e * h_q)
+    if not attention_is_eager(model, rec):
+        inv.add("attn.lse", tokens * FP32 * model.heads)
+    return inv
+
+
+@by_spec
+def checkpoint_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """Full checkpointing (HF ``gradient_checkpointing``, non-reentrant): only the layer input,
+    e·b·s·h, is kept per layer."""
+    inv = Inventory()
+    inv.add("layer_input", b * s * (FP32 if rec.fp32_stream else rec.e) * model.hidden, split=False)
+    return inv
+
+
+@by_spec
+def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
+    """Tensors made once per forward and saved by every layer: the RoPE cos/sin tables
+    (2·s·d·e, no batch dimension)."""
+    e = FP32 if rec.fp32_embeddings else rec.e  # made in the embeddings' dtype
+    return 2 * s * model.head_dim_eff * e if model.position == "rope" else 0.0
+
+
+def eager_mask_bytes(rec: LayerRecipe, b: int, s: int) -> float:
+    """Alive through the step but not saved: eager attention's causal mask (e·b·s²)."""
+    return rec.e * b * s * s if rec.attention == "eager" else 0.0
+
+
+@by_spec
+def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_trainable: bool,
+               embedding_trainable: bool) -> float:
+    """Outside the layers, saved for backward (loss excluded, see :func:`loss_bytes`): the final
+    norm (as any norm), lm_head's input (e·h) when lm_head is trained, the shifted labels
+    (int64, 8 per token) and the input ids when the embedding is trained (8 per token)."""
+    inv = Inventory()
+    tokens = b * s
+    _norm(inv, "final_norm", True, rec.trainable_base, model.hidden, rec, model.norm, tokens, model)
+    if lm_head_trainable:
+        inv.add("lm_head.input", tokens * rec.e * model.hidden, split=False)
+    if rec.fp32_embeddings and rec.autocast:  # the FP32 lm_head's bf16 copy (input gradient)
+        inv.add("lm_head.weight_cast", model.vocab * model.hidden * rec.e)
+    n = inv.total() + 8 * tokens
+    if embedding_trainable:
+        n += 8 * tokens
+    return n
+
+
+#: Tokens per sequence chunk of litgpt's LoRA ``lm_head`` and chunked cross-entropy
+#: (``lm_head_chunk_size=128`` splits the sequence dimension, so a chunk holds micro-batch × 128
+#: tokens; ``chunked_cross_entropy(chunk_size=128)``; litgpt ``finetune/lora.py``, ``utils.py``).
+LITGPT_LM_HEAD_CHUNK = 128
+#: Bytes per logit that litgpt's training loop holds: Lightning Fabric's precision plugins
+#: (``HalfPrecision`` for bf16-true/16-true, ``BitsandbytesPrecision``, ``FSDPPrecision``) cast a
+#: module's floating outputs to ``torch.get_default_dtype()`` in ``convert_output`` (Lightning
+#: ``fabric/wrappers.py``, ``_FabricModule.forward``, since 2023-04), so the logits reach the loop
+#: and the loss in FP32 whatever the compute dtype.
+FABRIC_OUTPUT_BYTES = 4
+#: FP32 vocabulary-wide tensors alive per token at the peak of ``loss_parallel``'s backward:
+#: the saved log-probabilities x, ``grad_input = torch.zeros_like(x)``, the sum
+#: ``grad_input + torch.exp(x)`` and its product with the incoming gradient (the ``exp`` temporary
+#: is freed by then). Source: PyTorch ``torch/distributed/tensor/parallel/loss.py``,
+#: ``_nll_loss_and_log_softmax_backward`` (unchanged since loss parallel landed in 2024).
+LOSS_PARALLEL_BACKWARD_FP32_COPIES = 4
+#: FP32 vocabulary-wide tensors per token when the loop holds FP32 logits (``loss: held_fp32``):
+#: at the end of forward the held logits and the saved log-probabilities; at the log-softmax
+#: backward also the log-probabilities' gradient and the logits' gradient. Source: torchtune
+#: ``recipes/lora_finetune_single_device.py`` and ``full_finetune_single_device.py`` with
+#: ``torchtune/modules/transformer.py`` (``.float()``), from Jan 2024 to PR #1390 (Aug 2024).
+HELD_FP32_SAVED_COPIES = 2
+HELD_FP32_PEAK_COPIES = 4
+#: Chunks of torchtune's ``CEWithChunkedOutputLoss`` (``num_output_chunks = 8``).
+LOSS_CHUNKS = 8
+
+
+@by_spec
+def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
+               compiled: bool = False, batch: int = 1, first_step: bool = False,
+               carried: float = 0.0, head_dequant: float = 0.0) -> tuple[float, float, float]:
+    """(saved at the end of forward, peak while the loss runs, held by the training loop) for the
+    logits and cross-entropy. ``held`` stays alive after the loss's backward, through the rest of
+    backward and the optimizer step, until the next step's forward returns (a loop variable).
+    Where the loop holds the previous step's outputs, their graph lives as long: ``carried`` is
+    what that graph keeps beside them (inputs on an autograd context), ``head_dequant`` the
+    dequantized weight of a quantized ``lm_head`` (made for each chunk, forward and backward).
+
+    ``standard`` (HF ``ForCausalLMLoss``, torchtitan): logits in the compute dtype are upcast
+    to FP32 and ``log_softmax`` keeps its FP32 output (4V per token) for backward; at the start
+    of backward the FP32 gradient of the log-probabilities and of the logits exist beside it:
+    12V per token (forward: e + 4 + 4). ``chunked`` (torchtune ``CEWithChunkedOutputLoss``):
+    the compute-dtype logits stay (e·V) and FP32 exists for one chunk at a time (12V/chunks);
+    litgpt's chunked LoRA loss differs (see :func:`_litgpt_chunked`). ``fused`` (Liger FLCE, Cut Cross-Entropy): logits never exist whole;
+    Liger's chunks are N/⌈V/h⌉ tokens, so about 12·h per token. Vocab-parallel loss divides by TP;
+    under TP the standard loss is PyTorch's ``loss_parallel``, whose backward peaks at 16V.
+    ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
+    log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient; the loss
+    ``compiled`` does the same for the whole unchunked cross-entropy (torchtitan since 2025-04).
+    """
+    saved, peak, held = _loss_bytes(model, e, tokens, loss, tp, compiled, batch, first_step,
+                                    carried, head_dequant)
+    if model.logit_softcap and loss != "fused":
+        # tanh(logits / cap) · cap keeps the tanh output (e per logit) until its backward, which
+        # runs after the loss's (HF Gemma 2; litgpt, per chunk of its LoRA head since 2024-12).
+        cap = e * model.vocab / tp * tokens
+        saved, peak = saved + cap, peak + cap
+    return saved, peak, held
+
+
+def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compiled: bool,
+                batch: int, first_step: bool, carried: float,
+                head_dequant: float) -> tuple[float, float, float]:
+    v = model.vocab / tp
+    if model.impl == "litgpt" and loss in ("chunked", "standard"):
+        # litgpt's loops (``finetune/lora.py``, ``full.py``) keep ``logits`` from one step to the
+        # next, in FP32 after Fabric's output cast (FABRIC_OUTPUT_BYTES).
+        held = FABRIC_OUTPUT_BYTES * v * tokens
+        if loss == "chunked":
+            return _litgpt_chunked(e, v, tokens, batch, held, first_step, carried,
+                                   head_dequant) + (held,)
+        saved, peak = _logits_standard(e, v, tokens, tp)
+        return saved * tokens, peak * tokens, held
+    if loss == "held_fp32":
+        # torchtune before its chunked loss (PR #1390, 2024-08-28): ``TransformerDecoder``
+        # returns ``self.output(h).float()``, the recipe keeps ``logits = logits[..., :-1, :]
+        # .contiguous().transpose(1, 2)`` alive through ``loss.backward()``, and
+        # ``nn.CrossEntropyLoss`` keeps its FP32 log-probabilities. At the log-softmax backward
+        # the held logits, the log-probabilities, their gradient (``nll_loss`` backward) and the
+        # logits' gradient exist at once.
+        return (HELD_FP32_SAVED_COPIES * FP32 * v * tokens, HELD_FP32_PEAK_COPIES * FP32 * v * tokens,
+                FP32 * v * tokens)
+    if loss == "standard":
+        saved, peak = _logits_standard(e, v, tokens, tp)
+    elif loss == "compiled":
+        # Inductor fuses the FP32 upcast, log-softmax and NLL: it keeps the e-byte logits (and a
+        # per-token log-sum-exp) and writes the e-byte gradient in one kernel (2e per logit at
+        # the peak; ``tests/truth`` measures it on the CPU).
+        saved, peak = e * v, 2 * e * v
+    elif loss == "chunked":
+        saved = e * v
+        peak = e * v + (e if compiled else 3 * FP32) * v / LOSS_CHUNKS
+    else:
+        saved = 0.0
+        peak = 3 * FP32 * model.hidden
+    return saved * tokens, peak * tokens, 0.0
+
+
+def _logits_standard(e: int, v: float, tokens: int, tp: int) -> tuple[float, float]:
+    """Per token: (saved, peak) of the unchunked FP32 cross-entropy (see :func:`loss_bytes`)."""
+    if tp > 1:
+        # PyTorch's ``loss_parallel`` (DTensor cross-entropy over vocabulary shards, as
+        # torchtitan and torchtune run TP) computes the backward of NLL and log-softmax as
+        # ``(zeros_like(x) + exp(x)) * grad`` in FP32 beside the saved log-probabilities x.
+        return FP32 * v, LOSS_PARALLEL_BACKWARD_FP32_COPIES * FP32 * v
+    return FP32 * v, max(e + 2 * FP32, 3 * FP32) * v
+
+
+def _litgpt_chunked(e: int, v: float, tokens: int, batch: int, held: float, first_step: bool,
+                    carried: float, head_dequant: float) -> tuple[float, float]:
+    """litgpt's LoRA loss: (saved, peak) in bytes.
+
+    The model returns 128-token logit chunks in the compute dtype; Fabric casts them to FP32 (the
+    list the loop holds) while the compute-dtype list and the previous step's FP32 list (with its
+    graph) are still referenced: e + 4 + 4 bytes per logit at the end of forward (4 less at a
+    run's first step). Each chunk's cross-entropy keeps FP32 log-probabilities (saved: 8 per
+    logit). The autograd engine runs nodes by decreasing sequence number, so every chunk's NLL
+    and log-softmax backward runs before any chunk's cast, and every cast before any
+    ``lm_head`` backward: the log-probabilities turn into FP32 gradients beside the held logits
+    (with one chunk's NLL and log-softmax gradients on top), then those into e-byte gradients.
+    A quantized ``lm_head`` dequantizes its weight for the last chunk of the forward (all the
+    e-byte chunks exist) and for the first chunk of its backward (all e-byte gradients exist).
+    """
+    chunk = min(LITGPT_LM_HEAD_CHUNK * batch, tokens)
+    saved = 2 * held
+    previous = 0.0 if first_step else held + carried
+    cast = previous + ((e + FABRIC_OUTPUT_BYTES) * v * tokens if e < FABRIC_OUTPUT_BYTES else held)
+    backward = saved + 2 * FP32 * v * chunk
+    peak = max(cast, backward)
+    if head_dequant:
+        forward_last_chunk = previous + e * v * tokens + head_dequant
+        head_backward = held + e * v * tokens + head_dequant
+        peak = max(peak, forward_last_chunk, head_backward)
+    return saved, peak

@@ -1,0 +1,343 @@
+"""Profile ``detailed``: per-GPU peak memory from the architecture and the training recipe.
+
+The peak is the maximum over the phases of a step, not a plain sum:
+- backward start: persistent states + every saved activation + the loss's peak (or, with
+  checkpointing, the recomputed working set of one layer, whichever is larger) + gather buffers;
+- backward end: persistent states + all gradients + one layer's working set + buffers;
+- optimizer step: persistent states + all gradients + the optimizer's temporaries.
+Three views are predicted: ``allocated`` (tensors: ``torch.cuda.max_memory_allocated``),
+``reserved`` (the caching allocator's segments: + fragmentation of the memory that churns within
+a step) and ``device`` (what nvidia-smi shows and what must fit: + CUDA context and NCCL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.memory import activations as act
+from planner.core.arch import lora_module_shapes, param_counts
+from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.memory.model_states import (StateParts, bnb_prepared, compute_bytes, model_states,
+                            quantized_head, quantized_linear_bytes)
+
+# ---------------------------------------------------------------------------------------------
+# Named constants (each a guess with its source)
+
+#: CUDA context + kernels, visible to nvidia-smi only: 287 MB with lazy module loading (PyTorch
+#: PR #86509), "300–400 MB" with CUDA ≥ 11.7 (ptrblck, issues #107667/#109888); cuBLAS/cuDNN
+#: handles add tens of MB. 450 MiB is the middle of that range.
+CUDA_CONTEXT_BYTES = 450 * 2**20
+#: NCCL buffers per communicator in use (Fujii et al. 2024 memory-estimator notes: ~0.5 GB).
+NCCL_COMMUNICATOR_BYTES = 500 * 10**6
+#: Caching-allocator fragmentation: share of the memory allocated and freed within a step
+#: (activations, logits, buffers, temporaries) that ``max_memory_reserved`` adds on top of
+#: ``max_memory_allocated``. GMLake (ASPLOS'24): the PyTorch allocator wastes ~15 % on average
+#: (up to 33 %) on LLM training; persistent states, allocated once, fragment little.
+ALLOCATOR_FRAGMENTATION = 0.15
+#: FSDP / ZeRO-3 units gathered at once: the one computing and the one prefetched (FSDP
+#: ``BackwardPrefetch.BACKWARD_PRE`` and forward prefetch hold two units' unsharded parameters).
+ZERO3_LIVE_UNITS = 2
+#: Activation offloading keeps this many layers' checkpoints on the GPU (the one in use and the
+#: one being copied; torchtune ``OffloadActivations`` uses one side stream).
+OFFLOAD_RESIDENT_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Bytes of each component at the peak phase, and the three views."""
+
+    phase: str
+    parts: dict[str, float]
+    allocated: float
+    reserved: float
+    device: float
+    host: float
+    notes: tuple[str, ...]
+
+
+def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool) -> act.LayerRecipe:
+    e = compute_bytes(wl.precision)
+    lora = wl.method in ("lora", "qlora")
+    return act.LayerRecipe(
+        e=e,
+        attention=layout.attention,
+        trainable_base=wl.method == "full",
+        lora_targets=frozenset(wl.lora_target_set) if lora else frozenset(),
+        c=(4 if wl.adapter_dtype == "fp32" else e) if lora else e,
+        lora_rank=wl.lora_rank if lora else 0,
+        lora_dropout=lora and wl.lora_dropout > 0,
+        input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"),
+        fused=wl.compile,
+        fp8=wl.fp8,
+        frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
+        autocast=lora and wl.precision in ("mixed", "fp16"),
+        lora_shares_input=wl.method == "qlora" and wl.quant_type == "nf4",
+        fp32_stream=bnb_prepared(wl) and (wl.kbit_prep == "peft" or not _norm_keeps_dtype(model)),
+        fp32_embeddings=bnb_prepared(wl) and wl.kbit_prep == "peft",
+    )
+
+
+def _norm_keeps_dtype(model: ModelSpec) -> bool:
+    """Gemma's RMSNorm returns ``output.type_as(x)``: an FP32 weight leaves a bf16 stream bf16
+    (Llama-style norms return ``weight * x``, FP32 with an FP32 weight)."""
+    return (model.family or "").startswith("gemma")
+
+
+def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at once.
+
+    1F1B: min(p, m) (Narayanan et al. 2021); interleaved with v chunks: × (1 + (p−1)/(p·v))
+    (Korthikanti et al. 2022 §4.2.3, as Megatron implements it); GPipe: all m. m unknown → p.
+    """
+    p = layout.pp
+    if p == 1:
+        return 1.0
+    m = grad_accum or p
+    if layout.pp_schedule == "gpipe":
+        return float(m)
+    n = float(min(p, m))
+    if layout.pp_schedule == "interleaved":
+        v = layout.pp_virtual_stages
+        n *= 1 + (p - 1) / (p * v)
+    return n
+
+
+def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum: int | None,
+                     *, last_stage: bool) -> dict[str, float]:
+    """Saved activations of one pipeline stage (``saved``), the working set of the layer being
+    recomputed (``working``), the loss (``loss_saved``, ``loss_peak``) and offloaded bytes."""
+    b, s = wl.micro_batch, wl.seq_len // layout.cp
+    tp, sp = layout.tp, layout.sp
+    rec = _recipe(model, wl, layout, first_layer=False)
+    n_layers = -(-model.layers // layout.pp)  # the heaviest stage when pp does not divide L
+    layer = act.layer_saved(model, rec, b, s)
+    full_layer = layer.total(tp, sp)
+    temps = act.backward_temporaries(model, rec, b, s).total(tp, sp)
+    first = act.layer_saved(model, _recipe(model, wl, layout, first_layer=True), b, s).total(tp, sp)
+    if layout.checkpointing == "none":
+        per, working = full_layer, temps
+        layers = (n_layers - 1) * per + (first if not last_stage or layout.pp == 1 else per)
+    else:
+        pick = act.selective_saved if layout.checkpointing == "selective" else act.checkpoint_saved
+        per, working = pick(model, rec, b, s).total(tp, sp), full_layer + temps
+        layers = n_layers * per
+    host = 0.0
+    if layout.activation_offload and layout.checkpointing != "none":
+        resident = min(n_layers, OFFLOAD_RESIDENT_LAYERS) * per
+        host, layers = layers - resident, resident
+    in_flight = 1.0 if (last_stage and layout.pp > 1) else in_flight_micro_batches(layout, grad_accum)
+    saved = (layers + act.shared_saved(model, rec, b, s) + act.eager_mask_bytes(rec, b, s)) * in_flight
+    host *= in_flight
+    loss_saved = loss_peak = loss_held = 0.0
+    on_context = 0.0
+    if rec.frozen_saves_input and layout.checkpointing == "none":
+        # legacy bitsandbytes: each step's matmul inputs on autograd contexts (with
+        # checkpointing they belong to the recomputed layer; not modelled beyond it)
+        on_context = n_layers * layer.on_context_total(tp, sp) * in_flight
+    if last_stage:
+        lm_head_trainable = wl.method == "full" or "lm_head" in wl.lora_targets
+        saved += act.head_saved(model, rec, b, s, lm_head_trainable=lm_head_trainable,
+                                embedding_trainable=wl.method == "full") / (tp if sp else 1)
+        head_q = quantized_head(model, wl)
+        if head_q and rec.frozen_saves_input:  # the chunked lm_head's inputs
+            on_context += b * s * rec.e * model.hidden * in_flight
+        # litgpt's loop holds the previous step's outputs, so their graph with every input
+        # bitsandbytes kept on its contexts lives until this step's forward returns.
+        carried = on_context if model.impl == "litgpt" else 0.0
+        loss_saved, loss_peak, loss_held = act.loss_bytes(
+            model, rec.e, b * s, wl.loss, tp, compiled=wl.compile, batch=b,
+            first_step=wl.peak_at_first_step, carried=carried,
+            head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
+    return {"saved": saved, "working": working, "loss_saved": loss_saved,
+            "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host}
+
+
+def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts) -> dict[str, float]:
+    """Transient buffers: ZeRO-3/FSDP gathered units, DDP gradient buckets, the dequantized weight
+    of a quantized base, and the optimizer step's temporaries."""
+    e = compute_bytes(wl.precision)
+    counts = param_counts(model)
+    tp, pp = layout.tp, layout.pp
+    layer = (counts.attention + counts.mlp) / model.layers / tp
+    end = max(counts.embedding, counts.lm_head) / tp
+    out = {"gather": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
+           # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
+           # overlap_comm) of reduce_bucket_size elements in the training dtype when
+           # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
+           "zero_buckets": layout.zero_bucket_elements * e}
+    if layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params"):
+        w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
+        unit = max(layer * w_b, end * e)
+        out["gather"] = ZERO3_LIVE_UNITS * unit
+        if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
+            out["gather"] += layer * (4 if wl.grad_dtype == "fp32" else e)
+    if layout.zero == 0 and layout.dp * layout.cp > 1 and wl.method == "full":
+        # PyTorch DDP copies gradients into its buckets unless gradient_as_bucket_view=True
+        # (DDP docs: the saving "will be equal to the total gradients size").
+        out["ddp"] = st.device.get("gradients", 0.0)
+    if wl.method == "qlora":
+        shapes = lora_module_shapes(model)
+        out["dequant"] = max(d_in * d_out for d_in, d_out in shapes.values()) / tp * e
+    if wl.optimizer_step == "foreach" and wl.optimizer in ("adamw", "sgd"):
+        # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list.
+        n = st.trainable / _opt_shard(layout)
+        mixed = wl.precision in ("mixed", "fp16", "fp32")
+        c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
+        out["optimizer_temp"] = n * (4 if mixed else (c if wl.method != "full" else e))
+    del pp
+    return out
+
+
+def _opt_shard(layout: Layout) -> int:
+    return layout.dp * layout.cp if layout.zero >= 1 else 1
+
+
+def _comm_groups(layout: Layout) -> int:
+    return sum(1 for d in (layout.dp, layout.tp, layout.pp, layout.cp) if d > 1)
+
+
+def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Overrides, *,
+                  dp: int, grad_accum: int | None) -> Peak:
+    """The peak over phases and stages, in the three views (see the module docstring)."""
+    layout = layout.model_copy(update={"dp": dp})
+    adapter_bytes = 4 if wl.adapter_dtype == "fp32" else compute_bytes(wl.precision)
+    st = model_states(model, wl, tp=layout.tp, pp=layout.pp, zero_degree=dp * layout.cp,
+                      zero=layout.zero, offload=layout.offload, adapter_bytes=adapter_bytes, ep=layout.ep,
+                      frozen_grads=layout.fsdp_mixed_units and layout.zero == 3)
+    buf = buffer_terms(model, wl, layout, st)
+    dev = st.device
+    grads = dev.get("gradients", 0.0)
+    persistent = {k: v for k, v in dev.items() if k != "gradients"}
+    accumulating = (grad_accum or 1) > 1 or layout.pp > 1
+    notes = []
+    # FSDP under pipeline parallelism keeps each stage's parameters unsharded for the whole step
+    # (torchtitan: reshard_after_forward = not pp_enabled) and syncs gradients on the last
+    # micro-batch only, so unsharded gradients accumulate in between.
+    fsdp_pp = layout.pp > 1 and layout.zero == 3 and dp * layout.cp > 1
+    if fsdp_pp:
+        unsharded = st.trainable * compute_bytes(wl.precision)
+        buf["gather"] = max(buf["gather"], unsharded)
+        notes.append("FSDP with PP: stage parameters stay unsharded; gradients accumulate unsharded")
+    reduced = grads  # after the last micro-batch's reduce-scatter: each GPU's shard only
+    if accumulating and grads:
+        if (layout.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
+            grads *= dp * layout.cp
+            e = compute_bytes(wl.precision)
+            if fsdp_pp and wl.precision in ("mixed", "fp16") and wl.grad_dtype != "fp32" and e < 4:
+                # FSDP2 (``fully_shard``) with an FP32 ``reduce_dtype`` upcasts the unsharded
+                # gradient it accumulates without syncing (``FSDPParam.
+                # to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``).
+                grads *= 4 / e
+            notes.append("gradients accumulate unsharded between micro-batches (FSDP no_sync)")
+        persistent["gradients"] = grads
+    # At a run's first micro-batch (``peak_at_first_step``) no earlier micro-batch has left
+    # gradients: they exist only once its own backward has made them (backward end).
+    start = {k: v for k, v in persistent.items()
+             if not (wl.peak_at_first_step and k == "gradients")}
+    end_grads = persistent.get("gradients", reduced) if wl.peak_at_first_step else reduced
+    best: tuple[float, str, dict[str, float], float] | None = None
+    stages = [True] if layout.pp == 1 else [False, True]
+    for last in stages:
+        a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
+        held = a["loss_held"]  # logits the training loop keeps until the next step's forward
+        # Inputs kept on autograd contexts (legacy bitsandbytes) outlive backward: until the
+        # graph is freed, and in a loop that holds the step's outputs, through the optimizer step.
+        kept, kept_after = a["on_context"], a["on_context"] if model.impl == "litgpt" else 0.0
+        if a["loss_peak"] >= a["working"] + held + buf["dequant"]:  # the loss's backward first
+            act_start, logits, dequant = a["saved"], a["loss_peak"], 0.0
+        else:  # the last layer's recomputation and its dequantized weight, after the loss
+            act_start, logits, dequant = a["saved"] + a["working"], held, buf["dequant"]
+        phases = {
+            "backward start": {**start, "activations": act_start, "logits": logits,
+                               "buffers": buf["gather"] + dequant + buf["zero_buckets"]},
+            "backward end": {**persistent, "gradients": end_grads,
+                             "activations": a["working"] + kept, "logits": held,
+                             "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
+                                         + buf["zero_buckets"])},
+        }
+        if wl.optimizer_step == "in_backward":
+            phases["backward end"]["gradients"] = st.largest_grad
+        else:
+            phases["optimizer step"] = {**persistent, "gradients": reduced, "logits": held,
+                                        "activations": kept_after,
+                                        "buffers": buf["optimizer_temp"]}
+        if layout.full_state_dict and layout.zero == 3:
+            # FSDP1 FULL_STATE_DICT (or an unsharded load with sync_module_states): every
+            # 16-bit weight exists unsharded on the GPU beside this GPU's shard at once.
+            # It happens at load and at checkpoint saves, outside a step: no gradients exist
+            # then (``zero_grad`` sets them to None after each optimizer step).
+            full = param_counts(model).total * compute_bytes(wl.precision) / (layout.tp * layout.pp)
+            at_rest = {k: v for k, v in persistent.items() if k != "gradients"}
+            phases["full state dict"] = {**at_rest, "logits": held, "activations": kept_after,
+                                         "buffers": full}
+        for name, parts in phases.items():
+            total = sum(parts.values())
+            if best is None or total > best[0]:
+                best = (total, name + (" (last stage)" if last and layout.pp > 1 else ""),
+                        parts, a["host"])
+    allocated, phase, parts, act_host = best
+    transient = allocated - sum(persistent.values())
+    reserved = allocated + ALLOCATOR_FRAGMENTATION * max(transient, 0.0)
+    device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
+    notes.append(f"peak phase: {phase}")
+    return Peak(phase, parts, allocated, reserved, device, st.host + act_host, tuple(notes))
+
+
+#: Error band per method: the 90th percentile of |predicted − measured| / measured that
+#: ``planner validate data/measured_calibration.csv`` measures for this profile (a test checks
+#: these figures against a fresh validation). Inference has no measured runs: no band.
+ERROR_BANDS: dict[str, float] = {"full": 0.13, "lora": 0.09, "qlora": 0.22}
+
+
+def inference_memory(model: ModelSpec, wl: Workload, layout: Layout) -> dict[str, float]:
+    """Serving one batch: weights (16-bit, or quantized linears for a QLoRA-style base), the KV
+    cache with the KV heads (B·L·2·T·h_kv·e), and the largest forward intermediate of one layer
+    (gate and up, 2·B·T·f·e) with the FP32 logits of the last position (4·B·V)."""
+    e = compute_bytes(wl.precision)
+    counts = param_counts(model)
+    mp = layout.tp * layout.pp
+    linear = counts.attention + counts.mlp
+    rest = counts.total - linear
+    w_b = quantized_linear_bytes(wl) if wl.method == "qlora" else e
+    weights = (linear * w_b + rest * e) / mp
+    d = model.head_dim_eff
+    kv = wl.micro_batch * model.layers * 2 * wl.seq_len * model.kv_heads_eff * d * e
+    ffn = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    work = 2 * wl.micro_batch * wl.seq_len * ffn * e / layout.tp
+    return {"weights": weights, "kv_cache": kv / (mp * layout.cp),
+            "activations": work, "logits": 4 * wl.micro_batch * model.vocab / layout.tp}
+
+
+def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: Overrides, *,
+                    dp: int, grad_accum: int | None = None):
+    """The ``detailed`` profile as a :class:`~planner.memory.seed.MemoryBreakdown`: components at the
+    peak phase (``overhead`` = fragmentation, CUDA context and NCCL), ``total_bytes`` = the
+    device view, ``predicted`` = the allocated, reserved and device views."""
+    from planner.memory.breakdown import MemoryBreakdown
+    from planner.core.units import ceil_bytes
+
+    if wl.method == "inference":
+        parts = inference_memory(model, wl, layout.model_copy(update={"dp": dp}))
+        allocated = sum(parts.values())
+        reserved = allocated + ALLOCATOR_FRAGMENTATION * (allocated - parts["weights"])
+        device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
+        peak = Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",))
+    else:
+        peak = detailed_peak(model, wl, layout, overrides, dp=dp, grad_accum=grad_accum)
+    components = {k: ceil_bytes(v) for k, v in peak.parts.items() if v > 0}
+    allocated = sum(components.values())
+    reserved = max(ceil_bytes(peak.reserved), allocated)
+    device = max(ceil_bytes(peak.device), reserved)
+    components["overhead"] = device - allocated
+    notes = list(peak.notes) + [
+        "detailed profile: per-layer saved tensors, logits and loss, peak over step phases",
+        f"reserved = allocated + {ALLOCATOR_FRAGMENTATION:.0%} of the memory that churns in a step; "
+        f"device = reserved + CUDA context + NCCL",
+    ]
+    return MemoryBreakdown(
+        components=components,
+        host_bytes=ceil_bytes(peak.host),
+        assumptions=tuple(notes),
+        predicted={"allocated_bytes": allocated, "reserved_bytes": reserved, "device_bytes": device},
+        error_band=ERROR_BANDS.get(wl.method),
+    )

@@ -1,0 +1,54 @@
+"""The ``detailed`` profile over many layouts at once, for the search.
+
+The search hands the memory model broadcastable arrays of layout choices (codes into
+``planner.memory.seed``'s tuples); the detailed profile is evaluated once per distinct combination and
+scattered back, so a plan is checked with exactly the numbers ``planner estimate`` prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.memory.detailed import detailed_memory
+from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+
+#: Array keys that belong to the workload / the layout, and how their codes decode.
+_WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
+_LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention")
+
+
+def _decode(key: str, value: float) -> Any:
+    from planner.memory import breakdown as m
+
+    codes = {"method": m.METHODS, "precision": m.PRECISIONS, "optimizer": m.OPTIMIZERS,
+             "checkpointing": m.CHECKPOINTING, "attention": m.ATTENTION, "offload": m.OFFLOADS}
+    if key in codes:
+        return codes[key][int(value)]
+    if key == "sp":
+        return bool(value)
+    return int(value)
+
+
+def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Workload,
+                        layout: Layout, **x: Any) -> dict[str, np.ndarray]:
+    """``total`` (device bytes, as an estimate's ``total_bytes``) and ``host`` for every element of
+    the broadcast arrays ``x`` (the keys of :func:`planner.memory.seed.seed_components`); the scenario's
+    other recipe details come from ``workload`` and ``layout``."""
+    keys = sorted(x)
+    arrays = np.broadcast_arrays(*(np.asarray(x[k]) for k in keys))
+    shape = arrays[0].shape
+    stacked = np.stack([a.ravel().astype(np.float64) for a in arrays], axis=1)
+    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    totals = np.empty(len(uniq), dtype=np.int64)
+    hosts = np.empty(len(uniq), dtype=np.int64)
+    for i, row in enumerate(uniq):
+        v = dict(zip(keys, row))
+        wl = workload.model_copy(update={k: _decode(k, v[k]) for k in _WORKLOAD_KEYS if k in v})
+        lay = layout.model_copy(update={k: _decode(k, v[k]) for k in _LAYOUT_KEYS if k in v})
+        ga = int(v.get("grad_accum", 0)) or None
+        mem = detailed_memory(model, wl, lay, overrides, dp=int(v.get("dp", 1)), grad_accum=ga)
+        totals[i], hosts[i] = mem.total_bytes, mem.host_bytes
+    inverse = inverse.reshape(-1)
+    return {"total": totals[inverse].reshape(shape), "host": hosts[inverse].reshape(shape)}

@@ -1,0 +1,213 @@
+"""Model-state bytes of the ``detailed`` profile: weights, gradients, optimizer states, master
+copies and adapters, per GPU, for the precision recipe and quantized base actually used.
+
+Bytes per parameter (trainable, before sharding):
+- pure BF16/FP16 (``precision: bf16``): weights 2, gradients 2, AdamW m and v in the parameter
+  dtype (``torch.optim.AdamW`` allocates ``zeros_like(param)``): 4 → 8 bytes.
+- mixed precision (``mixed``/``fp16``): 16-bit weights 2, gradients 2, FP32 master 4, FP32 Adam 8
+  → 16 (ZeRO paper, K = 12); ``grad_dtype: fp32`` (Megatron's FP32 main grads) → 18.
+- FP32: 4 + 4 + 8 = 16.
+- 8-bit Adam (bitsandbytes, block size 256 since 2024-09): 2 + 2·4/256 = 2.031 bytes for m and v.
+- Paged optimizers keep every state tensor of ≥ 1e5 elements in CUDA unified memory, outside the
+  PyTorch allocator and evictable to host (bitsandbytes ``get_state_buffer``): counted on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.core.arch import ParamCounts, expert_params, lora_adapters, param_counts
+from planner.core.specs import ModelSpec, Workload
+
+#: Bytes per element by dtype name.
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+#: 8-bit Adam: two uint8 states plus one FP32 absmax per 256-element block each (bitsandbytes
+#: PR #1365, blocksize 2048 → 256): 2 + 2·4/256 bytes per parameter.
+ADAM8BIT_STATE_BYTES = 2.0 + 2 * 4 / 256
+
+#: bitsandbytes pages only state tensors with at least this many elements (``get_state_buffer``).
+PAGED_MIN_ELEMENTS = 100_000
+
+#: NF4 (bitsandbytes ``quantize_4bit``, block 64): 4 bits + one FP32 absmax per 64 weights;
+#: double quantization stores absmax as 8 bits per block with one FP32 constant per 256 blocks.
+NF4_BYTES = 0.5 + 4 / 64
+NF4_DQ_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+#: GPTQ int4 (AutoGPTQ, group size 128): packed int4 weights, an FP16 scale and a packed int4 zero
+#: point per group of 128 inputs; the int32 ``g_idx`` per input row is counted separately.
+GPTQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
+#: A bitsandbytes 4-bit base measures more than its tensors: the QLoRA paper (Dettmers et al.
+#: 2023, §2) reports 5,048 MB for LLaMA-7B's 4-bit base against 3.87 GB analytic (NF4 + DQ
+#: linears + 16-bit embeddings): 1.18 GB over 6.48e9 quantized weights = 0.18 bytes each.
+#: Unexplained there (CUDA/cuBLAS state, dequantization buffers); counted per quantized weight.
+BNB_4BIT_MEASURED_OVERHEAD = 0.18
+#: LLM.int8 (bitsandbytes 8-bit): int8 weights plus an FP32 scale per output row (counted per row).
+INT8_BYTES = 1.0
+
+
+@dataclass(frozen=True)
+class StateParts:
+    """Device and host bytes of each model-state component on one GPU."""
+
+    device: dict[str, float]
+    host: float
+    trainable: float  # trainable parameters on this GPU (after TP/PP, before ZeRO)
+    largest_grad: float  # bytes of the largest trainable tensor's gradient
+
+
+def compute_bytes(precision: str) -> int:
+    """Bytes per element of activations and of 16-bit weights: FP32 only for ``fp32``."""
+    return 4 if precision == "fp32" else 2
+
+
+def quantized_linear_bytes(workload: Workload) -> float:
+    """Bytes per parameter of a quantized linear weight (QLoRA base)."""
+    if workload.quant_bits == 8:
+        return INT8_BYTES
+    if workload.quant_type == "gptq":
+        return GPTQ_BYTES
+    return NF4_DQ_BYTES if workload.double_quant else NF4_BYTES
+
+
+def quantized_head(model: ModelSpec, workload: Workload) -> bool:
+    """Whether a QLoRA base quantizes ``lm_head`` too: litgpt's does (Lightning's
+    ``BitsandbytesPrecision`` replaces every ``torch.nn.Linear`` built under ``init_module``);
+    Hugging Face's ``BitsAndBytesConfig`` keeps the output layer in 16 bits
+    (``get_keys_to_not_convert``), as do torchtune and GPTQ checkpoints."""
+    return workload.method == "qlora" and model.impl == "litgpt" and workload.quant_type == "nf4"
+
+
+def bnb_prepared(workload: Workload) -> bool:
+    """A bitsandbytes 4-bit QLoRA base whose 16-bit weights a script cast to FP32
+    (``kbit_prep``): norms FP32, and with ``peft`` embeddings and lm_head too."""
+    return (workload.method == "qlora" and workload.quant_type == "nf4"
+            and workload.quant_bits == 4 and workload.kbit_prep != "none")
+
+
+def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
+    """Optimizer-state bytes per trainable parameter (bitsandbytes 32-bit paged AdamW keeps FP32
+    states whatever the parameter dtype)."""
+    if paged and optimizer == "adamw":
+        return 8.0
+    if optimizer in ("adam8bit", "paged_adamw8bit"):
+        return ADAM8BIT_STATE_BYTES
+    if optimizer == "sgd":
+        return float(state_elem_bytes)
+    return 2.0 * state_elem_bytes
+
+
+def adapter_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int, int]]:
+    """(count, d_in, d_out) of each adapted linear layer in the whole model."""
+    targets = workload.lora_target_set + (("lm_head",) if "lm_head" in workload.lora_targets else ())
+    return lora_adapters(model, targets)
+
+
+def _paged_share(tensor_elems: list[tuple[float, float]]) -> float:
+    """Share of the elements that sit in tensors of ≥ ``PAGED_MIN_ELEMENTS`` elements."""
+    total = sum(n * size for n, size in tensor_elems)
+    big = sum(n * size for n, size in tensor_elems if size >= PAGED_MIN_ELEMENTS)
+    return big / total if total else 0.0
+
+
+def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero_degree: int,
+                 zero: int, offload: str, adapter_bytes: int, ep: int = 1,
+                 frozen_grads: bool = False) -> StateParts:
+    """Per-GPU bytes of weights, gradients, optimizer states, master weights and adapters.
+
+    TP divides every matrix (norms are replicated: a few KB); PP gives each stage L/pp layers and
+    the heavier end (embedding on the first stage, LM head on the last; the larger is taken).
+    ZeRO stage 1 shards optimizer states and master copies over D = dp·cp, stage 2 also the
+    gradients, stage 3 also the weights. Offload moves optimizer states (and with
+    ``optimizer+params`` the weights) to host memory. Expert parallelism (MoE) splits the routed
+    experts over ``ep`` ranks of the data-parallel group: an unsharded part holds N_experts/ep of
+    them, a ZeRO-sharded part N_experts/max(D, ep) (ep divides D). ``frozen_grads``: LoRA under
+    FSDP1 units that mix frozen and trainable weights, whose gradients cover the frozen layers.
+    """
+    counts: ParamCounts = param_counts(model)
+    e = compute_bytes(workload.precision)
+    layer_share = (counts.attention + counts.mlp) * -(-model.layers // pp) / model.layers
+    end_share = max(counts.embedding + counts.positions, counts.lm_head)
+    if pp == 1:
+        end_share = counts.embedding + counts.positions + counts.lm_head
+    n_matrix = (layer_share + end_share) / tp
+    n_norm = counts.norms / pp
+    n_local = n_matrix + n_norm
+    n_exp = expert_params(model) * -(-model.layers // pp) / model.layers / tp  # routed experts here
+
+    def shard(part: str) -> int:
+        need = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
+        return zero_degree if zero >= need else 1
+
+    def spread(dense_bytes: float, expert_bytes: float, part: str) -> float:
+        """Bytes on this GPU of a state split into dense and routed-expert bytes."""
+        s = shard(part)
+        return dense_bytes / s + expert_bytes / max(s, ep)
+
+    on_host_opt = offload in ("optimizer", "optimizer+params")
+    on_host_w = offload == "optimizer+params"
+    dev: dict[str, float] = {}
+    host = 0.0
+
+    def put(name: str, n_bytes: float, to_host: bool = False) -> None:
+        nonlocal host
+        dev.setdefault(name, 0.0)
+        if to_host:
+            host += n_bytes
+        else:
+            dev[name] += n_bytes
+
+    mixed = workload.precision in ("mixed", "fp16")
+    state_elem = 4 if (mixed or workload.precision == "fp32") else e
+    paged = workload.optimizer_paged or workload.optimizer == "paged_adamw8bit"
+    if workload.method == "full":
+        grad_b = 4 if (workload.grad_dtype == "fp32" or workload.precision == "fp32") else e
+        opt_b = adam_bytes(workload.optimizer, state_elem, paged)
+        paged_share = n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
+        put("weights", spread((n_local - n_exp) * e, n_exp * e, "weights"), on_host_w)
+        # Offloading the optimizer moves the reduced gradients to the host too (ZeRO-Offload,
+        # FSDP CPUOffload): the GPU holds them only bucket by bucket.
+        put("gradients", spread((n_local - n_exp) * grad_b, n_exp * grad_b, "gradients"), on_host_opt)
+        opt = spread((n_local - n_exp) * opt_b, n_exp * opt_b, "optimizer")
+        put("optimizer_states", opt * (1 - paged_share), on_host_opt)
+        host += opt * paged_share
+        if mixed:
+            put("master_weights", spread((n_local - n_exp) * 4, n_exp * 4, "optimizer"), on_host_opt)
+        ffn = model.ffn if model.moe is None else model.moe.expert_ffn
+        largest = max(model.vocab * model.hidden, model.hidden * (ffn or model.hidden)) / tp * grad_b
+        return StateParts(dev, host, n_local, largest)
+
+    # LoRA / QLoRA: a frozen base and trainable adapters.
+    if workload.method == "qlora":
+        q = quantized_linear_bytes(workload)
+        bnb = workload.quant_type == "nf4" and workload.quant_bits == 4
+        q_total = q + (BNB_4BIT_MEASURED_OVERHEAD if bnb else 0.0)
+        # peft's prepare_model_for_kbit_training casts every 16-bit weight to FP32; TRL casts
+        # embeddings and lm_head back (``kbit_prep``); norms stay FP32 either way.
+        e_end = 4 if bnb_prepared(workload) and workload.kbit_prep == "peft" else e
+        e_norm = 4 if bnb_prepared(workload) else e
+        emb = (counts.embedding + counts.positions) * e_end
+        head = counts.lm_head * (q_total if quantized_head(model, workload) else e_end)
+        end_bytes = emb + head if pp == 1 else max(emb, head)
+        frozen = (layer_share * q_total + end_bytes) / tp + n_norm * e_norm
+        per_expert = q_total
+    else:
+        frozen = n_local * e
+        per_expert = e
+    put("weights", spread(frozen - n_exp * per_expert, n_exp * per_expert, "weights"), on_host_w)
+    shapes = adapter_shapes(model, workload)
+    r = workload.lora_rank
+    n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (tp * pp)
+    c = adapter_bytes
+    master = 4 if (mixed and c < 4) else 0
+    opt_b = adam_bytes(workload.optimizer, 4 if mixed else c, paged)
+    paged_share = _paged_share(
+        [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
+    ) if paged else 0.0
+    per = (c / shard("weights") + c / shard("gradients")
+           + (opt_b * (1 - paged_share) + master) / shard("optimizer"))
+    put("adapter_states", n_lora * per)
+    if frozen_grads and workload.method == "lora":
+        put("gradients", layer_share / tp * e / shard("gradients"))
+    host += n_lora * opt_b * paged_share / shard("optimizer")
+    largest = max((r * max(d_in, d_out) for _, d_in, d_out in shapes), default=0) * c
+    return StateParts(dev, host, n_lora, largest)

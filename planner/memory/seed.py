@@ -1,0 +1,263 @@
+"""Per-GPU memory of a training or inference step: pure formulas, named components.
+
+Profile ``seed`` reproduces the rules of the source documents exactly (``000_…`` model states,
+K-factor activations, ZeRO/TP/PP/offload; ``004_…`` with its own assumptions given as
+overrides). Every figure is bytes per GPU. Each component is rounded up to a whole byte before
+summing, so the components always add up to the total exactly.
+
+Symbols (as in ``000_…``): N params, L layers, H hidden, T sequence length, B micro-batch per GPU,
+r LoRA rank, D = ZeRO (sharded data-parallel) degree = dp · cp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.core.arch import expert_params, seed_lora_params, total_params
+from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.core.units import DTYPE_BYTES
+from planner.memory.breakdown import codes as breakdown_codes
+from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, OPTIMIZERS, PRECISIONS,
+                                      MemoryBreakdown, ceil_components)
+
+# ---------------------------------------------------------------------------------------------
+# Named constants (each with its source)
+
+#: K-factor of the activation rule B·T·H·L·K·b (``000_…`` §一.2): none 10–20, activation
+#: checkpointing 4–6, FlashAttention + checkpointing 2–4; the worked examples use K = 3.
+#: The documents give no figure for FlashAttention alone or for selective recomputation, so
+#: those take the nearest documented case that does not underestimate: no checkpointing (16).
+SEED_K_FACTOR: dict[tuple[str, str], float] = {
+    ("none", "eager"): 16.0,
+    ("none", "flash"): 16.0,
+    ("selective", "eager"): 16.0,
+    ("selective", "flash"): 16.0,
+    ("full", "eager"): 5.0,
+    ("full", "flash"): 3.0,
+}
+
+#: QLoRA base: "~(0.55–0.9)·N bytes, common setting about 0.6·N" (``000_…`` §三.3).
+SEED_QLORA_BASE_BYTES_PER_PARAM = 0.6
+
+#: Korthikanti et al. 2022 (arXiv 2205.05198), §4.2: with TP of degree t and no sequence
+#: parallelism a GPT layer keeps s·b·h·(10 + 24/t) of its 34·s·b·h bytes (flash attention);
+#: the 10 (LayerNorm, residual and dropout inputs) is not split. ``000_…`` only says
+#: "partly", so the seed profile takes this ratio.
+TP_UNSPLIT_ACTIVATION_SHARE = 10.0 / 34.0
+
+#: Optimizer state bytes per trainable parameter. AdamW keeps m and v: FP32 (4 + 4), or in the
+#: parameter dtype under pure BF16; 8-bit Adam (bitsandbytes) keeps both in 8 bits (~2 bytes,
+#: ``000_…`` §三.1: "8-bit m/v ≈ 2N"); SGD with momentum keeps one buffer (``004_…``).
+OPTIMIZER_STATE_BYTES: dict[str, dict[str, float]] = {
+    # precision ->     adamw  adam8bit  paged_adamw8bit  sgd
+    "mixed": {"adamw": 8.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 4.0},
+    "fp16": {"adamw": 8.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 4.0},
+    "bf16": {"adamw": 4.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 2.0},
+    "fp32": {"adamw": 8.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 4.0},
+}
+
+#: Bytes per element of the compute copy of weights, gradients and activations.
+COMPUTE_DTYPE: dict[str, str] = {"mixed": "bf16", "fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
+
+#: Mixed precision keeps an FP32 master copy of trainable weights (``000_…`` §一.1: 4N).
+MASTER_BYTES: dict[str, float] = {"mixed": 4.0, "fp16": 4.0, "bf16": 0.0, "fp32": 0.0}
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per trainable parameter of each model-state part under one precision recipe."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    master: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.master
+
+
+def state_bytes(precision: str, optimizer: str) -> StateBytes:
+    """Full FT mixed + AdamW: 2 + 2 + 8 + 4 = 16 bytes (``000_…`` §一.1); 8-bit Adam: 10."""
+    compute = DTYPE_BYTES[COMPUTE_DTYPE[precision]]
+    return StateBytes(
+        weights=compute,
+        gradients=compute,
+        optimizer=OPTIMIZER_STATE_BYTES[precision][optimizer],
+        master=MASTER_BYTES[precision],
+    )
+
+
+_COMPUTE_BYTES = np.array([DTYPE_BYTES[COMPUTE_DTYPE[p]] for p in PRECISIONS])
+_MASTER_BYTES = np.array([MASTER_BYTES[p] for p in PRECISIONS])
+_OPTIMIZER_BYTES = np.array([[OPTIMIZER_STATE_BYTES[p][o] for o in OPTIMIZERS] for p in PRECISIONS])
+_K_FACTOR = np.array([[SEED_K_FACTOR[(c, a)] for a in ATTENTION] for c in CHECKPOINTING])
+
+#: Components each method reports (others are zero for it).
+METHOD_COMPONENTS = {
+    "full": ("weights", "gradients", "optimizer_states", "master_weights", "activations"),
+    "lora": ("weights", "adapter_states", "activations"),
+    "qlora": ("weights", "adapter_states", "activations"),
+    "inference": ("weights", "kv_cache"),
+}
+
+
+def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[str, np.ndarray]:
+    """The ``seed`` formulas on arrays: every argument broadcasts (numpy), so the search can
+    evaluate millions of layouts at once and a single estimate is the same code on scalars.
+
+    Arguments (arrays or scalars): ``method``, ``precision``, ``optimizer``, ``checkpointing``,
+    ``attention``, ``offload`` as codes into :data:`METHODS` etc.; ``seq_len``, ``micro_batch``,
+    ``lora_rank``, ``tp``, ``pp``, ``cp``, ``sp`` (0/1), ``zero``, ``dp``, ``grad_accum``
+    (0 = unknown). Returns fractional bytes per GPU by component, and ``host`` (offloaded).
+
+    Model states (``000_…`` §一.1 and §三): full FT 16N (mixed + AdamW) or 10N (8-bit Adam);
+    LoRA 2N + c_opt·N_lora with c_opt = 16 (AdamW) or 10 (8-bit); QLoRA 0.6N + c_opt·N_lora;
+    N_lora = L·18·r·H. ZeRO (§二.4, as the ZeRO paper): stage 1 shards optimizer states and the
+    FP32 master copy over D = dp·cp, stage 2 also gradients, stage 3 also weights. TP and PP
+    divide every model state. Offload moves optimizer states (and with ``optimizer+params`` the
+    weights) to host memory. Activations B·T·H·L·K·b (§一.2) with the parallel layouts' effect
+    (:func:`seed_activation_factor`). Inference: weights + KV cache B·L·2·T·H·b (§四). No
+    logits, buffers or allocator overhead: the reserve on the card's capacity (§一.3) covers them.
+    """
+    method, prec, opt = x["method"], x["precision"], x["optimizer"]
+    tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
+    n = float(total_params(model))
+    # Expert parallelism: routed experts are split over ep ranks, and ZeRO shards them over
+    # the remaining D/ep replicas, so a ZeRO-sharded part is N/D either way, an unsharded one
+    # (N_dense + N_experts/ep).
+    ep = x.get("ep", 1)
+    n_exp = float(expert_params(model))
+    n_dense = n - n_exp
+    w_b = _COMPUTE_BYTES[prec]
+    opt_b = _OPTIMIZER_BYTES[prec, opt]
+    master_b = _MASTER_BYTES[prec]
+    mp = tp * pp
+    d = dp * cp
+    s_w, s_g, s_o = (np.where(zero >= stage, d, 1) for stage in (3, 2, 1))
+    div_w, div_g, div_o = mp * s_w, mp * s_g, mp * s_o
+
+    def spread(per_param: Any, shard: Any) -> Any:
+        """Bytes per GPU of ``per_param`` bytes for each model parameter, sharded ``shard`` ways."""
+        return n_dense * per_param / (mp * shard) + n_exp * per_param / (mp * np.maximum(shard, ep))
+    keep_o = np.where(offload >= 1, 0.0, 1.0)  # optimizer states stay on the GPU
+    keep_w = np.where(offload >= 2, 0.0, 1.0)  # weights stay on the GPU
+    is_full = method == 0
+    is_adapter = (method == 1) | (method == 2)
+    is_train = method != 3
+
+    qlora_base = overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM
+    inference_base = overrides.base_bytes_per_param or w_b
+    base_b = np.where(method == 1, w_b, np.where(method == 2, qlora_base, np.where(is_full, w_b, 0.0)))
+    weights = spread(base_b, s_w)
+    if overrides.lora_params is not None:
+        n_lora = float(overrides.lora_params)
+    else:
+        n_lora = model.layers * 18.0 * x["lora_rank"] * model.hidden
+    if overrides.lora_bytes_per_param is not None:
+        # An opaque per-parameter figure: sharded only where everything is (ZeRO-3).
+        adapter_dev = n_lora * overrides.lora_bytes_per_param / div_w
+        adapter_host = 0.0
+    else:
+        adapter_dev = n_lora * (w_b / div_w * keep_w + w_b / div_g + (opt_b + master_b) / div_o * keep_o)
+        adapter_host = n_lora * (w_b / div_w * (1 - keep_w) + (opt_b + master_b) / div_o * (1 - keep_o))
+
+    zero_arr = 0.0 * weights
+    out = {
+        "weights": np.where(is_train, weights * keep_w, spread(inference_base, 1)),
+        "gradients": np.where(is_full, spread(w_b, s_g), zero_arr),
+        "optimizer_states": np.where(is_full, spread(opt_b, s_o) * keep_o, zero_arr),
+        "master_weights": np.where(is_full, spread(master_b, s_o) * keep_o, zero_arr),
+        "adapter_states": np.where(is_adapter, adapter_dev, zero_arr),
+    }
+    host = np.where(is_train, weights * (1 - keep_w), zero_arr)
+    host = host + np.where(is_full, spread(opt_b + master_b, s_o) * (1 - keep_o), zero_arr)
+    out["host"] = host + np.where(is_adapter, adapter_host, zero_arr)
+
+    b = w_b
+    if overrides.activation_bytes is not None:
+        act = overrides.activation_bytes + zero_arr
+    else:
+        k = overrides.k_factor or _K_FACTOR[x["checkpointing"], x["attention"]]
+        act = x["micro_batch"] * x["seq_len"] * model.hidden * model.layers * k * b
+        act = act * seed_activation_factor(tp=tp, pp=pp, cp=cp, sp=x["sp"], grad_accum=x["grad_accum"])
+    out["activations"] = np.where(is_train, act, zero_arr)
+    kv = x["micro_batch"] * model.layers * 2 * x["seq_len"] * model.hidden * b / (tp * pp * cp)
+    out["kv_cache"] = np.where(is_train, zero_arr, kv)
+    return out
+
+
+def seed_activation_factor(*, tp: Any, pp: Any, cp: Any, sp: Any, grad_accum: Any) -> Any:
+    """Share of the whole-model activations one GPU keeps under a parallel layout.
+
+    - CP of degree c splits the sequence: 1/c.
+    - TP of degree t: 1/t with sequence parallelism; otherwise only the 24/34 share that TP
+      splits (:data:`TP_UNSPLIT_ACTIVATION_SHARE`).
+    - PP of degree p: each stage holds L/p layers, but 1F1B keeps min(p, m) micro-batches in
+      flight on the first stage (m = gradient-accumulation steps; p when m is unknown, code 0),
+      so the figure stays near the whole model's (``000_…`` §二.3).
+    """
+    share = TP_UNSPLIT_ACTIVATION_SHARE
+    tp_factor = np.where(tp > 1, np.where(sp, 1.0 / tp, share + (1.0 - share) / tp), 1.0)
+    in_flight = np.where(grad_accum > 0, np.minimum(pp, grad_accum), pp)
+    return tp_factor * in_flight / (pp * cp)
+
+
+def seed_memory(
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    overrides: Overrides,
+    *,
+    dp: int,
+    grad_accum: int | None = None,
+) -> MemoryBreakdown:
+    """The ``seed`` profile for one scenario: :func:`seed_components` on scalars, plus notes."""
+    raw = seed_components(model, overrides, **breakdown_codes(workload, layout, dp=dp, grad_accum=grad_accum))
+    names = METHOD_COMPONENTS[workload.method]
+    ints = ceil_components(raw, (*names, "host"))
+    return MemoryBreakdown(
+        components={k: int(ints[k]) for k in names},
+        host_bytes=int(ints["host"]),
+        assumptions=tuple(_seed_notes(model, workload, layout, overrides)),
+    )
+
+
+def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides: Overrides) -> list[str]:
+    sb = state_bytes(workload.precision, workload.optimizer)
+    notes: list[str] = []
+    if workload.method == "full":
+        notes.append(f"model states {sb.total:g} bytes/param ({workload.precision}, {workload.optimizer})")
+    elif workload.method in ("lora", "qlora"):
+        if overrides.lora_params is None:
+            notes.append(f"N_lora = L·18·r·H = {seed_lora_params(model, workload.lora_rank):,}")
+        if overrides.lora_bytes_per_param is not None:
+            notes.append(f"adapter states {overrides.lora_bytes_per_param:g} bytes/param (override)")
+        else:
+            notes.append(f"adapter states c_opt = {sb.total:g} bytes/param")
+        base = sb.weights if workload.method == "lora" else (
+            overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM)
+        notes.append(f"frozen base {base:g} bytes/param")
+    else:
+        notes.append("KV cache B·L·2·T·H·b (000_… §四)")
+        return notes
+    if overrides.activation_bytes is not None:
+        notes.append("activations given as an override")
+    else:
+        k = overrides.k_factor or SEED_K_FACTOR[(layout.checkpointing, layout.attention)]
+        notes.append(f"activations B·T·H·L·K·b with K = {k:g}")
+    notes.append("seed profile: no logits, buffers or allocator overhead (the reserve covers them)")
+    return notes
+
+
+def seed_array_memory(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[str, Any]:
+    """The seed profile over broadcast arrays: ``total`` (device bytes, summed exactly as an
+    estimate sums its components) and ``host`` (offloaded bytes)."""
+    raw = seed_components(model, overrides, **x)
+    names = tuple(k for k in raw if k != "host")
+    ints = ceil_components(raw, (*names, "host"))
+    total = sum(ints[k] for k in names)
+    return {"total": total, "host": ints["host"]}

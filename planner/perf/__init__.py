@@ -1,0 +1,1 @@
+"""Time and cost of a job: FLOPs, utilisation, pipeline bubble, communication, offload."""

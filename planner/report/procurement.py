@@ -1,0 +1,171 @@
+"""A procurement result as tables: fleet, schedule, costs, buy against rent, prices.
+
+Every figure here is recomputed from the chosen fleet and schedule in USD (floats), not read
+back from the solver's integer objective (SkyPilot's habit: choose, then recompute).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from planner.fleet.job_options import option_plan
+from planner.fleet.procure import ProcureResult, as_date
+
+
+@dataclass
+class ProcureTables:
+    summary: dict[str, Any]
+    fleet: pd.DataFrame
+    schedule: pd.DataFrame
+    costs: pd.DataFrame
+    compare: pd.DataFrame
+    prices: pd.DataFrame
+    plans: list[Any]  # one Plan per scheduled run (memory breakdown for the plot)
+
+    def to_dict(self) -> dict[str, Any]:
+        def rec(f: pd.DataFrame) -> list[dict[str, Any]]:
+            return f.astype(object).where(f.notna(), None).to_dict(orient="records")
+
+        return {"summary": self.summary, "fleet": rec(self.fleet), "schedule": rec(self.schedule),
+                "costs": rec(self.costs), "buy_vs_rent": rec(self.compare), "prices": rec(self.prices)}
+
+
+def _usd_of_solution(res: ProcureResult, sol) -> dict[str, float]:
+    """Amortised purchase, hosting, power and rent of a solution, in USD."""
+    pr = res.problem
+    H, life = pr.portfolio.horizon_h, pr.lifetime_hours
+    out = {"amortised_purchase_usd": 0.0, "hosting_usd": 0.0, "power_usd": 0.0, "rent_usd": 0.0,
+           "cash_outlay_usd": 0.0}
+    for t, n in enumerate(sol.units):
+        offer = pr.offers[pr.buyable[t]]
+        gpus = n * offer.unit_gpus
+        out["amortised_purchase_usd"] += gpus * offer.purchase.usd * H / life
+        out["hosting_usd"] += gpus * offer.hosting_usd_per_gpu_hour * H
+        out["cash_outlay_usd"] += gpus * offer.purchase.usd
+    for c in sol.choices:
+        run = pr.inst.runs[c.run]
+        opts = pr.options[run.job]
+        j = c.own.option if c.own else c.rent.option
+        hours = float(opts.time_s[j]) / 3600.0
+        offer = pr.offers[opts.gpu_id[j]]
+        if c.own:
+            out["power_usd"] += offer.power_usd_per_gpu_hour * int(opts.gpus[j]) * hours
+        else:
+            out["rent_usd"] += offer.rent[c.rent.kind].usd * int(opts.billed_gpus[j]) * hours
+    out["total_usd"] = sum(out[k] for k in ("amortised_purchase_usd", "hosting_usd", "power_usd", "rent_usd"))
+    return out
+
+
+def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
+    pr, sol = res.problem, res.solution
+    p = pr.portfolio
+    as_of = as_of or dt.date.today()
+    unit_h = p.time_unit_hours
+    H = p.horizon_h
+    fleet_rows, sched_rows, plans = [], [], []
+    busy: dict[str, float] = {}
+    for c in sol.choices:
+        run = pr.inst.runs[c.run]
+        job, opts = pr.runs[run.job], pr.options[run.job]
+        j = c.own.option if c.own else c.rent.option
+        plan = option_plan(opts, j)
+        plans.append(plan)
+        hours = float(opts.time_s[j]) / 3600.0
+        gid = opts.gpu_id[j]
+        start_h = c.start * unit_h
+        mode = "buy" if c.own else f"rent ({c.rent.kind.replace('_', '-')})"
+        if c.own:
+            busy[gid] = busy.get(gid, 0.0) + hours * int(opts.gpus[j])
+        sched_rows.append({
+            "job": job.name, "run": run.copy + 1, "mode": mode, "gpu": gid, "gpus": int(opts.gpus[j]),
+            "layout": f"dp{plan.dp}·tp{plan.tp}·pp{plan.pp}·cp{plan.cp} zero{plan.zero} {plan.offload} "
+                      f"mb{plan.micro_batch}×ga{plan.grad_accum} {plan.checkpointing}",
+            "method": plan.method, "start_hours": start_h, "end_hours": start_h + hours, "hours": hours,
+            "start_date": as_date(pr, start_h), "end_date": as_date(pr, start_h + hours),
+            "window_hours": f"{job.release_hours:g}–{job.deadline_hours:g}",
+        })
+    for t, n in enumerate(sol.units):
+        if n == 0:
+            continue
+        gid = pr.buyable[t]
+        offer = pr.offers[gid]
+        gpus = n * offer.unit_gpus
+        fleet_rows.append({
+            "gpu": gid, "units": n, "gpus_per_unit": offer.unit_gpus, "gpus": gpus,
+            "purchase_usd_each": offer.purchase.usd, "cash_outlay_usd": gpus * offer.purchase.usd,
+            "amortised_usd": gpus * offer.purchase.usd * H / pr.lifetime_hours,
+            "hosting_usd": gpus * offer.hosting_usd_per_gpu_hour * H,
+            "busy_gpu_hours": busy.get(gid, 0.0), "utilisation": busy.get(gid, 0.0) / (gpus * H),
+        })
+    costs = _usd_of_solution(res, sol) if sol.choices else {}
+    naive = _usd_of_solution(res, res.naive) if res.naive.choices else {}
+    rent_all = None if res.rent_all_cents is None else res.rent_all_cents / 100.0
+    compare = [{"answer": "optimised (this plan)", "total_usd": costs.get("total_usd"),
+                "cash_outlay_usd": costs.get("cash_outlay_usd")},
+               {"answer": "naive: each job's cheapest setup bought separately", "total_usd": naive.get("total_usd"),
+                "cash_outlay_usd": naive.get("cash_outlay_usd")},
+               {"answer": "rent everything (cheapest rental per run)", "total_usd": rent_all, "cash_outlay_usd": 0.0}]
+    for row in compare:
+        tot = row["total_usd"]
+        row["vs_optimised_usd"] = None if tot is None or not costs else tot - costs["total_usd"]
+    savings = None
+    if costs and naive:
+        savings = {"usd": naive["total_usd"] - costs["total_usd"],
+                   "percent": 100.0 * (naive["total_usd"] - costs["total_usd"]) / naive["total_usd"]}
+    used = {(s["gpu"], k) for s in sched_rows for k in ("purchase", "on_demand", "spot")}
+    price_rows = [r for r in pr.prices.rows(as_of, p.max_price_age_days) if (r["gpu"], r["kind"]) in used]
+    summary = {
+        "portfolio": p.name, "status": sol.status, "gap": sol.gap, "solve_s": sol.wall_s,
+        "candidates_s": res.generation_s, "horizon_hours": H, "lifetime_months": p.lifetime_months,
+        "jobs": len(pr.runs), "runs": len(pr.inst.runs),
+        "own_options": sum(len(r.own) for r in pr.inst.runs), "total_usd": costs.get("total_usd"),
+        "naive_usd": naive.get("total_usd"), "rent_all_usd": rent_all, "savings_vs_naive": savings,
+        "stale_prices": sorted({f"{r['gpu']} {r['kind']}" for r in price_rows if r["stale"]}),
+        "problems": res.problems, "naive_notes": res.naive_notes,
+    }
+    return ProcureTables(summary, pd.DataFrame(fleet_rows), pd.DataFrame(sched_rows),
+                         pd.DataFrame([{"item": k, "usd": v} for k, v in costs.items()]),
+                         pd.DataFrame(compare), pd.DataFrame(price_rows), plans)
+
+
+def summary_text(t: ProcureTables) -> str:
+    s = t.summary
+    lines = [f"{s['portfolio']}: {s['jobs']} jobs ({s['runs']} runs), horizon {s['horizon_hours']:,.0f} h, "
+             f"lifetime {s['lifetime_months']:g} months"]
+    if s["problems"]:
+        return "\n".join(lines + [f"no plan: {m}" for m in s["problems"]])
+    gap = "proven optimal" if s["status"] == "optimal" else (
+        f"best found, gap {100 * s['gap']:.2f} %" if s["gap"] is not None else s["status"])
+    lines.append(f"solver: {gap} in {s['solve_s']:.1f} s (candidates: {s['candidates_s']:.1f} s, "
+                 f"{s['own_options']:,} own-hardware options)")
+    lines.append(f"total over the horizon: ${s['total_usd']:,.0f}")
+    if s["savings_vs_naive"]:
+        sv = s["savings_vs_naive"]
+        lines.append(f"naive (each job's cheapest setup bought separately): ${s['naive_usd']:,.0f}; "
+                     f"saves ${sv['usd']:,.0f} ({sv['percent']:.1f} %)")
+    if s["rent_all_usd"] is not None:
+        lines.append(f"renting everything: ${s['rent_all_usd']:,.0f}")
+    lines += [f"note: {n}" for n in s["naive_notes"]]
+    if s["stale_prices"]:
+        lines.append("stale prices: " + ", ".join(s["stale_prices"]))
+    return "\n".join(lines)
+
+
+FLEET_COLUMNS = ["gpu", "units", "gpus_per_unit", "gpus", "purchase_usd_each", "cash_outlay_usd", "amortised_usd",
+                 "hosting_usd", "busy_gpu_hours", "utilisation"]
+SCHEDULE_COLUMNS = ["job", "run", "mode", "gpu", "gpus", "layout", "method", "start_hours", "end_hours",
+                    "start_date", "end_date", "window_hours"]
+
+
+def document(t: ProcureTables, fmt: str, out_dir, pictures) -> str:
+    from planner.report.files import document as doc
+
+    sched_cols = [c for c in SCHEDULE_COLUMNS if c in t.schedule.columns and t.schedule[c].notna().any()]
+    sections = [("Summary", summary_text(t), None), ("Fleet to buy", t.fleet, FLEET_COLUMNS),
+                ("Jobs: plan and time slot", t.schedule, sched_cols), ("Cost breakdown", t.costs, None),
+                ("Buy against rent", t.compare, None), ("Prices used", t.prices, None)]
+    return doc(fmt, f"planner procure: {t.summary['portfolio']}", sections, out_dir, pictures)

@@ -1,0 +1,147 @@
+"""Render results: rich tables for people, plain JSON for programs. Nothing here computes."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.memory.estimate import Estimate
+from planner.core.units import format_bytes
+
+
+def estimate_heading(est: Estimate) -> tuple[str, str]:
+    """Two lines: what is estimated, and on which layout."""
+    lay = est.layout
+    title = f"{est.scenario}: {est.model} ({est.params / 1e9:.2f}B) {est.method}, profile {est.profile}"
+    setup = (
+        f"{est.gpus}× {est.gpu or 'no GPU given'}  dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
+        f"cp={lay['cp']}{' sp' if lay['sp'] else ''} zero={lay['zero']} offload={lay['offload']}  "
+        f"B={lay['micro_batch']} T={lay['seq_len']} ckpt={lay['checkpointing']} attn={lay['attention']}"
+    )
+    return title, setup
+
+
+def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
+    def fmt(n: int | None) -> str:
+        return "—" if n is None else format_bytes(n, gib=gib)
+
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("per GPU")
+    table.add_column("memory", justify="right")
+    for name, value in est.components.items():
+        table.add_row(name.replace("_", " "), fmt(value))
+    table.add_section()
+    table.add_row("[bold]total[/bold]", f"[bold]{fmt(est.total_bytes)}[/bold]")
+    if est.host_bytes:
+        table.add_row("offloaded to host (per GPU)", fmt(est.host_bytes))
+    if est.capacity_bytes is not None:
+        table.add_row("capacity", fmt(est.capacity_bytes))
+        table.add_row(f"usable (after {est.reserve:.0%} reserve)", fmt(est.usable_bytes))
+        headroom = est.headroom_bytes
+        sign = "" if headroom >= 0 else "−"
+        table.add_row("headroom", f"{sign}{fmt(abs(headroom))}")
+        verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
+        table.add_row("verdict", verdict)
+    return table
+
+
+def print_estimate(console: Console, est: Estimate, *, gib: bool = False) -> None:
+    title, setup = estimate_heading(est)
+    console.print(f"[bold]{title}[/bold]")
+    console.print(setup)
+    console.print(estimate_table(est, gib=gib))
+    for note in est.assumptions:
+        console.print(f"  [dim]· {note}[/dim]")
+    for warning in est.warnings:
+        console.print(f"  [yellow]warning: {warning}[/yellow]")
+
+
+def to_json(obj: Any) -> str:
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(mode="json")
+    elif isinstance(obj, list):
+        obj = [o.model_dump(mode="json") if hasattr(o, "model_dump") else o for o in obj]
+    return json.dumps(obj, indent=2, ensure_ascii=False)
+
+
+def _duration(seconds: float | None, unit: tuple[str, float] | None = None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    name, size = unit or _unit_of(seconds)
+    return f"{seconds / size:.1f} {name}"
+
+
+def _unit_of(seconds: float) -> tuple[str, float]:
+    if seconds < 2 * 3600:
+        return "min", 60.0
+    if seconds < 72 * 3600:
+        return "h", 3600.0
+    return "d", 86400.0
+
+
+def _band(value: float | None, low: float | None, high: float | None, fmt) -> str:
+    if value is None:
+        return "—"
+    return f"{fmt(value)} [{fmt(low)}–{fmt(high)}]"
+
+
+def _usd(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "—"
+    return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
+
+
+def plans_table(result: Any, *, gib: bool = False) -> Table:
+    table = Table(header_style="bold", title=f"{result.scenario}: {len(result.plans)} plans, "
+                  f"objective {result.objective}, {result.status}")
+    for col in ("#", "GPU × n", "dp·tp·pp·cp", "zero/offload", "mb×ga", "ckpt/attn", "method/seq",
+                "mem/GPU", "headroom", "time [band]", "cost [band]", "$/h"):
+        table.add_column(col, justify="right" if col in ("#", "mem/GPU", "headroom", "$/h") else "left",
+                         no_wrap=True)
+    for p in result.plans:
+        mem = p.memory
+        unit = _unit_of(p.time_s) if p.time_s is not None else None
+        t = _band(p.time_s, p.time_s_band.low, p.time_s_band.high, lambda v: _duration(v, unit))
+        table.add_row(
+            str(p.rank), f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
+            f"{p.zero}/{p.offload}", f"{p.micro_batch}×{p.grad_accum}", f"{p.checkpointing}/{p.attention}",
+            f"{p.method}/{p.seq_len}" + (" *" if p.relaxations else ""),
+            format_bytes(mem["total_bytes"], gib=gib),
+            format_bytes(mem["headroom_bytes"], gib=gib) + (" [yellow]tight[/yellow]" if mem.get("tight") else ""), t,
+            _band(p.cost_usd, p.cost_usd_band.low, p.cost_usd_band.high, _usd), _usd(p.hourly_usd),
+        )
+    captions = []
+    if any(p.relaxations for p in result.plans):
+        captions.append("* relaxed: " + "; ".join(sorted({r for p in result.plans for r in p.relaxations})))
+    if any(p.memory.get("tight") for p in result.plans):
+        captions.append("tight: the headroom lies inside the error that validation measured for this method")
+    if captions:
+        table.caption = "\n".join(captions)
+    return table
+
+
+def print_plans(console: Console, result: Any, *, gib: bool = False) -> None:
+    if result.plans:
+        console.print(plans_table(result, gib=gib))
+    else:
+        console.print(f"[bold red]{result.scenario}: no feasible plan[/bold red] ({result.status})")
+    ex = result.explanation or {}
+    if ex.get("binding"):
+        console.print(f"[bold]Why:[/bold] {ex['binding']}")
+    if ex.get("steps"):
+        console.print("[bold]The documents' order, on the closest layout:[/bold]" if not result.plans
+                      else "[bold]Why the request did not fit as asked (the documents' order):[/bold]")
+        for s in ex["steps"]:
+            mark = "fits" if s["fits"] else "does not fit"
+            allowed = "" if s["allowed"] else " [dim](not allowed: see workload.allow_relax)[/dim]"
+            console.print(f"  {s['step']}: {format_bytes(s['memory_bytes'], gib=gib)} of "
+                          f"{format_bytes(s['usable_bytes'], gib=gib)} usable — {mark}{allowed}")
+    if ex.get("rejected"):
+        counts = ", ".join(f"{k}: {v:,}" for k, v in sorted(ex["rejected"].items(), key=lambda kv: -kv[1]))
+        console.print(f"[dim]Rejected candidates — {counts}[/dim]")
+    for s in ex.get("suggestions", []):
+        console.print(f"[green]Would fit with {s}[/green]")

@@ -1,0 +1,92 @@
+"""``planner plan``: a scenario in, ranked plans (or an explanation) out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.search.explain import document_steps, explain
+from planner.search.lattice import build_lattice, fitting_windows
+from planner.search.candidates import concat_evaluated, evaluate_windows, search
+from planner.search.results import Plan, PlanResult, assemble
+from planner.scenario.resolve import resolve
+from planner.search.space import SearchRequest, build_classes, build_request, gpu_table
+
+#: Most points a Pareto front reports (evenly spread along it when it is longer).
+MAX_PARETO_POINTS = 50
+
+
+def plan_raw(
+    raw: dict[str, Any], *, source: str | None = None, base_dir: Path | None = None,
+    pareto: bool = False, explain_infeasible: bool = True,
+) -> PlanResult:
+    if base_dir is not None:
+        raw = absolute_model_path(raw, base_dir)  # plans are re-checked from elsewhere
+    rs = resolve(raw, source=source, base_dir=base_dir)
+    req = build_request(rs)
+    if pareto:
+        return pareto_front(req, raw)
+    outcome = search(req, time_limit_s=rs.scenario.time_limit_s)
+    plans = assemble(req, raw, outcome)
+    explanation = None
+    status = outcome.status if plans else ("infeasible" if outcome.status == "optimal" else outcome.status)
+    if status == "infeasible" and explain_infeasible:
+        explanation = explain(req, raw, outcome,
+                              research=lambda r: plan_raw(r, base_dir=base_dir, explain_infeasible=False))
+    elif plans and plans[0].relaxations:
+        explanation = {"steps": document_steps(req, raw, plans[0].model_dump())}
+    return PlanResult(status=status, scenario=rs.name, objective=req.objective, plans=plans,
+                      explanation=explanation, stats=outcome.stats)
+
+
+def absolute_model_path(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A model given as a path relative to its scenario file, made absolute."""
+    model = raw.get("model")
+    if isinstance(model, str) and not Path(model).is_absolute() and (Path(base_dir) / model).exists():
+        return {**raw, "model": str((Path(base_dir) / model).resolve())}
+    return raw
+
+
+def pareto_front(req: SearchRequest, raw: dict[str, Any]) -> PlanResult:
+    """Every plan that no other plan beats on both time and cost (each at its best)."""
+    if req.tokens is None:
+        from planner.core.errors import InputError
+
+        raise InputError(["workload.tokens: required for --pareto (time and cost need a token budget)"])
+    cls = build_classes(req)
+    table = gpu_table(req)
+    lat = build_lattice(req, table, cls)
+    wc, ws, we, _ = fitting_windows(req, table, cls, lat)
+    keep = ws < we
+    wc, ws, we = wc[keep], ws[keep], we[keep]
+    parts = []
+    step = 5_000
+    for b in range(0, len(wc), step):
+        part = evaluate_windows(req, table, cls, lat, wc[b:b + step], ws[b:b + step], we[b:b + step])
+        parts.append(_front(part))
+    e = _front(concat_evaluated(parts)) if parts else concat_evaluated([])
+    order = np.lexsort((e.ev["cost_usd"], e.ev["time_s"])) if len(e.key) else np.zeros(0, dtype=np.int64)
+    if len(order) > MAX_PARETO_POINTS:
+        order = order[np.linspace(0, len(order) - 1, MAX_PARETO_POINTS).round().astype(int)]
+    from planner.search.candidates import SearchOutcome
+
+    outcome = SearchOutcome("optimal", cls, e, [int(j) for j in order], {"front": float(len(e.key))})
+    plans: list[Plan] = assemble(req, raw, outcome)
+    return PlanResult(status="optimal" if plans else "infeasible", scenario=req.rs.name,
+                      objective="pareto", plans=plans, stats=outcome.stats)
+
+
+def _front(e):
+    """Keep the columns on the time–cost Pareto front (ties keep one)."""
+    if len(e.key) == 0:
+        return e
+    t, c = e.ev["time_s"], e.ev["cost_usd"]
+    order = np.lexsort((c, t))
+    best_so_far = np.minimum.accumulate(c[order])
+    prev = np.concatenate([[np.inf], best_so_far[:-1]])
+    on = order[c[order] < prev]
+    from planner.search.candidates import Evaluated
+
+    return Evaluated(e.cls_index[on], {k: v[on] for k, v in e.ev.items()}, e.key[on], e.group[on], e.rejected)

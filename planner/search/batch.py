@@ -1,0 +1,266 @@
+"""Plan every scenario in files and folders: one record per plan, errors kept, never lost.
+
+A bad file or scenario becomes a record with status ``invalid`` (or ``error`` for a bug in
+planner) and its message; the other scenarios are still planned. Work is spread over processes
+when there is more than a little of it. Nothing here prints: progress goes through a callback.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+import yaml
+
+from planner.core.errors import InputError
+from planner.search.answer import absolute_model_path
+from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS
+
+SCENARIO_SUFFIXES = (".yaml", ".yml")
+#: Fewer scenarios than this run in this process: starting workers (≈ 1 s each, importing
+#: OR-Tools and the catalogs) costs more than it saves.
+MIN_SCENARIOS_FOR_PROCESSES = 4
+
+COLUMNS = [
+    "file", "scenario", "status", "rank", "gpu", "gpus", "nodes", "dp", "tp", "pp", "cp", "sp", "zero",
+    "offload", "micro_batch", "grad_accum", "global_batch", "seq_len", "method", "precision",
+    "checkpointing", "attention", "memory_bytes", "usable_bytes", "headroom_bytes", "time_s",
+    "cost_usd", "hourly_usd", "tokens_per_s", "price_date", "price_stale", "relaxations", "error",
+    "seconds", "memory_components",
+]
+PLANNED = ("optimal", "feasible")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One scenario to plan, or a file that could not be read (``problems``)."""
+
+    file: str
+    source: str
+    name: str
+    raw: dict[str, Any] | None
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PriceOptions:
+    files: tuple[str, ...] = ()
+    date: str | None = None
+    max_age_days: float = DEFAULT_MAX_AGE_DAYS
+    as_of: str | None = None  # ISO date; default today
+
+
+def collect_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
+    """Scenario files under the given files and folders (folders searched recursively, sorted)."""
+    files, problems = [], []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(sorted(f for f in p.rglob("*") if f.suffix in SCENARIO_SUFFIXES and f.is_file()))
+        elif p.is_file():
+            files.append(p)
+        else:
+            problems.append(f"{p}: no such file or folder")
+    return list(dict.fromkeys(files)), problems
+
+
+def is_portfolio(path: Path) -> bool:
+    """A procurement portfolio (top-level ``jobs:``) is not a scenario file: ``planner procure``."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return False
+    return isinstance(data, dict) and "jobs" in data
+
+
+def read_items(files: Iterable[Path]) -> tuple[list[Item], list[str]]:
+    """Every scenario of every file; a file that cannot be read is one ``invalid`` item."""
+    from planner.scenario.resolve import read_scenario_file
+
+    items, skipped = [], []
+    for path in files:
+        if is_portfolio(path):
+            skipped.append(f"{path}: a portfolio (run `planner procure {path}`)")
+            continue
+        try:
+            raws = read_scenario_file(path)
+        except InputError as exc:
+            items.append(Item(str(path), str(path), path.stem, None, tuple(exc.problems)))
+            continue
+        for i, raw in enumerate(raws):
+            source = str(path) if len(raws) == 1 else f"{path}[{i}]"
+            items.append(Item(str(path), source, str(raw.get("name", source)), absolute_model_path(raw, path.parent)))
+    return items, skipped
+
+
+# ------------------------------------------------------------------------------------------------
+# One scenario -> records (runs in a worker process)
+
+
+def _price_context(opts: PriceOptions):
+    if not opts.files:
+        return nullcontext()
+    from planner import catalog
+    from planner.catalog.prices import apply_to_catalog, load_price_table
+
+    return catalog.gpus_overlaid(apply_to_catalog(load_price_table(opts.files, date=opts.date)))
+
+
+def _as_of(opts: PriceOptions) -> dt.date:
+    return dt.date.fromisoformat(opts.as_of) if opts.as_of else dt.date.today()
+
+
+def plan_item(item: Item, top: int, opts: PriceOptions) -> list[dict[str, Any]]:
+    """The records of one scenario: its best ``top`` plans, or one record saying why none."""
+    from planner import catalog
+    from planner.catalog.prices import parse_date
+    from planner.search.answer import plan_raw
+
+    t0 = time.perf_counter()
+    base = {"file": item.file, "scenario": item.name}
+    if item.raw is None:
+        return [{**base, "status": "invalid", "error": "; ".join(item.problems), "seconds": 0.0}]
+    try:
+        raw = {**item.raw, "top": top}
+        result = plan_raw(raw, source=item.source, base_dir=Path(item.file).parent)
+    except InputError as exc:
+        return [{**base, "status": "invalid", "error": "; ".join(exc.problems),
+                 "seconds": time.perf_counter() - t0}]
+    except Exception as exc:  # noqa: BLE001 - one broken scenario must not lose the others
+        return [{**base, "status": "error", "error": f"internal error: {type(exc).__name__}: {exc}",
+                 "seconds": time.perf_counter() - t0}]
+    seconds = time.perf_counter() - t0
+    if not result.plans:
+        ex = result.explanation or {}
+        rejected = sorted((ex.get("rejected") or {}).items(), key=lambda kv: -kv[1])[:3]
+        why = ex.get("binding") or "; ".join(f"{k} ({v:,})" for k, v in rejected) or "no plan satisfies the constraints"
+        if ex.get("suggestions"):
+            why += "; would fit with " + ex["suggestions"][0]
+        return [{**base, "status": result.status, "error": f"no feasible plan: {why}", "seconds": seconds}]
+    records = []
+    for p in result.plans[:top]:
+        gpu = catalog.get_gpu(p.gpu)
+        date = parse_date(gpu.price_retrieved, "price_retrieved") if gpu.price_retrieved else None
+        stale = None if p.hourly_usd is None else (date is None or (_as_of(opts) - date).days > opts.max_age_days)
+        records.append({
+            **base, "status": result.status, "rank": p.rank, "gpu": p.gpu, "gpus": p.gpus, "nodes": p.nodes,
+            **{k: getattr(p, k) for k in ("dp", "tp", "pp", "cp", "sp", "zero", "offload", "micro_batch",
+                                          "grad_accum", "global_batch", "seq_len", "method", "precision",
+                                          "checkpointing", "attention", "time_s", "cost_usd", "hourly_usd",
+                                          "tokens_per_s")},
+            "memory_bytes": p.memory["total_bytes"], "usable_bytes": p.memory["usable_bytes"],
+            "headroom_bytes": p.memory["headroom_bytes"],
+            "price_date": None if date is None else date.isoformat(), "price_stale": stale,
+            "relaxations": "; ".join(p.relaxations), "seconds": seconds,
+            "memory_components": json.dumps(p.memory["components"]),
+        })
+    return records
+
+
+_WORKER_CONTEXT = None
+
+
+def _init_worker(opts: PriceOptions) -> None:
+    """Each worker enters the price overlay once, for its whole life."""
+    global _WORKER_CONTEXT
+    _WORKER_CONTEXT = _price_context(opts)
+    _WORKER_CONTEXT.__enter__()
+
+
+def _run_in_worker(index: int, item: Item, top: int, opts: PriceOptions) -> tuple[int, list[dict[str, Any]]]:
+    return index, plan_item(item, top, opts)
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run_items(items: list[Item], *, top: int = 1, workers: int | None = None, prices: PriceOptions = PriceOptions(),
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Plan every item; records in input order. ``progress(done, total)`` after each scenario."""
+    workers = default_workers() if workers is None else max(1, workers)
+    results: list[list[dict[str, Any]] | None] = [None] * len(items)
+    todo = list(range(len(items)))
+    if workers == 1 or len(items) < MIN_SCENARIOS_FOR_PROCESSES:
+        with _price_context(prices):
+            for done, i in enumerate(todo, start=1):
+                results[i] = plan_item(items[i], top, prices)
+                if progress:
+                    progress(done, len(items))
+    else:
+        ctx = multiprocessing.get_context("spawn")  # no fork after OR-Tools has started threads
+        with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx,
+                                 initializer=_init_worker, initargs=(prices,)) as pool:
+            futures = [pool.submit(_run_in_worker, i, items[i], top, prices) for i in todo]
+            try:
+                for done, fut in enumerate(as_completed(futures), start=1):
+                    i, records = fut.result()
+                    results[i] = records
+                    if progress:
+                        progress(done, len(items))
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    return [r for rec in results for r in (rec or [])]
+
+
+def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame.from_records(records, columns=COLUMNS)
+    for col in ("rank", "gpus", "nodes", "dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum",
+                "global_batch", "seq_len", "memory_bytes", "usable_bytes", "headroom_bytes"):
+        frame[col] = frame[col].astype("Int64")
+    for col in ("sp", "price_stale"):
+        frame[col] = frame[col].astype("boolean")
+    return frame
+
+
+@dataclass
+class BatchRun:
+    frame: pd.DataFrame
+    files: list[Path]
+    skipped: list[str]
+    problems: list[str]  # paths that do not exist
+    seconds: float
+
+    @property
+    def scenarios(self) -> pd.DataFrame:
+        """One row per scenario (its best plan, or its error)."""
+        f = self.frame
+        return f[(f["rank"].isna()) | (f["rank"] == 1)]
+
+    def counts(self) -> dict[str, int]:
+        s = self.scenarios["status"].value_counts()
+        return {k: int(v) for k, v in s.items()}
+
+    @property
+    def exit_code(self) -> int:
+        """0 every scenario planned; 1 some infeasible or invalid; 2 nothing could be read."""
+        read = self.scenarios
+        if read.empty or (read["status"] == "invalid").all():
+            return 2
+        return 0 if read["status"].isin(PLANNED).all() else 1
+
+
+def run_batch(paths: Iterable[str | Path], *, top: int = 1, workers: int | None = None,
+              prices: PriceOptions = PriceOptions(),
+              progress: Callable[[int, int], None] | None = None) -> BatchRun:
+    t0 = time.perf_counter()
+    paths = list(paths)
+    files, problems = collect_files(paths)
+    items, skipped = read_items(files)
+    missing = [Item(str(p), str(p), Path(p).stem, None, (f"{p}: no such file or folder",))
+               for p in map(Path, paths) if not p.exists()]
+    records = run_items(items + missing, top=top, workers=workers, prices=prices, progress=progress)
+    return BatchRun(to_frame(records), files, skipped, problems, time.perf_counter() - t0)

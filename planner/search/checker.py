@@ -1,0 +1,117 @@
+"""The plan checker: recomputes a plan from scratch and lists every rule it breaks.
+
+Independent of the search: it never looks at candidate tables or the solver. It rebuilds the
+plan as a scenario, estimates its memory with ``planner estimate``, recomputes time and cost with
+the throughput model, and checks every constraint of the scenario. An empty list means valid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from planner import catalog
+from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
+from planner.core.errors import InputError
+from planner.memory.estimate import estimate_resolved
+from planner.memory.breakdown import CHECKPOINTING, METHODS, OFFLOADS
+from planner.search.results import Plan, plan_scenario
+from planner.scenario.resolve import resolve
+from planner.search.cpsat import budget_units, cost_units, deadline_ms, time_ms
+from planner.search.space import HOST_RAM_USABLE_SHARE, METHOD_LADDER, build_tiers, n_lora_of
+from planner.core.specs import Scenario
+
+#: Relative tolerance when comparing a plan's reported time and cost with the recomputation.
+REL_TOL = 1e-9
+
+
+def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
+    p = plan.model_dump() if isinstance(plan, Plan) else dict(plan)
+    sc = Scenario.model_validate(raw)
+    problems: list[str] = []
+    try:
+        rs = resolve(plan_scenario(raw, p))
+    except InputError as exc:
+        return [f"plan is not a valid layout: {line}" for line in exc.problems]
+    gpu, wl = rs.gpu, rs.workload
+    est = estimate_resolved(rs)
+    if not est.fits:
+        problems.append(f"memory: needs {est.total_bytes} bytes, usable {est.usable_bytes}")
+    if p["memory"]["total_bytes"] != est.total_bytes:
+        problems.append(f"memory: plan says {p['memory']['total_bytes']}, estimate says {est.total_bytes}")
+    if p["gpus"] != p["dp"] * p["tp"] * p["pp"] * p["cp"]:
+        problems.append("gpus ≠ dp·tp·pp·cp")
+    if p["tp"] > gpu.gpus_per_node:
+        problems.append("tp crosses a node")
+    if p["precision"] == "bf16" and not gpu.supports_bf16:
+        problems.append(f"bf16 on {gpu.id}, which has no BF16")
+    if not sc.constraints.pcie_model_parallel and gpu.nvlink_domain == 1 and (p["tp"] > 1 or p["pp"] > 1):
+        problems.append("tp/pp over PCIe, which the scenario forbids")
+
+    for key in sorted(sc.layout.model_fields_set & set(p)):
+        want = getattr(sc.layout, key)
+        if key == "gpu":
+            want = catalog.get_gpu(want).id
+        if want is not None and p[key] != want:
+            problems.append(f"layout.{key} is pinned to {want!r}, the plan has {p[key]!r}")
+    s, cons = sc.search, sc.constraints
+    allowed = s.gpu_types or ([sc.layout.gpu] if sc.layout.gpu else None)
+    if allowed and gpu.id not in {catalog.get_gpu(n).id for n in allowed}:
+        problems.append(f"gpu {gpu.id} is not among the allowed types")
+    max_gpus = s.max_gpus or 1024
+    if p["gpus"] > max_gpus:
+        problems.append(f"gpus {p['gpus']} > max_gpus {max_gpus}")
+    if cons.fleet is not None:
+        have = {catalog.get_gpu(k).id: v for k, v in cons.fleet.items()}.get(gpu.id, 0)
+        if p["gpus"] > have:
+            problems.append(f"fleet has {have} × {gpu.id}, plan uses {p['gpus']}")
+    if wl.global_batch and p["micro_batch"] * p["dp"] * p["grad_accum"] != wl.global_batch:
+        problems.append("micro_batch·dp·grad_accum ≠ global_batch")
+    if gpu.host_ram_per_node_gib is not None and est.host_bytes:
+        per_node = est.host_bytes * min(p["gpus"], gpu.gpus_per_node)
+        if per_node > gpu.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE:
+            problems.append("offloaded states exceed the node's host RAM")
+
+    user = sc.workload
+    for key, allowed_values in (("optimizer", s.optimizer), ("precision", s.precision)):
+        if p[key] not in (allowed_values or [getattr(user, key)]):
+            problems.append(f"{key} {p[key]!r} is neither the scenario's nor in search.{key}")
+    rs_user = resolve(raw)
+    tiers = {(t.method, t.seq_len): t for t in build_tiers(rs_user)}
+    tier = tiers.get((p["method"], p["seq_len"]))
+    if tier is None:
+        problems.append(f"method {p['method']} / seq_len {p['seq_len']} is not what was asked nor an allowed relaxation")
+    elif list(tier.relaxations) != list(p["relaxations"]):
+        problems.append(f"relaxations reported {p['relaxations']}, taken {list(tier.relaxations)}")
+    if user.method in METHOD_LADDER and p["method"] in METHOD_LADDER and "method" not in user.allow_relax:
+        if p["method"] != user.method and not (s.method and p["method"] in s.method):
+            problems.append("method changed without allow_relax: method")
+
+    if user.tokens is not None:
+        perf = GpuPerf.of(gpu, s.utilization)
+        n_lora = n_lora_of_plan(rs_user, p)
+        step = step_time_s(
+            model_flops(rs.model), perf, method=METHODS.index(p["method"]),
+            checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
+            zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
+            tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora,
+            weight_bytes=0.5 if p["method"] == "qlora" else 2.0)
+        t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
+                             dp=p["dp"], grad_accum=p["grad_accum"]))
+        billed = int(billed_gpus(p["gpus"], gpu.gpus_per_node, gpu.whole_node_only))
+        price = gpu.price_on_demand_usd_per_hour
+        cost = float(job_cost_usd(t, gpus=billed, price_usd_per_hour=price)) if price is not None else None
+        if p["time_s"] is None or not math.isclose(p["time_s"], t, rel_tol=REL_TOL):
+            problems.append(f"time: plan says {p['time_s']}, recomputed {t}")
+        if cost is not None and (p["cost_usd"] is None or not math.isclose(p["cost_usd"], cost, rel_tol=REL_TOL)):
+            problems.append(f"cost: plan says {p['cost_usd']}, recomputed {cost}")
+        if cons.budget_usd is not None and (cost is None or cost_units(cost) > budget_units(cons.budget_usd)):
+            problems.append(f"cost {cost} over the budget {cons.budget_usd}")
+        if cons.deadline_hours is not None and time_ms(t) > deadline_ms(cons.deadline_hours * 3600):
+            problems.append(f"time {t / 3600:.2f} h past the deadline {cons.deadline_hours} h")
+    return problems
+
+
+def n_lora_of_plan(rs_user, p: dict[str, Any]) -> float:
+    """Trainable adapter parameters of the plan (0 for full fine-tuning)."""
+    return 0.0 if p["method"] == "full" else n_lora_of(rs_user)

@@ -1,0 +1,174 @@
+"""Why a request does not fit as asked, and the smallest change that would make it fit.
+
+- ``rejected``: every candidate that was dropped, counted by the rule that dropped it.
+- ``closest``: the layout that comes nearest to fitting in memory, and by how much it misses.
+- ``steps``: the documents' optimization order (000_… §六) walked on that layout, with the
+  memory after each step: FlashAttention and checkpointing; micro-batch 1 with gradient
+  accumulation; a cheaper method (Full → LoRA → QLoRA); last, a shorter sequence.
+- ``suggestions``: what would make it feasible — more GPUs, another card, an allowed relaxation,
+  a larger budget or a later deadline — each found by searching again with that change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from planner.core.errors import InputError
+from planner.memory.estimate import estimate_resolved
+from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, PRECISIONS
+from planner.search.lattice import build_lattice
+from planner.search.candidates import SearchOutcome
+from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS
+from planner.scenario.resolve import deep_merge, resolve
+from planner.search.space import METHOD_LADDER, MIN_RELAXED_SEQ_LEN, SearchRequest, build_classes, gpu_table
+from planner.search.space import grad_accum_of, memory_total
+from planner.core.units import format_bytes
+
+
+def closest_layout(req: SearchRequest) -> dict[str, Any] | None:
+    """The as-asked class that misses memory by the least, at its most sharded GPU count."""
+    cls = build_classes(req)
+    keep = cls.a["tier"] == 0
+    if not keep.any():
+        return None
+    cls = cls.take(np.flatnonzero(keep))
+    table = gpu_table(req)
+    lat = build_lattice(req, table, cls)
+    ok = lat.count > 0
+    if not ok.any():
+        return None
+    cls = cls.take(np.flatnonzero(ok))
+    lat = build_lattice(req, table, cls)
+    idx = np.arange(len(cls))
+    dp = lat.value(idx, lat.count - 1)
+    ga = np.maximum(grad_accum_of(req, cls.a["micro_batch"], dp), 1)
+    mem, _ = memory_total(req, cls.a, dp, ga)
+    usable = table.usable_bytes[cls.a["gpu"]]
+    ratio = mem / usable
+    best = int(np.lexsort((-cls.a["attention"], mem, ratio))[0])
+    a = {k: int(v[best]) for k, v in cls.a.items()}
+    gpu = req.gpus[a["gpu"]]
+    return {
+        "gpu": gpu.id, "dp": int(dp[best]), "tp": a["tp"], "pp": a["pp"], "cp": a["cp"], "ep": a["ep"],
+        "gpus": int(dp[best]) * a["tp"] * a["pp"] * a["cp"], "zero": a["zero"],
+        "offload": OFFLOADS[a["offload"]], "sp": bool(a["sp"]), "precision": PRECISIONS[a["precision"]],
+        "micro_batch": a["micro_batch"], "checkpointing": CHECKPOINTING[a["checkpointing"]],
+        "attention": ATTENTION[a["attention"]], "method": METHODS[a["method"]], "seq_len": a["seq_len"],
+        "memory_bytes": int(mem[best]), "usable_bytes": int(usable[best]),
+    }
+
+
+def _walk_estimate(raw: dict[str, Any], layout: dict[str, Any], change: dict[str, Any]) -> Any:
+    scenario = {k: v for k, v in raw.items() if k not in PLAN_ONLY_KEYS}
+    scenario = deep_merge(scenario, {"layout": {k: layout[k] for k in PINNED_LAYOUT_KEYS}})
+    scenario["workload"] = {k: v for k, v in scenario.get("workload", {}).items()
+                            if k not in ("global_batch", "grad_accum", "allow_relax")}
+    scenario = deep_merge(scenario, change)
+    return estimate_resolved(resolve(scenario))
+
+
+def document_steps(req: SearchRequest, raw: dict[str, Any], layout: dict[str, Any]) -> list[dict[str, Any]]:
+    """000_… §六's order, applied one step after another on ``layout``."""
+    wl = req.rs.workload
+    gpu = next(g for g in req.gpus if g.id == layout["gpu"])
+    user_layout = req.rs.scenario.layout
+    state = {
+        "layout": {"checkpointing": user_layout.checkpointing if "checkpointing" in user_layout.model_fields_set
+                   else "none",
+                   "attention": user_layout.attention if "attention" in user_layout.model_fields_set
+                   else "eager"},
+        "workload": {"micro_batch": wl.micro_batch, "method": wl.method, "seq_len": wl.seq_len},
+    }
+    plan = [("as asked", {})]
+    plan.append(("1. FlashAttention and activation checkpointing",
+                 {"layout": {"attention": "flash" if gpu.supports_flash_attn2 else "eager",
+                             "checkpointing": "full"}}))
+    plan.append(("2. micro-batch 1, gradient accumulation keeps the global batch",
+                 {"workload": {"micro_batch": 1}}))
+    if wl.method in METHOD_LADDER:
+        for m in METHOD_LADDER[METHOD_LADDER.index(wl.method) + 1:]:
+            plan.append((f"3. cheaper method: {m}", {"workload": {"method": m}}))
+    seq = wl.seq_len // 2
+    while seq >= MIN_RELAXED_SEQ_LEN:
+        plan.append((f"4. shorter sequence: {seq}", {"workload": {"seq_len": seq}}))
+        seq //= 2
+    steps = []
+    for label, change in plan:
+        state = deep_merge(state, change)
+        try:
+            est = _walk_estimate(raw, layout, state)
+        except InputError:
+            continue
+        allowed = not label.startswith(("3.", "4.")) or (
+            ("method" if label.startswith("3.") else "seq_len") in wl.allow_relax)
+        steps.append({"step": label, "memory_bytes": est.total_bytes, "usable_bytes": est.usable_bytes,
+                      "fits": bool(est.fits), "allowed": allowed})
+        if est.fits:
+            break
+    return steps
+
+
+def explain(
+    req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome,
+    research: Callable[[dict[str, Any]], Any],
+) -> dict[str, Any]:
+    """Everything known about why nothing fits; ``research`` plans a changed scenario."""
+    rejected = dict(outcome.cls.rejected)
+    for k, v in outcome.evaluated.rejected.items():
+        if v:
+            rejected[f"violates {k}"] = rejected.get(f"violates {k}", 0) + v
+    out: dict[str, Any] = {"rejected": {k: v for k, v in rejected.items() if v}}
+    closest = closest_layout(req)
+    if closest is not None:
+        short = closest["memory_bytes"] - closest["usable_bytes"]
+        out["closest"] = closest
+        if short > 0:
+            out["binding"] = (
+                f"memory: the closest layout ({closest['gpus']}× {closest['gpu']}, tp {closest['tp']}, "
+                f"pp {closest['pp']}, zero {closest['zero']}, offload {closest['offload']}) needs "
+                f"{format_bytes(closest['memory_bytes'], gib=True)} per GPU, has "
+                f"{format_bytes(closest['usable_bytes'], gib=True)} after the reserve "
+                f"(short by {format_bytes(short, gib=True)})")
+            out["steps"] = document_steps(req, raw, closest)
+        else:
+            out["binding"] = ("memory fits on some layouts; a constraint rules them out: "
+                              + ", ".join(k for k in rejected if k.startswith("violates")))
+    out["suggestions"] = suggestions(req, raw, research)
+    return out
+
+
+def suggestions(req: SearchRequest, raw: dict[str, Any], research: Callable) -> list[str]:
+    sc = req.rs.scenario
+    found: list[str] = []
+
+    def attempt(label: str, change: dict[str, Any], drop: tuple[str, ...] = ()) -> None:
+        trial = deep_merge(raw, change)
+        for path in drop:
+            section, key = path.split(".")
+            trial.get(section, {}).pop(key, None)
+        trial = deep_merge(trial, {"top": 1})
+        result = research(trial)
+        if result.plans:
+            p = result.plans[0]
+            extra = f", {'; '.join(p.relaxations)}" if p.relaxations else ""
+            if p.cost_usd is not None and p.time_s is not None:
+                extra += f"; ${p.cost_usd:,.2f} in {p.time_s / 3600:,.1f} h"
+            found.append(f"{label}: {p.gpus}× {p.gpu} (tp {p.tp}, pp {p.pp}, zero {p.zero}, "
+                         f"offload {p.offload}{extra})")
+
+    if sc.search.max_gpus or sc.constraints.fleet or "gpus" in sc.layout.model_fields_set:
+        attempt("more GPUs", {"objective": "gpus"}, drop=("search.max_gpus", "constraints.fleet", "layout.gpus",
+                                                          "layout.dp"))
+    if sc.search.gpu_types or "gpu" in sc.layout.model_fields_set or sc.constraints.fleet:
+        attempt("another card", {"objective": "gpus"}, drop=("search.gpu_types", "layout.gpu",
+                                                             "constraints.fleet"))
+    missing = [r for r in ("method", "seq_len") if r not in req.rs.workload.allow_relax]
+    if missing:
+        attempt(f"allow_relax {missing}", {"workload": {"allow_relax": ["method", "seq_len"]}})
+    if sc.constraints.budget_usd is not None:
+        attempt("a larger budget", {}, drop=("constraints.budget_usd",))
+    if sc.constraints.deadline_hours is not None:
+        attempt("a later deadline", {}, drop=("constraints.deadline_hours",))
+    return found

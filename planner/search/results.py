@@ -1,0 +1,146 @@
+"""Plans as results: the search's chosen columns become full, checkable plans.
+
+A plan's ``memory`` is ``planner estimate`` run on the plan itself (the scenario with every
+decision pinned), so what a plan reports is exactly what the estimator says of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.memory.estimate import estimate_resolved
+from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
+from planner.search.candidates import SearchOutcome
+from planner.scenario.resolve import deep_merge, resolve
+from planner.search.space import SearchRequest
+
+
+class Band(BaseModel):
+    """Low–high range implied by the catalog's utilisation priors (high utilisation = low time)."""
+
+    low: float | None
+    high: float | None
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    gpu: str
+    gpus: int
+    nodes: int
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    sp: bool
+    zero: int
+    offload: str
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+    seq_len: int
+    method: str
+    optimizer: str
+    precision: str
+    attention: str
+    checkpointing: str
+    lora_rank: int | None
+    memory: dict[str, Any]
+    hourly_usd: float | None
+    time_s: float | None
+    cost_usd: float | None
+    time_s_band: Band
+    cost_usd_band: Band
+    tokens_per_s: float
+    relaxations: list[str]
+    #: The scenario with this plan's decisions pinned (what `planner export` turns into configs).
+    pinned_scenario: dict[str, Any] | None = None
+
+
+class PlanResult(BaseModel):
+    status: str  # optimal | feasible | infeasible
+    scenario: str
+    objective: str
+    plans: list[Plan]
+    explanation: dict[str, Any] | None = None
+    stats: dict[str, float] = {}
+
+
+def _num(x: Any) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+#: Scenario keys that ask for a search; a plan (or any single layout) is estimated without them.
+PLAN_ONLY_KEYS = ("search", "constraints", "objective", "top", "time_limit_s")
+#: The layout decisions a plan fixes.
+PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
+                      "checkpointing", "attention")
+
+
+def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """The user's scenario with every decision of a plan pinned: what `estimate` checks."""
+    out = copy.deepcopy(raw)
+    for key in PLAN_ONLY_KEYS:
+        out.pop(key, None)
+    wl = {k: fields[k] for k in ("method", "precision", "optimizer", "seq_len", "micro_batch", "grad_accum")}
+    if raw.get("workload", {}).get("global_batch") is None:
+        wl["global_batch"] = None
+    lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
+    out = deep_merge(out, {"workload": wl, "layout": lay})
+    if out["workload"].get("global_batch") is None:
+        out["workload"].pop("global_batch", None)
+    allow = out["workload"].get("allow_relax")
+    if allow is not None:
+        out["workload"]["allow_relax"] = []
+    return out
+
+
+def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) -> list[Plan]:
+    cls, e = outcome.cls, outcome.evaluated
+    plans = []
+    for rank, j in enumerate(outcome.picked, start=1):
+        i = int(e.cls_index[j])
+        a = {k: int(v[i]) for k, v in cls.a.items()}
+        ev = {k: v[j] for k, v in e.ev.items()}
+        gpu = req.gpus[a["gpu"]]
+        tier = req.tiers[a["tier"]]
+        fields = {
+            "gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]), "tp": a["tp"], "pp": a["pp"],
+            "cp": a["cp"], "ep": a["ep"], "sp": bool(a["sp"]), "zero": a["zero"],
+            "offload": OFFLOADS[a["offload"]],
+            "micro_batch": a["micro_batch"], "grad_accum": int(ev["grad_accum"]), "seq_len": a["seq_len"],
+            "method": METHODS[a["method"]], "precision": PRECISIONS[a["precision"]],
+            "optimizer": OPTIMIZERS[a["optimizer"]],
+            "attention": ATTENTION[a["attention"]], "checkpointing": CHECKPOINTING[a["checkpointing"]],
+        }
+        pinned = plan_scenario(raw, fields)
+        est = estimate_resolved(resolve(pinned))
+        if est.total_bytes != int(ev["memory_bytes"]):
+            raise AssertionError(
+                f"search memory {int(ev['memory_bytes'])} ≠ estimate {est.total_bytes} for plan {fields}")
+        has_time = "time_s" in ev
+        plans.append(Plan(
+            rank=rank, nodes=-(-fields["gpus"] // gpu.gpus_per_node),
+            global_batch=fields["micro_batch"] * fields["dp"] * fields["grad_accum"],
+            lora_rank=req.rs.workload.lora_rank if fields["method"] != "full" else None,
+            memory=est.model_dump(mode="json"),
+            hourly_usd=_num(ev["hourly_usd"]),
+            time_s=_num(ev["time_s"]) if has_time else None,
+            cost_usd=_num(ev["cost_usd"]) if has_time else None,
+            time_s_band=Band(low=_num(ev["time_s_fast"]), high=_num(ev["time_s_slow"])) if has_time
+            else Band(low=None, high=None),
+            cost_usd_band=Band(low=_num(ev["cost_usd_fast"]), high=_num(ev["cost_usd_slow"])) if has_time
+            else Band(low=None, high=None),
+            tokens_per_s=float(ev["tokens_per_s"]),
+            relaxations=list(tier.relaxations),
+            pinned_scenario=pinned,
+            **fields,
+        ))
+    return plans

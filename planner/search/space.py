@@ -1,0 +1,443 @@
+"""The search space: what may vary, as arrays, and the metrics of every candidate.
+
+A *class* is a candidate layout without its data-parallel degree: GPU type, relaxation tier
+(method and sequence length), precision, micro-batch, TP, PP, CP, sequence parallelism, ZeRO
+stage, offload, checkpointing and attention. A *column* is a class with a data-parallel degree
+``dp``: a complete plan. Memory, time and cost of columns come from the same formulas as
+``planner estimate`` (planner.memory.seed, planner.perf.timing), evaluated on numpy arrays.
+
+Every class that cannot be used is counted with the reason (Calculon's habit), so an
+infeasible request can say what binds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from planner import catalog
+from planner.core.arch import has_full_architecture
+from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
+from planner.core.errors import InputError
+from planner.memory.estimate import usable_bytes
+from planner.memory.profiles import memory_components
+from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
+from planner.scenario.resolve import ResolvedScenario
+from planner.core.specs import GpuSpec
+
+#: Candidate values when the scenario gives no list.
+DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+DEFAULT_TP = (1, 2, 4, 8)
+DEFAULT_PP = (1, 2, 4, 8, 16)
+DEFAULT_CP = (1, 2, 4, 8)
+#: Expert-parallel degrees tried for mixture-of-experts models (those dividing the experts).
+DEFAULT_EP = (1, 2, 4, 8, 16, 32, 64)
+#: Context parallelism is only considered from this sequence length up (shorter sequences gain
+#: nothing from splitting; Llama 3 used CP from 8K up, catalog-facts §9/§13).
+MIN_SEQ_LEN_FOR_CP = 8192
+#: "Up to 1,024 GPUs" unless the scenario says otherwise.
+DEFAULT_MAX_GPUS = 1024
+#: Relaxing the sequence length halves it, down to this floor.
+MIN_RELAXED_SEQ_LEN = 256
+#: The cheaper-method ladder of 000_… §六: Full → LoRA → QLoRA.
+METHOD_LADDER = ("full", "lora", "qlora")
+#: Share of a node's host RAM that offloaded states may take (the OS, data loaders and pinned
+#: buffers need the rest): a guess, stated.
+HOST_RAM_USABLE_SHARE = 0.8
+
+CLASS_KEYS = (
+    "gpu", "tier", "method", "precision", "optimizer", "seq_len", "micro_batch", "tp", "pp", "cp", "ep",
+    "sp", "zero", "offload", "checkpointing", "attention",
+)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A relaxation step: what is trained, in the documents' order (rank 0 = as asked)."""
+
+    rank: int
+    method: str
+    seq_len: int
+    relaxations: tuple[str, ...]
+
+
+@dataclass
+class SearchRequest:
+    """A plan scenario, resolved: everything the search needs, nothing it must look up."""
+
+    rs: ResolvedScenario
+    gpus: list[GpuSpec]
+    tiers: list[Tier]
+    lists: dict[str, tuple]
+    max_gpus: int
+    fleet: dict[str, int] | None
+    budget_usd: float | None
+    deadline_s: float | None
+    objective: str
+    top: int
+    distinct: str
+    utilization: float | None
+    tokens: float | None
+    global_batch: int | None
+    grad_accum: int
+    dp_pin: int | None
+    gpus_pin: int | None
+    pcie_model_parallel: bool
+    #: Memory of layouts already evaluated (profiles without an array form), by layout row.
+    memory_cache: dict = field(default_factory=dict)
+
+    @property
+    def model(self):
+        return self.rs.model
+
+
+def build_tiers(rs: ResolvedScenario) -> list[Tier]:
+    """As asked first; then, if allowed, cheaper methods; only last, shorter sequences."""
+    wl = rs.workload
+    methods = [wl.method]
+    search_methods = rs.scenario.search.method
+    if search_methods:
+        methods = list(dict.fromkeys([wl.method, *search_methods]))
+    if "method" in wl.allow_relax and wl.method in METHOD_LADDER:
+        start = METHOD_LADDER.index(wl.method)
+        methods = list(dict.fromkeys([*methods, *METHOD_LADDER[start + 1:]]))
+    seqs = [wl.seq_len]
+    if rs.scenario.search.seq_len:
+        seqs = list(dict.fromkeys([wl.seq_len, *rs.scenario.search.seq_len]))
+    if "seq_len" in wl.allow_relax:
+        s = wl.seq_len // 2
+        while s >= MIN_RELAXED_SEQ_LEN:
+            seqs.append(s)
+            s //= 2
+    tiers = []
+    for si, seq in enumerate(seqs):
+        for mi, method in enumerate(methods):
+            relax = []
+            if mi:
+                relax.append(f"method: {wl.method} → {method}")
+            if si:
+                relax.append(f"seq_len: {wl.seq_len} → {seq}")
+            tiers.append(Tier(len(tiers), method, seq, tuple(relax)))
+    return tiers
+
+
+def build_request(rs: ResolvedScenario) -> SearchRequest:
+    """Candidate lists from the scenario's ``search`` block and ``layout`` pins."""
+    sc, wl, model = rs.scenario, rs.workload, rs.model
+    problems: list[str] = []
+    objective = sc.objective or ("cost" if wl.tokens is not None else "gpus")
+    if wl.method == "inference":
+        problems.append("workload.method: plan searches training layouts; use `planner estimate` for inference")
+    if objective in ("cost", "time") and wl.tokens is None:
+        problems.append(f"workload.tokens: required for objective {objective!r} (the job's token budget)")
+    if (sc.constraints.budget_usd or sc.constraints.deadline_hours) and wl.tokens is None:
+        problems.append("workload.tokens: required with a budget or a deadline")
+    gpu_names = sc.search.gpu_types
+    pinned = sc.layout.model_fields_set
+    if "gpu" in pinned and sc.layout.gpu:
+        gpu_names = [sc.layout.gpu]
+    fleet = None
+    if sc.constraints.fleet:
+        fleet = {}
+        for name, count in sc.constraints.fleet.items():
+            try:
+                fleet[catalog.get_gpu(name).id] = count
+            except catalog.UnknownName as exc:
+                problems.append(f"constraints.fleet: {exc}")
+    gpus: list[GpuSpec] = []
+    for name in gpu_names or [g.id for g in catalog.gpus()]:
+        try:
+            gpus.append(catalog.get_gpu(name))
+        except catalog.UnknownName as exc:
+            problems.append(f"search.gpu_types: {exc}")
+    if fleet is not None:
+        gpus = [g for g in gpus if g.id in fleet]
+    if problems:
+        raise InputError(problems)
+
+    def pick(key: str, search_value, default) -> tuple:
+        if key in pinned:
+            return (getattr(sc.layout, key),)
+        return tuple(search_value) if search_value else tuple(default)
+
+    s = sc.search
+    precisions = (wl.precision,) if not s.precision else tuple(dict.fromkeys(s.precision))
+    lists = {
+        "precision": precisions,
+        "optimizer": tuple(dict.fromkeys(s.optimizer)) if s.optimizer else (wl.optimizer,),
+        "micro_batch": tuple(s.micro_batch) if s.micro_batch else DEFAULT_MICRO_BATCHES,
+        "tp": pick("tp", s.tp, DEFAULT_TP),
+        "pp": pick("pp", s.pp, DEFAULT_PP),
+        "cp": pick("cp", s.cp, DEFAULT_CP),
+        "ep": pick("ep", s.ep, DEFAULT_EP) if model.moe is not None else (1,),
+        "zero": pick("zero", s.zero, (0, 1, 2, 3)),
+        "offload": pick("offload", s.offload, OFFLOADS),
+        "checkpointing": pick("checkpointing", s.checkpointing, CHECKPOINTING),
+        "attention": pick("attention", s.attention, ATTENTION),
+        "sp": (sc.layout.sp,) if "sp" in pinned else (None,),
+    }
+    max_gpus = s.max_gpus or DEFAULT_MAX_GPUS
+    dp_pin = sc.layout.dp if "dp" in pinned else None
+    gpus_pin = sc.layout.gpus if "gpus" in pinned else None
+    if gpus_pin:
+        max_gpus = min(max_gpus, gpus_pin)
+    return SearchRequest(
+        rs=rs, gpus=gpus, tiers=build_tiers(rs), lists=lists, max_gpus=max_gpus, fleet=fleet,
+        budget_usd=sc.constraints.budget_usd,
+        deadline_s=None if sc.constraints.deadline_hours is None else sc.constraints.deadline_hours * 3600,
+        objective=objective, top=sc.top, distinct=s.distinct, utilization=s.utilization,
+        tokens=wl.tokens, global_batch=wl.global_batch, grad_accum=wl.grad_accum or 1,
+        dp_pin=dp_pin, gpus_pin=gpus_pin, pcie_model_parallel=sc.constraints.pcie_model_parallel,
+    )
+
+
+@dataclass
+class Classes:
+    """Equal-length arrays, one entry per class (see :data:`CLASS_KEYS`)."""
+
+    a: dict[str, np.ndarray]
+    rejected: Counter = field(default_factory=Counter)
+
+    def __len__(self) -> int:
+        return len(self.a["gpu"])
+
+    def take(self, idx: Any) -> Classes:
+        return Classes({k: v[idx] for k, v in self.a.items()}, self.rejected)
+
+
+def _gpu_max(req: SearchRequest, gpu: GpuSpec) -> int:
+    limit = req.max_gpus
+    if req.fleet is not None:
+        limit = min(limit, req.fleet.get(gpu.id, 0))
+    return limit
+
+
+def build_classes(req: SearchRequest) -> Classes:
+    """Every legal class, as arrays; illegal combinations are counted by reason."""
+    model = req.model
+    rejected: Counter = Counter()
+    parts: list[dict[str, np.ndarray]] = []
+    heads, kv = model.heads, model.kv_heads_eff
+    for gi, gpu in enumerate(req.gpus):
+        limit = _gpu_max(req, gpu)
+        if limit < 1:
+            rejected["fleet has none of this type"] += 1
+            continue
+        precisions = [p for p in req.lists["precision"] if p != "bf16" or gpu.supports_bf16]
+        if not precisions:
+            rejected[f"{gpu.id}: no BF16"] += 1
+            continue
+        # "flash" is any fused kernel that keeps no s×s matrix: FlashAttention-2 where the card
+        # has it, PyTorch SDPA's memory-efficient kernel elsewhere (V100, T4): same memory.
+        attentions = list(req.lists["attention"])
+        tps = []
+        for tp in req.lists["tp"]:
+            if tp > gpu.gpus_per_node:
+                rejected["tp larger than a node"] += 1
+            elif heads is not None and heads % tp:
+                rejected["tp does not divide the heads"] += 1
+            elif kv is not None and model.mla is None and kv % tp and tp % kv:
+                rejected["tp does not divide the KV heads"] += 1
+            elif tp > 1 and tp > gpu.nvlink_domain and not req.pcie_model_parallel:
+                rejected["tp over PCIe forbidden"] += 1
+            else:
+                tps.append(tp)
+        pps = [p for p in req.lists["pp"] if model.layers % p == 0]
+        rejected["pp does not divide the layers"] += len(req.lists["pp"]) - len(pps)
+        if not req.pcie_model_parallel and gpu.nvlink_domain == 1:
+            rejected["pp over PCIe forbidden"] += len([p for p in pps if p > 1])
+            pps = [p for p in pps if p == 1]
+        for tier in req.tiers:
+            cps = [c for c in req.lists["cp"] if tier.seq_len % c == 0
+                   and (c == 1 or tier.seq_len >= MIN_SEQ_LEN_FOR_CP or len(req.lists["cp"]) == 1)]
+            eps = [e for e in req.lists["ep"] if model.moe is None and e == 1
+                   or model.moe is not None and model.moe.experts % e == 0]
+            grid = np.meshgrid(
+                np.array([PRECISIONS.index(p) for p in precisions]),
+                np.array([OPTIMIZERS.index(o) for o in req.lists["optimizer"]]),
+                np.array(req.lists["micro_batch"]),
+                np.array(tps or [0]), np.array(pps or [0]), np.array(cps or [0]), np.array(eps or [0]),
+                np.array(req.lists["zero"]),
+                np.array([OFFLOADS.index(o) for o in req.lists["offload"]]),
+                np.array([CHECKPOINTING.index(c) for c in req.lists["checkpointing"]]),
+                np.array([ATTENTION.index(a) for a in attentions]),
+                indexing="ij",
+            )
+            prec, opt, mb, tp, pp, cp, ep, zero, off, ckpt, attn = (g.ravel() for g in grid)
+            n = len(prec)
+            ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
+            bad_offload = ((off >= 1) & (zero == 0)) | ((off == 2) & (zero != 3))
+            rejected["offload needs ZeRO (params: ZeRO-3)"] += int((ok & bad_offload).sum())
+            ok &= ~bad_offload
+            too_many = tp * pp * cp * ep > limit  # dp is a multiple of ep
+            rejected["tp·pp·cp·ep exceeds the GPU limit"] += int((ok & too_many).sum())
+            ok &= ~too_many
+            if req.global_batch:
+                ragged = req.global_batch % np.maximum(mb, 1) != 0
+                rejected["micro-batch does not divide the global batch"] += int((ok & ragged).sum())
+                ok &= ~ragged
+            sp_pin = req.lists["sp"][0]
+            sp = (tp > 1) if sp_pin is None else np.full(n, bool(sp_pin))
+            part = {
+                "gpu": np.full(n, gi), "tier": np.full(n, tier.rank),
+                "method": np.full(n, METHODS.index(tier.method)), "precision": prec,
+                "optimizer": opt,
+                "seq_len": np.full(n, tier.seq_len), "micro_batch": mb, "tp": tp, "pp": pp, "cp": cp, "ep": ep,
+                "sp": sp.astype(np.int64), "zero": zero, "offload": off, "checkpointing": ckpt,
+                "attention": attn,
+            }
+            parts.append({k: v[ok] for k, v in part.items()})
+    if not parts:
+        return Classes({k: np.zeros(0, dtype=np.int64) for k in CLASS_KEYS}, rejected)
+    merged = {k: np.concatenate([p[k] for p in parts]).astype(np.int64) for k in CLASS_KEYS}
+    return Classes(merged, rejected)
+
+
+@dataclass
+class GpuTable:
+    """Per GPU type arrays (indexed by the class's ``gpu``)."""
+
+    usable_bytes: np.ndarray
+    host_bytes_per_node: np.ndarray  # inf where unknown
+    gpus_per_node: np.ndarray
+    whole_node: np.ndarray
+    limit: np.ndarray
+    perf: GpuPerf
+    perf_low: GpuPerf  # utilisation at the catalog's low prior
+    perf_high: GpuPerf
+
+
+def gpu_table(req: SearchRequest) -> GpuTable:
+    reserve = req.rs.overrides.reserve
+
+    def perf(which: str) -> GpuPerf:
+        rows = []
+        for g in req.gpus:
+            util = {"mid": req.utilization, "low": g.utilization_low, "high": g.utilization_high}[which]
+            rows.append(GpuPerf.of(g, util))
+        return GpuPerf(*(np.array([getattr(r, f) for r in rows], dtype=float)
+                         for f in GpuPerf.__dataclass_fields__))
+
+    return GpuTable(
+        usable_bytes=np.array([usable_bytes(g.memory_bytes, reserve) for g in req.gpus], dtype=np.int64),
+        host_bytes_per_node=np.array(
+            [math.inf if g.host_ram_per_node_gib is None
+             else g.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE for g in req.gpus]),
+        gpus_per_node=np.array([g.gpus_per_node for g in req.gpus], dtype=np.int64),
+        whole_node=np.array([g.whole_node_only for g in req.gpus]),
+        limit=np.array([_gpu_max(req, g) for g in req.gpus], dtype=np.int64),
+        perf=perf("mid"), perf_low=perf("low"), perf_high=perf("high"),
+    )
+
+
+def perf_rows(perf: GpuPerf, gpu_idx: np.ndarray) -> GpuPerf:
+    return GpuPerf(*(np.asarray(getattr(perf, f))[gpu_idx] for f in GpuPerf.__dataclass_fields__))
+
+
+def grad_accum_of(req: SearchRequest, micro_batch: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Gradient-accumulation steps: global_batch / (micro_batch · dp), or the scenario's value."""
+    if req.global_batch:
+        return req.global_batch // (micro_batch * dp)
+    return np.full(np.shape(dp), req.grad_accum, dtype=np.int64)
+
+
+def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> tuple:
+    """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them.
+
+    The seed profile is evaluated on the arrays directly. Other profiles evaluate each distinct
+    layout once per search (the GPU type does not change memory, so rows repeat across types and
+    across the bisection's probes): results are kept in ``req.memory_cache``."""
+    x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier") and (k != "ep" or req.model.moe is not None)}
+    x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
+
+    def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return memory_components(req.rs.profile, req.model, req.rs.overrides,
+                                 base=(req.rs.workload, req.rs.layout), **arrays)
+
+    if req.rs.profile == "seed":
+        comps = run(x)
+        return comps["total"], comps["host"]
+    keys = sorted(x)
+    stacked = np.stack([np.broadcast_to(np.asarray(x[k], dtype=np.int64), np.shape(dp)) for k in keys], axis=1)
+    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    rows = [tuple(r) for r in uniq.tolist()]
+    cache = req.memory_cache
+    missing = [i for i, r in enumerate(rows) if r not in cache]
+    if missing:
+        comps = run({k: uniq[missing, j] for j, k in enumerate(keys)})
+        for n, i in enumerate(missing):
+            cache[rows[i]] = (int(comps["total"][n]), int(comps["host"][n]))
+    vals = np.array([cache[r] for r in rows], dtype=np.int64).reshape(-1, 2)
+    inverse = inverse.reshape(-1)
+    return vals[inverse, 0], vals[inverse, 1]
+
+
+def n_lora_of(rs: ResolvedScenario) -> float:
+    """Trainable adapter parameters: the override, the exact count (detailed profile), or L·18·r·H."""
+    from planner.core.arch import exact_lora_params, seed_lora_params
+
+    wl, ov = rs.workload, rs.overrides
+    if ov.lora_params is not None:
+        return float(ov.lora_params)
+    if rs.profile != "seed" and has_full_architecture(rs.model) and rs.model.moe is None:
+        return float(exact_lora_params(rs.model, wl.lora_rank, wl.lora_target_set))
+    return float(seed_lora_params(rs.model, wl.lora_rank))
+
+
+def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
+             *, known_to_fit: bool = False, host_upper: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every metric and constraint flag of columns (classes ``c`` at data-parallel degree ``dp``).
+
+    ``known_to_fit``: the caller has established that every column fits in memory (the search
+    starts each class at its smallest fitting degree); profiles without an array form then skip
+    the per-column memory (marked −1, filled in for the few columns that become candidates) and
+    take the offloaded host bytes from ``host_upper`` (their value at a smaller degree: host
+    bytes per GPU never rise with dp), computing them exactly only where that bound fails the
+    node's host RAM."""
+    g = c["gpu"]
+    ga = grad_accum_of(req, c["micro_batch"], dp)
+    mp = c["tp"] * c["pp"] * c["cp"]
+    gpus = dp * mp
+    node = table.gpus_per_node[g]
+    billed = billed_gpus(gpus, node, table.whole_node[g])
+    host_exact = True
+    if known_to_fit and req.rs.profile != "seed":
+        mem = np.full(np.shape(dp), -1, dtype=np.int64)
+        host = np.zeros(np.shape(dp), dtype=np.int64) if host_upper is None else host_upper.copy()
+        host_exact = False
+        # The bound times a full node is within the node's RAM: every column passes as it is.
+        over = np.flatnonzero(host * node > table.host_bytes_per_node[g])
+        if len(over):
+            host[over] = memory_total(req, {k: v[over] for k, v in c.items()}, dp[over], ga[over])[1]
+    else:
+        mem, host = memory_total(req, c, dp, ga)
+    mf = model_flops(req.model)
+    n_lora = n_lora_of(req.rs)
+    weight_bytes = np.where(c["method"] == 2, 0.5, 2.0)
+    x = dict(method=c["method"], checkpointing=c["checkpointing"], offload=c["offload"], zero=c["zero"],
+             seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
+             cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
+             weight_bytes=weight_bytes)
+    out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
+           "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
+    tokens_per_step = c["micro_batch"] * dp * ga * c["seq_len"]
+    for label, perf in (("", table.perf), ("_slow", table.perf_low), ("_fast", table.perf_high)):
+        rows = perf_rows(perf, g)
+        step = step_time_s(mf, rows, **x)
+        out["step_s" + label] = step
+        if req.tokens is not None:
+            t = job_time_s(step, tokens=req.tokens, seq_len=c["seq_len"], micro_batch=c["micro_batch"],
+                           dp=dp, grad_accum=ga)
+            out["time_s" + label] = t
+            out["cost_usd" + label] = job_cost_usd(t, gpus=billed, price_usd_per_hour=rows.price_usd_per_hour)
+    out["tokens_per_s"] = tokens_per_step / out["step_s"]
+    out["hourly_usd"] = billed * perf_rows(table.perf, g).price_usd_per_hour
+    out["fits"] = mem <= table.usable_bytes[g]
+    per_node = np.minimum(gpus, node)
+    out["host_ok"] = host * per_node <= table.host_bytes_per_node[g]
+    out["ga_ok"] = ga >= 1
+    return out

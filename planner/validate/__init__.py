@@ -1,0 +1,1 @@
+"""Measured runs against predictions: calibration rows read into scenarios, and the scores."""
