@@ -145,3 +145,5 @@ def print_plans(console: Console, result: Any, *, gib: bool = False) -> None:
         console.print(f"[dim]Rejected candidates — {counts}[/dim]")
     for s in ex.get("suggestions", []):
         console.print(f"[green]Would fit with {s}[/green]")
+    for line in getattr(result, "checker_rejected", []):
+        console.print(f"[yellow]warning: a plan the checker rejected was dropped — {line}[/yellow]")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.search.checker import check_plan
 from planner.search.explain import document_steps, explain
 from planner.search.lattice import build_lattice, fitting_windows
 from planner.search.candidates import concat_evaluated, evaluate_windows, search
@@ -29,7 +30,7 @@ def plan_raw(
     if pareto:
         return pareto_front(req, raw)
     outcome = search(req, time_limit_s=rs.scenario.time_limit_s)
-    plans = assemble(req, raw, outcome)
+    plans, rejected = checked(raw, assemble(req, raw, outcome))
     explanation = None
     status = outcome.status if plans else ("infeasible" if outcome.status == "optimal" else outcome.status)
     if status == "infeasible" and explain_infeasible:
@@ -38,7 +39,20 @@ def plan_raw(
     elif plans and plans[0].relaxations:
         explanation = {"steps": document_steps(req, raw, plans[0].model_dump())}
     return PlanResult(status=status, scenario=rs.name, objective=req.objective, plans=plans,
-                      explanation=explanation, stats=outcome.stats)
+                      explanation=explanation, stats=outcome.stats, checker_rejected=rejected)
+
+
+def checked(raw: dict[str, Any], plans: list[Plan]) -> tuple[list[Plan], list[str]]:
+    """Every plan re-checked by the independent checker before anyone sees it: those it rejects
+    are dropped (and their problems reported), so a plan shown is a plan that holds."""
+    kept, rejected = [], []
+    for plan in plans:
+        problems = check_plan(raw, plan)
+        if problems:
+            rejected.extend(f"{plan.gpu} × {plan.gpus}: {line}" for line in problems)
+        else:
+            kept.append(plan)
+    return kept, rejected
 
 
 def absolute_model_path(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
@@ -73,9 +87,9 @@ def pareto_front(req: SearchRequest, raw: dict[str, Any]) -> PlanResult:
     from planner.search.candidates import SearchOutcome
 
     outcome = SearchOutcome("optimal", cls, e, [int(j) for j in order], {"front": float(len(e.key))})
-    plans: list[Plan] = assemble(req, raw, outcome)
+    plans, rejected = checked(raw, assemble(req, raw, outcome))
     return PlanResult(status="optimal" if plans else "infeasible", scenario=req.rs.name,
-                      objective="pareto", plans=plans, stats=outcome.stats)
+                      objective="pareto", plans=plans, stats=outcome.stats, checker_rejected=rejected)
 
 
 def _front(e):

@@ -70,6 +70,8 @@ class PlanResult(BaseModel):
     plans: list[Plan]
     explanation: dict[str, Any] | None = None
     stats: dict[str, float] = {}
+    #: Problems the independent checker found in plans the search returned; such plans are dropped.
+    checker_rejected: list[str] = []
 
 
 def _num(x: Any) -> float | None:
