@@ -22,6 +22,8 @@ from planner.launch.checks import annotate
 from planner.launch.importing import CONFIG_HELP, merge_configs
 from planner.report.terminal import print_estimate, print_plans, to_json
 from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, scenario_from_flags
+from planner.cli import options as o
+from planner.core.units import format_bytes, mib_to_bytes
 from planner.cli.app import EXIT_INFEASIBLE, EXIT_OK, app
 from planner.cli.app import console as _console
 from planner.cli.app import fail as _fail
@@ -29,12 +31,13 @@ from planner.cli.bulk import register as _register_commands
 from planner.cli.export import export as _export
 
 
-def _run_each(file: Path | None, flags: dict, config: list[Path] | None, run, *, for_plan: bool = False) -> list:
+def _run_each(file: Path | None, flags: dict, config: list[Path] | None, run, *, for_plan: bool = False,
+              extra: dict | None = None) -> list:
     """Every scenario of FILE (or the one the flags describe), the flags merged over it, and
     ``run(merged, source, base_dir, found)`` on each; all input problems of all scenarios are
     reported together (exit 2)."""
     try:
-        overlay = scenario_from_flags(**flags)
+        overlay = deep_merge(scenario_from_flags(**flags), extra or {})
         if file is not None:
             raws = read_scenario_file(file)
             sources = [str(file) if len(raws) == 1 else f"{file}[{i}]" for i in range(len(raws))]
@@ -59,34 +62,39 @@ def _run_each(file: Path | None, flags: dict, config: list[Path] | None, run, *,
     return results
 
 
+@app.callback()
+def _root(version: o.Version = False) -> None:
+    """Plan LLM training and fine-tuning: memory per GPU, hardware and configuration."""
+
+
 @app.command()
 def estimate(
-    file: Annotated[Optional[Path], typer.Argument(help="Scenario YAML (one scenario or a list).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Catalog name, config.json path.")] = None,
-    method: Annotated[Optional[str], typer.Option(help="full | lora | qlora | inference")] = None,
-    optimizer: Annotated[Optional[str], typer.Option(help="adamw | adam8bit | paged_adamw8bit | sgd")] = None,
-    precision: Annotated[Optional[str], typer.Option(help="mixed | bf16 | fp16 | fp32")] = None,
-    seq_len: Annotated[Optional[str], typer.Option("--seq-len")] = None,
-    micro_batch: Annotated[Optional[str], typer.Option("--micro-batch")] = None,
-    grad_accum: Annotated[Optional[str], typer.Option("--grad-accum")] = None,
-    global_batch: Annotated[Optional[str], typer.Option("--global-batch")] = None,
-    lora_rank: Annotated[Optional[str], typer.Option("--lora-rank")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="GPU name, e.g. h100, a100-40gb, 4090.")] = None,
-    gpus: Annotated[Optional[str], typer.Option(help="GPU count = dp·tp·pp·cp.")] = None,
-    dp: Annotated[Optional[str], typer.Option()] = None,
-    tp: Annotated[Optional[str], typer.Option()] = None,
-    pp: Annotated[Optional[str], typer.Option()] = None,
-    cp: Annotated[Optional[str], typer.Option()] = None,
-    sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = None,
-    zero: Annotated[Optional[int], typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = None,
-    offload: Annotated[Optional[str], typer.Option(help="none | optimizer | optimizer+params")] = None,
-    checkpointing: Annotated[Optional[str], typer.Option(help="none | selective | full")] = None,
-    attention: Annotated[Optional[str], typer.Option(help="eager | flash")] = None,
-    reserve: Annotated[Optional[float], typer.Option(help="Share of capacity kept free (default 0.10).")] = None,
-    profile: Annotated[Optional[str], typer.Option(help="seed | detailed")] = None,
-    config: Annotated[Optional[list[Path]], typer.Option("--config", help=CONFIG_HELP)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    gib: Annotated[bool, typer.Option("--gib", help="Show GiB (2^30) as nvidia-smi does.")] = False,
+    file: o.File = None,
+    model: o.Model = None,
+    method: o.Method = None,
+    optimizer: o.Optimizer = None,
+    precision: o.Precision = None,
+    seq_len: o.SeqLen = None,
+    micro_batch: o.MicroBatch = None,
+    grad_accum: o.GradAccum = None,
+    global_batch: o.GlobalBatch = None,
+    lora_rank: o.LoraRank = None,
+    gpu: o.Gpu = None,
+    gpus: o.Gpus = None,
+    dp: o.Dp = None,
+    tp: o.Tp = None,
+    pp: o.Pp = None,
+    cp: o.Cp = None,
+    sp: o.Sp = None,
+    zero: o.Zero = None,
+    offload: o.Offload = None,
+    checkpointing: o.Checkpointing = None,
+    attention: o.Attention = None,
+    reserve: o.Reserve = None,
+    profile: o.Profile = None,
+    config: Annotated[Optional[list[Path]], typer.Option("--config", metavar="FILE", help=CONFIG_HELP)] = None,
+    as_json: o.Json = False,
+    gib: o.Gib = False,
 ) -> None:
     """Memory per GPU of a scenario: breakdown, total, capacity, headroom, fits or not.
 
@@ -117,6 +125,12 @@ def _split(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
+def _ints(value: str | None) -> list[int | str] | None:
+    """``0,3`` -> [0, 3]; what is not an integer stays a string for the scenario to reject by name."""
+    items = _split(value)
+    return None if items is None else [int(v) if v.lstrip("-").isdigit() else v for v in items]
+
+
 def _fleet(value: str | None) -> dict[str, str] | None:
     """``rtx-4090=2,h100=8`` -> {"rtx-4090": "2", "h100": "8"} (counts validated later)."""
     if value is None:
@@ -130,30 +144,37 @@ def _fleet(value: str | None) -> dict[str, str] | None:
 
 @app.command()
 def plan(
-    file: Annotated[Optional[Path], typer.Argument(help="Scenario YAML (one scenario or a list).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Catalog name or config.json path.")] = None,
-    method: Annotated[Optional[str], typer.Option(help="full | lora | qlora")] = None,
-    optimizer: Annotated[Optional[str], typer.Option()] = None,
-    precision: Annotated[Optional[str], typer.Option()] = None,
-    seq_len: Annotated[Optional[str], typer.Option("--seq-len")] = None,
-    global_batch: Annotated[Optional[str], typer.Option("--global-batch", help="Sequences per step.")] = None,
-    tokens: Annotated[Optional[str], typer.Option(help="Token budget of the job, e.g. 1e9.")] = None,
-    lora_rank: Annotated[Optional[str], typer.Option("--lora-rank")] = None,
-    objective: Annotated[Optional[str], typer.Option(help="gpus | hourly | cost | time")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="Pin the GPU type.")] = None,
-    gpu_types: Annotated[Optional[str], typer.Option("--gpu-types", help="Allowed types, comma-separated.")] = None,
-    max_gpus: Annotated[Optional[str], typer.Option("--max-gpus")] = None,
-    budget: Annotated[Optional[str], typer.Option(help="Budget in USD.")] = None,
-    deadline: Annotated[Optional[str], typer.Option(help="Deadline in hours.")] = None,
-    fleet: Annotated[Optional[str], typer.Option(help="GPUs you have: rtx-4090=2,h100=8")] = None,
-    allow_relax: Annotated[Optional[str], typer.Option("--allow-relax", help="method,seq_len")] = None,
-    top: Annotated[Optional[int], typer.Option(help="How many plans (default 10).")] = None,
-    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds (default 30).")] = None,
-    profile: Annotated[Optional[str], typer.Option(help="seed | detailed")] = None,
-    pareto: Annotated[bool, typer.Option("--pareto", help="The time-versus-cost front instead.")] = False,
-    config: Annotated[Optional[list[Path]], typer.Option("--config", help=CONFIG_HELP)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    gib: Annotated[bool, typer.Option("--gib", help="Show GiB (2^30).")] = False,
+    file: o.File = None,
+    model: o.Model = None,
+    method: o.Method = None,
+    optimizer: o.Optimizer = None,
+    precision: o.Precision = None,
+    seq_len: o.SeqLen = None,
+    global_batch: o.GlobalBatch = None,
+    tokens: o.Tokens = None,
+    lora_rank: o.LoraRank = None,
+    objective: o.Objective = None,
+    gpu: o.Gpu = None,
+    gpu_types: o.GpuTypes = None,
+    max_gpus: o.MaxGpus = None,
+    micro_batch: o.SearchMicroBatch = None,
+    offload: o.SearchOffload = None,
+    zero: o.SearchZero = None,
+    checkpointing: o.SearchCheckpointing = None,
+    attention: o.SearchAttention = None,
+    tp: o.SearchTp = None,
+    pp: o.SearchPp = None,
+    budget: o.Budget = None,
+    deadline: o.Deadline = None,
+    fleet: o.Fleet = None,
+    allow_relax: o.AllowRelax = None,
+    top: o.Top = None,
+    time_limit: o.TimeLimit = None,
+    profile: o.Profile = None,
+    pareto: o.Pareto = False,
+    config: Annotated[Optional[list[Path]], typer.Option("--config", metavar="FILE", help=CONFIG_HELP)] = None,
+    as_json: o.Json = False,
+    gib: o.Gib = False,
 ) -> None:
     """Ranked feasible plans: GPU type and count, parallelism, ZeRO, offload, micro-batch,
     checkpointing, method; with memory, time and cost. Explains why when nothing fits."""
@@ -166,12 +187,17 @@ def plan(
         fleet=_fleet(fleet), allow_relax=_split(allow_relax), top=top, time_limit_s=time_limit,
         profile=profile,
     ).items() if v is not None}
+    search = {k: v for k, v in dict(
+        micro_batch=_split(micro_batch), offload=_split(offload), zero=_ints(zero), tp=_split(tp), pp=_split(pp),
+        checkpointing=_split(checkpointing), attention=_split(attention),
+    ).items() if v is not None}
+
     def run(merged, source, base_dir, found):
         for note in found.notes if found is not None else ():
             typer.echo(f"note: {note}", err=True)
         return plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto)
 
-    results = _run_each(file, flags, config, run, for_plan=True)
+    results = _run_each(file, flags, config, run, for_plan=True, extra={"search": search} if search else None)
     if as_json:
         typer.echo(to_json(results[0] if len(results) == 1 else results))
     else:
@@ -182,19 +208,19 @@ def plan(
 
 
 @app.command("gpus")
-def list_gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """The GPU catalog: memory as nvidia-smi reports it, peak dense TFLOPS, prices."""
+def list_gpus(as_json: o.Json = False, gib: o.Gib = False) -> None:
+    """The GPU catalog: memory (nvidia-smi's MiB figure, in GB or GiB), peak dense TFLOPS, prices."""
     cat = catalog.gpus()
     if as_json:
         typer.echo(json.dumps([g.model_dump(mode="json") for g in cat], indent=2))
         return
     table = Table(title=f"{len(cat)} GPU types", header_style="bold")
-    for col in ("id", "memory MiB", "BF16 TFLOPS", "FA2", "node", "NVLink", "$/h on-demand"):
+    for col in ("id", "memory", "BF16 TFLOPS", "FA2", "node", "NVLink", "$/h on-demand"):
         table.add_column(col, justify="left" if col == "id" else "right", no_wrap=col == "id")
     for g in cat:
         table.add_row(
             g.id,
-            f"{g.memory_mib:,}{'*' if g.memory_mib_kind == 'nominal' else ''}",
+            f"{format_bytes(mib_to_bytes(g.memory_mib), gib=gib)}{'*' if g.memory_mib_kind == 'nominal' else ''}",
             "—" if g.bf16_dense_tflops is None else f"{g.bf16_dense_tflops:g}",
             "yes" if g.supports_flash_attn2 else "no",
             str(g.gpus_per_node),
@@ -206,7 +232,7 @@ def list_gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 
 @app.command("models")
-def list_models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def list_models(as_json: o.Json = False) -> None:
     """The model catalog, with the parameter count computed from each architecture."""
     from planner.core.arch import param_counts
 
