@@ -35,3 +35,12 @@ def test_plan_raw_drops_what_the_checker_rejects(monkeypatch):
     result = plan_raw(RAW)
     assert len(calls) == 3 and len(result.plans) == 2
     assert result.checker_rejected and "invented problem" in result.checker_rejected[0]
+
+
+def test_one_host_ram_rule():
+    from planner import catalog
+    from planner.core.specs import HOST_RAM_USABLE_SHARE
+
+    h100 = catalog.get_gpu("h100")
+    assert h100.host_ram_budget_bytes == h100.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE
+    assert h100.model_copy(update={"host_ram_per_node_gib": None}).host_ram_budget_bytes == float("inf")

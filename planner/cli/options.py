@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.core.specs import Layout, Scenario, Workload
+from planner.core.specs import DEFAULT_MAX_GPUS, Layout, Scenario, Workload
 from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
 from planner.memory.profiles import PROFILES
 
@@ -76,7 +76,7 @@ Objective = Annotated[S, opt(metavar="OBJECTIVE", help="What to minimise.", valu
                              default="cost with a token budget, else gpus")]
 GpuTypes = Annotated[S, opt("--gpu-types", metavar="GPU[,GPU…]", help="Allowed GPU types.",
                             default="every type in the catalog")]
-MaxGpus = Annotated[S, opt("--max-gpus", metavar="N", help="Most GPUs a plan may use.", default=1024)]
+MaxGpus = Annotated[S, opt("--max-gpus", metavar="N", help="Most GPUs a plan may use.", default=DEFAULT_MAX_GPUS)]
 Budget = Annotated[S, opt(metavar="USD", help="Most the job may cost.")]
 Deadline = Annotated[S, opt(metavar="HOURS", help="Latest the job may finish.")]
 Fleet = Annotated[S, opt(metavar="GPU=N[,GPU=N…]", help="GPUs you already have, e.g. rtx-4090=2,h100=8.")]

@@ -56,6 +56,11 @@ PosFloat = Annotated[float, BeforeValidator(_parse_number), Field(gt=0, allow_in
 
 #: Upper bounds that catch absurd input (a typo of three extra zeros) without limiting real use.
 MAX_GPUS = 1_000_000
+#: "Up to 1,024 GPUs" unless the scenario says otherwise (``search.max_gpus``).
+DEFAULT_MAX_GPUS = 1024
+#: Share of a node's host RAM that offloaded states may take (the OS, data loaders and pinned
+#: buffers need the rest): a guess, stated.
+HOST_RAM_USABLE_SHARE = 0.8
 MAX_SEQ_LEN = 16 * 1024 * 1024
 MAX_MICRO_BATCH = 1_000_000
 
@@ -122,6 +127,14 @@ class GpuSpec(StrictModel):
         from planner.core.units import mib_to_bytes
 
         return mib_to_bytes(self.memory_mib)
+
+    @property
+    def host_ram_budget_bytes(self) -> float:
+        """Host RAM per node that offloaded states may take (inf when the node's RAM is unknown):
+        the one host-RAM rule of the search, the checker and the config warnings."""
+        if self.host_ram_per_node_gib is None:
+            return math.inf
+        return self.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE
 
     @property
     def peak_tflops_16bit(self) -> float | None:

@@ -41,7 +41,7 @@ def config_warnings(f: Found, est: Estimate) -> list[str]:
         if gpu.host_ram_per_node_gib is None:
             out.append(f"{what} keeps {need / GIB:.0f} GiB in host memory on each node; the host RAM "
                        f"of a {gpu.name} node is not known: check it")
-        elif need > gpu.host_ram_per_node_gib * GIB * 0.9:
+        elif need > gpu.host_ram_budget_bytes:
             out.append(f"{what} keeps {need / GIB:.0f} GiB in host memory on each node, more than a "
                        f"{gpu.name} node's {gpu.host_ram_per_node_gib:.0f} GiB can spare: it will swap "
                        "or be killed")

@@ -18,8 +18,8 @@ from planner.memory.breakdown import CHECKPOINTING, METHODS, OFFLOADS
 from planner.search.results import Plan, plan_scenario
 from planner.scenario.resolve import resolve
 from planner.search.cpsat import budget_units, cost_units, deadline_ms, time_ms
-from planner.search.space import HOST_RAM_USABLE_SHARE, METHOD_LADDER, build_tiers, n_lora_of
-from planner.core.specs import Scenario
+from planner.search.space import METHOD_LADDER, build_tiers, n_lora_of
+from planner.core.specs import DEFAULT_MAX_GPUS, Scenario
 
 #: Relative tolerance when comparing a plan's reported time and cost with the recomputation.
 REL_TOL = 1e-9
@@ -58,7 +58,7 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
     allowed = s.gpu_types or ([sc.layout.gpu] if sc.layout.gpu else None)
     if allowed and gpu.id not in {catalog.get_gpu(n).id for n in allowed}:
         problems.append(f"gpu {gpu.id} is not among the allowed types")
-    max_gpus = s.max_gpus or 1024
+    max_gpus = s.max_gpus or DEFAULT_MAX_GPUS
     if p["gpus"] > max_gpus:
         problems.append(f"gpus {p['gpus']} > max_gpus {max_gpus}")
     if cons.fleet is not None:
@@ -67,9 +67,9 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
             problems.append(f"fleet has {have} × {gpu.id}, plan uses {p['gpus']}")
     if wl.global_batch and p["micro_batch"] * p["dp"] * p["grad_accum"] != wl.global_batch:
         problems.append("micro_batch·dp·grad_accum ≠ global_batch")
-    if gpu.host_ram_per_node_gib is not None and est.host_bytes:
+    if est.host_bytes:
         per_node = est.host_bytes * min(p["gpus"], gpu.gpus_per_node)
-        if per_node > gpu.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE:
+        if per_node > gpu.host_ram_budget_bytes:
             problems.append("offloaded states exceed the node's host RAM")
 
     user = sc.workload

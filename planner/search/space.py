@@ -12,7 +12,6 @@ infeasible request can say what binds.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
 from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
 from planner.scenario.resolve import ResolvedScenario
-from planner.core.specs import GpuSpec
+from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec
 
 #: Candidate values when the scenario gives no list.
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -39,15 +38,10 @@ DEFAULT_EP = (1, 2, 4, 8, 16, 32, 64)
 #: Context parallelism is only considered from this sequence length up (shorter sequences gain
 #: nothing from splitting; Llama 3 used CP from 8K up, catalog-facts §9/§13).
 MIN_SEQ_LEN_FOR_CP = 8192
-#: "Up to 1,024 GPUs" unless the scenario says otherwise.
-DEFAULT_MAX_GPUS = 1024
 #: Relaxing the sequence length halves it, down to this floor.
 MIN_RELAXED_SEQ_LEN = 256
 #: The cheaper-method ladder of 000_… §六: Full → LoRA → QLoRA.
 METHOD_LADDER = ("full", "lora", "qlora")
-#: Share of a node's host RAM that offloaded states may take (the OS, data loaders and pinned
-#: buffers need the rest): a guess, stated.
-HOST_RAM_USABLE_SHARE = 0.8
 
 CLASS_KEYS = (
     "gpu", "tier", "method", "precision", "optimizer", "seq_len", "micro_batch", "tp", "pp", "cp", "ep",
@@ -324,9 +318,7 @@ def gpu_table(req: SearchRequest) -> GpuTable:
 
     return GpuTable(
         usable_bytes=np.array([usable_bytes(g.memory_bytes, reserve) for g in req.gpus], dtype=np.int64),
-        host_bytes_per_node=np.array(
-            [math.inf if g.host_ram_per_node_gib is None
-             else g.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE for g in req.gpus]),
+        host_bytes_per_node=np.array([g.host_ram_budget_bytes for g in req.gpus]),
         gpus_per_node=np.array([g.gpus_per_node for g in req.gpus], dtype=np.int64),
         whole_node=np.array([g.whole_node_only for g in req.gpus]),
         limit=np.array([_gpu_max(req, g) for g in req.gpus], dtype=np.int64),
