@@ -26,15 +26,22 @@ REL_TOL = 1e-9
 
 
 def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
+    """Every rule the plan breaks, recomputed from scratch; an empty list means valid."""
     p = plan.model_dump() if isinstance(plan, Plan) else dict(plan)
     sc = Scenario.model_validate(raw)
-    problems: list[str] = []
     try:
         rs = resolve(plan_scenario(raw, p))
     except InputError as exc:
         return [f"plan is not a valid layout: {line}" for line in exc.problems]
-    gpu, wl = rs.gpu, rs.workload
     est = estimate_resolved(rs)
+    rs_user = resolve(raw)
+    return [*_layout_problems(sc, rs, est, p), *_choice_problems(sc, rs, est, p),
+            *_workload_problems(sc, rs_user, p), *_time_cost_problems(sc, rs, rs_user, p)]
+
+
+def _layout_problems(sc: Scenario, rs, est, p: dict[str, Any]) -> list[str]:
+    """Memory (exactly the estimate of the plan), the layout's arithmetic and the card's limits."""
+    gpu, problems = rs.gpu, []
     if not est.fits:
         problems.append(f"memory: needs {est.total_bytes} bytes, usable {est.usable_bytes}")
     if p["memory"]["total_bytes"] != est.total_bytes:
@@ -47,7 +54,14 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
         problems.append(f"bf16 on {gpu.id}, which has no BF16")
     if not sc.constraints.pcie_model_parallel and gpu.nvlink_domain == 1 and (p["tp"] > 1 or p["pp"] > 1):
         problems.append("tp/pp over PCIe, which the scenario forbids")
+    if est.host_bytes and est.host_bytes * min(p["gpus"], gpu.gpus_per_node) > gpu.host_ram_budget_bytes:
+        problems.append("offloaded states exceed the node's host RAM")
+    return problems
 
+
+def _choice_problems(sc: Scenario, rs, est, p: dict[str, Any]) -> list[str]:
+    """Pinned layout keys, allowed GPU types, the GPU limit, the fleet and the global batch."""
+    gpu, problems = rs.gpu, []
     for key in sorted(sc.layout.model_fields_set & set(p)):
         want = getattr(sc.layout, key)
         if key == "gpu":
@@ -65,18 +79,18 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
         have = {catalog.get_gpu(k).id: v for k, v in cons.fleet.items()}.get(gpu.id, 0)
         if p["gpus"] > have:
             problems.append(f"fleet has {have} × {gpu.id}, plan uses {p['gpus']}")
-    if wl.global_batch and p["micro_batch"] * p["dp"] * p["grad_accum"] != wl.global_batch:
+    gb = rs.workload.global_batch
+    if gb and p["micro_batch"] * p["dp"] * p["grad_accum"] != gb:
         problems.append("micro_batch·dp·grad_accum ≠ global_batch")
-    if est.host_bytes:
-        per_node = est.host_bytes * min(p["gpus"], gpu.gpus_per_node)
-        if per_node > gpu.host_ram_budget_bytes:
-            problems.append("offloaded states exceed the node's host RAM")
+    return problems
 
-    user = sc.workload
+
+def _workload_problems(sc: Scenario, rs_user, p: dict[str, Any]) -> list[str]:
+    """What is trained: the user's choices, or only the relaxations the scenario allows."""
+    user, s, problems = sc.workload, sc.search, []
     for key, allowed_values in (("optimizer", s.optimizer), ("precision", s.precision)):
         if p[key] not in (allowed_values or [getattr(user, key)]):
             problems.append(f"{key} {p[key]!r} is neither the scenario's nor in search.{key}")
-    rs_user = resolve(raw)
     tiers = {(t.method, t.seq_len): t for t in build_tiers(rs_user)}
     tier = tiers.get((p["method"], p["seq_len"]))
     if tier is None:
@@ -86,29 +100,34 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
     if user.method in METHOD_LADDER and p["method"] in METHOD_LADDER and "method" not in user.allow_relax:
         if p["method"] != user.method and not (s.method and p["method"] in s.method):
             problems.append("method changed without allow_relax: method")
+    return problems
 
-    if user.tokens is not None:
-        perf = GpuPerf.of(gpu, s.utilization)
-        n_lora = n_lora_of_plan(rs_user, p)
-        step = step_time_s(
-            model_flops(rs.model), perf, method=METHODS.index(p["method"]),
-            checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
-            zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
-            tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora,
-            weight_bytes=0.5 if p["method"] == "qlora" else 2.0)
-        t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
-                             dp=p["dp"], grad_accum=p["grad_accum"]))
-        billed = int(billed_gpus(p["gpus"], gpu.gpus_per_node, gpu.whole_node_only))
-        price = gpu.price_on_demand_usd_per_hour
-        cost = float(job_cost_usd(t, gpus=billed, price_usd_per_hour=price)) if price is not None else None
-        if p["time_s"] is None or not math.isclose(p["time_s"], t, rel_tol=REL_TOL):
-            problems.append(f"time: plan says {p['time_s']}, recomputed {t}")
-        if cost is not None and (p["cost_usd"] is None or not math.isclose(p["cost_usd"], cost, rel_tol=REL_TOL)):
-            problems.append(f"cost: plan says {p['cost_usd']}, recomputed {cost}")
-        if cons.budget_usd is not None and (cost is None or cost_units(cost) > budget_units(cons.budget_usd)):
-            problems.append(f"cost {cost} over the budget {cons.budget_usd}")
-        if cons.deadline_hours is not None and time_ms(t) > deadline_ms(cons.deadline_hours * 3600):
-            problems.append(f"time {t / 3600:.2f} h past the deadline {cons.deadline_hours} h")
+
+def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[str]:
+    """Time and cost recomputed with the throughput model; budget and deadline."""
+    user, cons, gpu, problems = sc.workload, sc.constraints, rs.gpu, []
+    if user.tokens is None:
+        return problems
+    perf = GpuPerf.of(gpu, sc.search.utilization)
+    step = step_time_s(
+        model_flops(rs.model), perf, method=METHODS.index(p["method"]),
+        checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
+        zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
+        tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),
+        weight_bytes=0.5 if p["method"] == "qlora" else 2.0)
+    t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
+                         dp=p["dp"], grad_accum=p["grad_accum"]))
+    billed = int(billed_gpus(p["gpus"], gpu.gpus_per_node, gpu.whole_node_only))
+    price = gpu.price_on_demand_usd_per_hour
+    cost = float(job_cost_usd(t, gpus=billed, price_usd_per_hour=price)) if price is not None else None
+    if p["time_s"] is None or not math.isclose(p["time_s"], t, rel_tol=REL_TOL):
+        problems.append(f"time: plan says {p['time_s']}, recomputed {t}")
+    if cost is not None and (p["cost_usd"] is None or not math.isclose(p["cost_usd"], cost, rel_tol=REL_TOL)):
+        problems.append(f"cost: plan says {p['cost_usd']}, recomputed {cost}")
+    if cons.budget_usd is not None and (cost is None or cost_units(cost) > budget_units(cons.budget_usd)):
+        problems.append(f"cost {cost} over the budget {cons.budget_usd}")
+    if cons.deadline_hours is not None and time_ms(t) > deadline_ms(cons.deadline_hours * 3600):
+        problems.append(f"time {t / 3600:.2f} h past the deadline {cons.deadline_hours} h")
     return problems
 
 
