@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -10,13 +11,49 @@ from pydantic import BaseModel, ValidationError
 
 from planner.core.specs import UNION_TAGS
 
+#: The most characters of the user's input an error message quotes (then "…").
+EXCERPT_CHARS = 80
+#: The most characters of one problem line: a long path or name never floods the terminal.
+MAX_LINE_CHARS = 500
+#: The most problem lines shown at once; a last line says how many more there were.
+MAX_SHOWN_PROBLEMS = 50
+
+
+def clip(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with "…"."""
+    text = str(text)
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """A bounded quotation of the user's input: its ``repr``, at most ``limit`` characters.
+
+    Containers are never rendered whole first: one built from YAML aliases can be huge."""
+    if isinstance(value, str):
+        return clip(repr(value[: limit + 1]), limit) if len(value) > limit else clip(repr(value), limit)
+    return clip(_REPR.repr(value), limit)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 3, 6, 6, 6, 6
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = EXCERPT_CHARS, EXCERPT_CHARS, EXCERPT_CHARS
+
+
+def shown(problems: Sequence[str]) -> list[str]:
+    """The problem lines to print: each clipped, at most :data:`MAX_SHOWN_PROBLEMS` of them."""
+    lines = [clip(p, MAX_LINE_CHARS) for p in problems[:MAX_SHOWN_PROBLEMS]]
+    if len(problems) > MAX_SHOWN_PROBLEMS:
+        lines.append(f"… and {len(problems) - MAX_SHOWN_PROBLEMS:,} more problems")
+    return lines
+
 
 class InputError(ValueError):
-    """Invalid input. ``problems`` holds one ``field: message`` line per problem."""
+    """Invalid input. ``problems`` holds one ``field: message`` line per problem (each at most
+    :data:`MAX_LINE_CHARS` characters)."""
 
     def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+        self.problems = [clip(p, MAX_LINE_CHARS) for p in problems]
+        super().__init__("\n".join(shown(self.problems)))
 
 
 def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
@@ -85,8 +122,8 @@ def format_validation_error(
             if kind in {"literal_error", "int_parsing", "float_parsing", "bool_parsing"} or kind.startswith(
                 ("greater", "less")
             ):
-                msg += f" (got {err.get('input')!r})"
-        line = f"{path}: {msg}"
+                msg += f" (got {excerpt(err.get('input'))})"
+        line = f"{path}: {clip(msg, MAX_LINE_CHARS // 2)}"
         if line not in lines:
             lines.append(line)
     return lines
