@@ -128,7 +128,7 @@ BAD_INPUTS = [
     ("not a mapping", "- 1\n- 2\n", "a scenario must be a mapping"),
     ("detailed without architecture", "profile: detailed\nmodel: {params_b: 7, layers: 32, hidden: 4096}\n",
      "profile: 'detailed' needs the full architecture"),
-    ("offload without zero", BASE + "layout: {gpu: h100, offload: optimizer}\n", "layout.offload:"),
+    ("offload without zero", BASE.replace("{gpu: h100}", "{gpu: h100, offload: optimizer}"), "layout.offload:"),
     ("global batch", BASE + "workload: {micro_batch: 3, global_batch: 16}\n",
      "workload.global_batch: 16 is not a multiple of micro_batch·dp = 3·1 = 3"),
     ("reserve", BASE + "overrides: {reserve: 1.5}\n", "overrides.reserve:"),
