@@ -1,7 +1,11 @@
 """The GPU and model catalogs: load ``catalogs/*.yaml`` into specs; look names up.
 
 Nothing is read at import time. Lookup is case-insensitive and ignores separators, so
-``RTX 4090``, ``rtx-4090`` and ``rtx4090`` are one name; an unknown name gets "did you mean".
+``RTX 4090``, ``rtx-4090`` and ``rtx4090`` are one name. A model name may also be a Hugging Face
+hub id as people type it: an organisation or mirror in front (``NousResearch/``, ``unsloth/``),
+variant and packaging tags behind (``-Instruct``, ``-chat-hf``, ``-it``, ``-bnb-4bit``, ``-GPTQ``):
+:func:`model_name_candidates` peels those off, since they leave the architecture as it is. An
+unknown name gets "did you mean", drawn from the same architecture family only.
 """
 
 from __future__ import annotations
@@ -39,6 +43,112 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", name.strip().lower())
 
 
+#: Name parts that mark a fine-tune, a chat/instruct variant or a repackaging of the same weights
+#: shapes (quantisation, file format, who converted it): none changes the architecture.
+_VARIANT_TOKENS = frozenset({
+    "instruct", "chat", "hf", "it", "base", "pt", "sft", "dpo", "rlhf", "ft", "dynamic",
+    "gptq", "awq", "gguf", "ggml", "exl2", "mlx", "onnx", "bnb", "4bit", "8bit", "nf4", "fp8",
+    "fp16", "bf16", "int4", "int8", "w4a16", "w8a8", "w8a16", "unsloth", "quantized", "hqq",
+    "marlin", "safetensors",
+})
+#: llama.cpp quantisation tags (``Q4_K_M``, ``Q8_0``, ``IQ3_XS``) and a trailing file suffix.
+_QUANT_TAG = re.compile(r"(?<![a-z0-9])(i?q[1-8](_k)?(_[a-z0-9]{1,2})?|f16|f32)(?![a-z0-9])")
+_FILE_SUFFIX = re.compile(r"\.(gguf|bin|safetensors)$")
+
+
+def _name_tokens(name: str) -> list[str]:
+    """The lower-cased parts of a name without organisation, file suffix and variant tags."""
+    bare = name.strip().lower().rsplit("/", 1)[-1]
+    bare = _QUANT_TAG.sub("", _FILE_SUFFIX.sub("", bare))
+    tokens = [t for t in re.split(r"[-_\s]+", bare) if t]
+    # The first part is the model's own name; tags are stripped from the rest.
+    return tokens[:1] + [t for t in tokens[1:] if t not in _VARIANT_TOKENS]
+
+
+def model_name_candidates(name: str) -> list[str]:
+    """Normalised keys to try for a typed model name, most literal first.
+
+    ``TheBloke/Llama-2-7B-Chat-GPTQ`` -> ``thebloke/llama-2-7b-chat-gptq``'s key, then without the
+    organisation (``llama27bchatgptq``), then without variant tags (``llama27b``), then without a
+    leading ``meta-`` (``Meta-Llama-3-8B`` is ``llama-3-8b``). Versions (``v0.3``, ``3.1``) and
+    sizes are kept: they do change the architecture.
+    """
+    text = name.strip().lower()
+    out: list[str] = []
+
+    def add(s: str) -> None:
+        key = normalize_name(s)
+        if key and key not in out:
+            out.append(key)
+
+    add(text)
+    add(text.rsplit("/", 1)[-1])
+    kept = _name_tokens(text)
+    add("-".join(kept))
+    if kept and kept[0] == "meta" and len(kept) > 1:
+        add("-".join(kept[1:]))
+    return out
+
+
+#: Architecture families by the word that names them in a model's name. When a name holds
+#: several (``deepseek-r1-distill-llama-70b``), the last one is the architecture: a distilled or
+#: derived model is named "<maker>-...-<base architecture>-<size>".
+_FAMILY_WORDS: tuple[tuple[str, str], ...] = (
+    ("tinyllama", "tinyllama"), ("codellama", "llama"), ("llama", "llama"), ("qwq", "qwen"),
+    ("qwen", "qwen"), ("mixtral", "mistral"), ("mistral", "mistral"), ("ministral", "mistral"),
+    ("codestral", "mistral"), ("gemma", "gemma"), ("phi", "phi"), ("deepseek", "deepseek"),
+    ("yi", "yi"), ("falcon", "falcon"), ("smollm", "smollm"), ("olmo", "olmo"), ("gpt", "gpt"),
+    ("davinci", "gpt"),
+)
+
+
+def name_family(name: str) -> str | None:
+    """The architecture family a model name points to (see :data:`_FAMILY_WORDS`), or None."""
+    text = "-".join(_name_tokens(name))
+    best: tuple[int, str] | None = None
+    for word, family in _FAMILY_WORDS:
+        # "yi" and "phi" only as whole words ("yi-34b", "phi-3"), not inside others.
+        pattern = rf"(?<![a-z]){word}" if len(word) <= 3 else word
+        for match in re.finditer(pattern, text):
+            start = match.start()
+            if best is None or start > best[0]:
+                best = (start, family)
+    if best is None:
+        return None
+    # "tinyllama" also contains "llama" further right: the longer word names the family.
+    if best[1] == "llama" and re.search(r"tinyllama", text):
+        tl = text.rfind("tinyllama")
+        if tl + len("tiny") == best[0]:
+            return "tinyllama"
+    return best[1]
+
+
+def _size_b(text: str) -> float | None:
+    """The parameter count a name states, in billions (``70b`` -> 70, ``135m`` -> 0.135)."""
+    match = re.search(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([bm])(?![a-z0-9])", text)
+    if not match:
+        return None
+    value = float(match.group(1))
+    return value if match.group(2) == "b" else value / 1000
+
+
+def _nearest_in_size(name: str, ids: Iterable[str]) -> list[str]:
+    """Of ``ids``, the three whose stated size is nearest (by ratio) the size ``name`` states."""
+    import math
+
+    want = _size_b("-".join(_name_tokens(name)))
+    if want is None or want <= 0:
+        return []
+    sized = [(abs(math.log(size / want)), entry_id) for entry_id in ids
+             if (size := _size_b(entry_id)) is not None and size > 0]
+    return [entry_id for _, entry_id in sorted(sized)[:3]]
+
+
+#: How an unknown model's error ends: the way to use a model the catalog lacks.
+CONFIG_HINT = ("not in the catalog? give the path to its Hugging Face config.json (or the folder "
+               "holding it) as the model: --model ./my-model/config.json, or model: in a scenario file")
+
+
 T = TypeVar("T", GpuSpec, ModelSpec)
 
 
@@ -70,20 +180,44 @@ class Catalog(Generic[T]):
     def __iter__(self):
         return iter(self.entries.values())
 
+    def _keys(self, name: str) -> list[str]:
+        if self.kind == "model":
+            return model_name_candidates(name)
+        return [normalize_name(name)]
+
+    def find(self, name: str) -> T | None:
+        """The entry a name means, or None (models: hub ids and variant tags allowed)."""
+        for key in self._keys(name):
+            if key in self._index:
+                return self.entries[self._index[key]]
+        return None
+
     def get(self, name: str) -> T:
-        key = normalize_name(name)
-        if key in self._index:
-            return self.entries[self._index[key]]
-        raise UnknownName(f"unknown {self.kind} {name!r}{self.suggest(name)}")
+        entry = self.find(name)
+        if entry is not None:
+            return entry
+        message = f"unknown {self.kind} {name!r}{self.suggest(name)}"
+        if self.kind == "model":
+            message += f"; {CONFIG_HINT}"
+        raise UnknownName(message)
 
     def suggest(self, name: str) -> str:
-        key = normalize_name(name)
-        close = difflib.get_close_matches(key, self._index, n=8, cutoff=0.6)
+        """"; did you mean a, b, c?" from the names closest to ``name`` (for models, only of the
+        architecture family the name points to: a Llama typo never suggests a DeepSeek MoE)."""
+        keys = self._keys(name)
+        index = self._index
+        family = name_family(name) if self.kind == "model" else None
+        if family is not None:
+            index = {k: v for k, v in index.items() if self.entries[v].family == family}
         ids: list[str] = []
-        for match in close:
-            entry_id = self._index[match]
-            if entry_id not in ids:
-                ids.append(entry_id)
+        for key in reversed(keys):  # the most stripped key is the model's own name
+            for match in difflib.get_close_matches(key, index, n=8, cutoff=0.6):
+                entry_id = index[match]
+                if entry_id not in ids:
+                    ids.append(entry_id)
+        if not ids and family is not None:
+            # Nothing spelled alike: the family's models nearest in size ("72b" -> the 70Bs).
+            ids = _nearest_in_size(name, dict.fromkeys(index.values()))
         if not ids:
             return f" (see `planner {self.kind}s` for the list)"
         return f"; did you mean {', '.join(ids[:3])}?"
@@ -135,8 +269,9 @@ def get_model(name: str, *, base_dir: Path | None = None) -> ModelSpec:
     A relative path is looked up beside ``base_dir`` (the scenario file's folder) first.
     """
     cat = models()
-    if normalize_name(name) in cat._index:
-        return cat.get(name)
+    entry = cat.find(name)
+    if entry is not None:
+        return entry
     path = Path(name).expanduser()
     candidates = [path] if path.is_absolute() or base_dir is None else [base_dir / path, path]
     for candidate in candidates:
