@@ -8,11 +8,12 @@ bytes by :func:`ceil_components`, so components always add up to the total exact
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
-from planner.core.specs import Layout, Workload
+from planner.core.specs import (Attention, Checkpointing, Layout, Method, Offload, Optimizer, Precision,
+                                Workload)
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,37 @@ class MemoryBreakdown:
         return sum(self.components.values())
 
 
-#: Codes of the categorical choices, for the array form of the formulas (index = code).
-METHODS = ("full", "lora", "qlora", "inference")
-PRECISIONS = ("mixed", "fp16", "bf16", "fp32")
-OPTIMIZERS = ("adamw", "adam8bit", "paged_adamw8bit", "sgd")
-CHECKPOINTING = ("none", "selective", "full")
-ATTENTION = ("eager", "flash")
-OFFLOADS = ("none", "optimizer", "optimizer+params")
+#: Codes of the categorical choices, for the array form of the formulas (index = code): the
+#: scenario schema's own value lists, so a code and a name can never disagree.
+METHODS: tuple[str, ...] = get_args(Method)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
+ATTENTION: tuple[str, ...] = get_args(Attention)
+OFFLOADS: tuple[str, ...] = get_args(Offload)
+#: Array keys whose values are codes into one of the tuples above.
+CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS,
+                                     "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS}
+
+
+def decode(key: str, value: Any) -> Any:
+    """An array value back to the scenario's value: a name for coded keys, a bool for ``sp``,
+    an int otherwise (the one decoder of codes)."""
+    if key in CODES:
+        return CODES[key][int(value)]
+    if key == "sp":
+        return bool(value)
+    return int(value)
+
+
+#: The layout and workload keys a search class carries (besides its GPU and tier indices).
+CLASS_FIELDS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "micro_batch", "seq_len", "method",
+                "precision", "optimizer", "attention", "checkpointing")
+
+
+def decode_class(codes: dict[str, Any]) -> dict[str, Any]:
+    """A search class's codes as the scenario's values, for :data:`CLASS_FIELDS`."""
+    return {k: decode(k, codes[k]) for k in CLASS_FIELDS if k in codes}
 
 
 def codes(workload: Workload, layout: Layout, *, dp: int, grad_accum: int | None) -> dict[str, Any]:

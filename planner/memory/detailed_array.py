@@ -11,24 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from planner.memory.breakdown import decode
 from planner.memory.detailed import detailed_memory
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 
 #: Array keys that belong to the workload / the layout, and how their codes decode.
 _WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
 _LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention")
-
-
-def _decode(key: str, value: float) -> Any:
-    from planner.memory import breakdown as m
-
-    codes = {"method": m.METHODS, "precision": m.PRECISIONS, "optimizer": m.OPTIMIZERS,
-             "checkpointing": m.CHECKPOINTING, "attention": m.ATTENTION, "offload": m.OFFLOADS}
-    if key in codes:
-        return codes[key][int(value)]
-    if key == "sp":
-        return bool(value)
-    return int(value)
 
 
 def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Workload,
@@ -45,8 +34,8 @@ def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Wor
     hosts = np.empty(len(uniq), dtype=np.int64)
     for i, row in enumerate(uniq):
         v = dict(zip(keys, row))
-        wl = workload.model_copy(update={k: _decode(k, v[k]) for k in _WORKLOAD_KEYS if k in v})
-        lay = layout.model_copy(update={k: _decode(k, v[k]) for k in _LAYOUT_KEYS if k in v})
+        wl = workload.model_copy(update={k: decode(k, v[k]) for k in _WORKLOAD_KEYS if k in v})
+        lay = layout.model_copy(update={k: decode(k, v[k]) for k in _LAYOUT_KEYS if k in v})
         ga = int(v.get("grad_accum", 0)) or None
         mem = detailed_memory(model, wl, lay, overrides, dp=int(v.get("dp", 1)), grad_accum=ga)
         totals[i], hosts[i] = mem.total_bytes, mem.host_bytes

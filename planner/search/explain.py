@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from planner.memory.breakdown import decode_class
 from planner.core.errors import InputError
 from planner.memory.estimate import estimate_resolved
-from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, PRECISIONS
 from planner.search.lattice import build_lattice
 from planner.search.candidates import SearchOutcome
 from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS
@@ -50,14 +50,9 @@ def closest_layout(req: SearchRequest) -> dict[str, Any] | None:
     best = int(np.lexsort((-cls.a["attention"], mem, ratio))[0])
     a = {k: int(v[best]) for k, v in cls.a.items()}
     gpu = req.gpus[a["gpu"]]
-    return {
-        "gpu": gpu.id, "dp": int(dp[best]), "tp": a["tp"], "pp": a["pp"], "cp": a["cp"], "ep": a["ep"],
-        "gpus": int(dp[best]) * a["tp"] * a["pp"] * a["cp"], "zero": a["zero"],
-        "offload": OFFLOADS[a["offload"]], "sp": bool(a["sp"]), "precision": PRECISIONS[a["precision"]],
-        "micro_batch": a["micro_batch"], "checkpointing": CHECKPOINTING[a["checkpointing"]],
-        "attention": ATTENTION[a["attention"]], "method": METHODS[a["method"]], "seq_len": a["seq_len"],
-        "memory_bytes": int(mem[best]), "usable_bytes": int(usable[best]),
-    }
+    fields = {k: v for k, v in decode_class(a).items() if k != "optimizer"}
+    return {"gpu": gpu.id, "dp": int(dp[best]), "gpus": int(dp[best]) * a["tp"] * a["pp"] * a["cp"], **fields,
+            "memory_bytes": int(mem[best]), "usable_bytes": int(usable[best])}
 
 
 def _walk_estimate(raw: dict[str, Any], layout: dict[str, Any], change: dict[str, Any]) -> Any:

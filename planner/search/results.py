@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.memory.breakdown import decode_class
 from planner.memory.estimate import estimate_resolved
-from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
 from planner.search.candidates import SearchOutcome
 from planner.scenario.resolve import deep_merge, resolve
 from planner.search.space import SearchRequest
@@ -113,15 +113,8 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
         ev = {k: v[j] for k, v in e.ev.items()}
         gpu = req.gpus[a["gpu"]]
         tier = req.tiers[a["tier"]]
-        fields = {
-            "gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]), "tp": a["tp"], "pp": a["pp"],
-            "cp": a["cp"], "ep": a["ep"], "sp": bool(a["sp"]), "zero": a["zero"],
-            "offload": OFFLOADS[a["offload"]],
-            "micro_batch": a["micro_batch"], "grad_accum": int(ev["grad_accum"]), "seq_len": a["seq_len"],
-            "method": METHODS[a["method"]], "precision": PRECISIONS[a["precision"]],
-            "optimizer": OPTIMIZERS[a["optimizer"]],
-            "attention": ATTENTION[a["attention"]], "checkpointing": CHECKPOINTING[a["checkpointing"]],
-        }
+        fields = {"gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]),
+                  "grad_accum": int(ev["grad_accum"]), **decode_class(a)}
         pinned = plan_scenario(raw, fields)
         est = estimate_resolved(resolve(pinned))
         if est.total_bytes != int(ev["memory_bytes"]):

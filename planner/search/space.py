@@ -25,6 +25,7 @@ from planner.core.errors import InputError
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
 from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
+from planner.scenario.legality import offload_illegal, pp_divides, tp_gpu_fault, tp_model_fault
 from planner.scenario.resolve import ResolvedScenario
 from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec
 
@@ -215,7 +216,6 @@ def build_classes(req: SearchRequest) -> Classes:
     model = req.model
     rejected: Counter = Counter()
     parts: list[dict[str, np.ndarray]] = []
-    heads, kv = model.heads, model.kv_heads_eff
     for gi, gpu in enumerate(req.gpus):
         limit = _gpu_max(req, gpu)
         if limit < 1:
@@ -230,17 +230,12 @@ def build_classes(req: SearchRequest) -> Classes:
         attentions = list(req.lists["attention"])
         tps = []
         for tp in req.lists["tp"]:
-            if tp > gpu.gpus_per_node:
-                rejected["tp larger than a node"] += 1
-            elif heads is not None and heads % tp:
-                rejected["tp does not divide the heads"] += 1
-            elif kv is not None and model.mla is None and kv % tp and tp % kv:
-                rejected["tp does not divide the KV heads"] += 1
-            elif tp > 1 and tp > gpu.nvlink_domain and not req.pcie_model_parallel:
-                rejected["tp over PCIe forbidden"] += 1
+            fault = tp_gpu_fault(gpu, tp, pcie_model_parallel=req.pcie_model_parallel) or tp_model_fault(model, tp)
+            if fault:
+                rejected[f"tp {fault}"] += 1
             else:
                 tps.append(tp)
-        pps = [p for p in req.lists["pp"] if model.layers % p == 0]
+        pps = [p for p in req.lists["pp"] if pp_divides(model, p)]
         rejected["pp does not divide the layers"] += len(req.lists["pp"]) - len(pps)
         if not req.pcie_model_parallel and gpu.nvlink_domain == 1:
             rejected["pp over PCIe forbidden"] += len([p for p in pps if p > 1])
@@ -264,7 +259,7 @@ def build_classes(req: SearchRequest) -> Classes:
             prec, opt, mb, tp, pp, cp, ep, zero, off, ckpt, attn = (g.ravel() for g in grid)
             n = len(prec)
             ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
-            bad_offload = ((off >= 1) & (zero == 0)) | ((off == 2) & (zero != 3))
+            bad_offload = offload_illegal(zero, off)
             rejected["offload needs ZeRO (params: ZeRO-3)"] += int((ok & bad_offload).sum())
             ok &= ~bad_offload
             too_many = tp * pp * cp * ep > limit  # dp is a multiple of ep
