@@ -95,3 +95,105 @@ def test_offload_moves_bytes_to_host_without_losing_any(workload, layout, dp):
 def test_memory_grows_with_micro_batch(workload, layout, dp, extra):
     bigger = workload.model_copy(update={"micro_batch": workload.micro_batch + extra})
     assert total(bigger, layout, dp) > total(workload, layout, dp)
+
+
+# ---------------------------------------------------------------------------------------------
+# The detailed profile (the default): the same properties, with the recipe details it reads.
+# The search bisects on the data-parallel degree, so memory must never rise with dp from 2 up.
+
+from planner.memory.detailed import detailed_memory  # noqa: E402
+
+DETAILED_MODEL = ModelSpec(id="d", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008,
+                           vocab=128256)
+
+detailed_workloads = st.builds(
+    Workload,
+    method=st.sampled_from(["full", "lora", "qlora"]),
+    optimizer=st.sampled_from(["adamw", "adam8bit", "paged_adamw8bit", "sgd"]),
+    precision=st.sampled_from(["mixed", "bf16", "fp16"]),
+    seq_len=st.sampled_from([512, 2048, 8192]),
+    micro_batch=st.integers(1, 8),
+    lora_rank=st.sampled_from([8, 64]),
+    optimizer_step=st.sampled_from(["foreach", "fused", "in_backward"]),
+    loss=st.sampled_from(["standard", "chunked", "fused", "compiled"]),
+    kbit_prep=st.sampled_from(["none", "trl"]),
+    grad_dtype=st.sampled_from(["param", "fp32"]),
+)
+detailed_layouts = st.builds(
+    Layout,
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2, 4]),
+    cp=st.sampled_from([1, 2]),
+    sp=st.booleans(),
+    zero=st.sampled_from([0, 1, 2, 3]),
+    offload=st.sampled_from(["none", "optimizer"]),
+    checkpointing=st.sampled_from(["none", "selective", "full"]),
+    attention=st.sampled_from(["eager", "flash"]),
+    full_state_dict=st.booleans(),
+)
+
+
+def detailed_total(workload: Workload, layout: Layout, dp: int, grad_accum: int | None = None) -> int:
+    return detailed_memory(DETAILED_MODEL, workload, layout, Overrides(), dp=dp,
+                           grad_accum=grad_accum).total_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(detailed_workloads, detailed_layouts, dps, grad_accums)
+def test_detailed_components_sum_to_total_and_are_never_negative(workload, layout, dp, grad_accum):
+    mem = detailed_memory(DETAILED_MODEL, workload, layout, Overrides(), dp=dp, grad_accum=grad_accum)
+    assert sum(mem.components.values()) == mem.total_bytes
+    assert all(v >= 0 for v in mem.components.values())
+    assert mem.host_bytes >= 0
+    p = mem.predicted
+    assert 0 <= p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"] == mem.total_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(detailed_workloads, detailed_layouts, st.sampled_from([32, 64, 256]))
+def test_detailed_never_rises_with_dp_at_a_fixed_global_batch(workload, layout, global_batch):
+    """dp from 2 up, the global batch fixed: grad_accum = global / (dp · micro-batch) falls to 1
+    on the way (the case of a search that bisects on dp)."""
+    totals = []
+    for dp in (2, 4, 8, 16, 32, 64):
+        ga = max(1, global_batch // (dp * workload.micro_batch))
+        totals.append(detailed_total(workload, layout, dp, ga))
+    assert totals == sorted(totals, reverse=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(detailed_workloads, detailed_layouts, grad_accums)
+def test_detailed_never_rises_with_dp_at_a_fixed_grad_accum(workload, layout, grad_accum):
+    totals = [detailed_total(workload, layout, dp, grad_accum) for dp in (2, 4, 8, 64)]
+    assert totals == sorted(totals, reverse=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(detailed_workloads, detailed_layouts.filter(lambda lay: lay.pp == 1),
+       st.sampled_from([2, 4, 8, 64]), grad_accums)
+def test_detailed_higher_zero_stage_never_needs_more(workload, layout, dp, grad_accum):
+    """Without pipeline parallelism. Under PP, FSDP keeps each stage's parameters unsharded for
+    the whole step and accumulates unsharded gradients in its FP32 reduce dtype (torchtitan,
+    FSDP2 ``to_accumulated_grad_if_needed``): there ZeRO-3 holds more than ZeRO-1, as it does
+    on real runs."""
+    stages = [detailed_total(workload, layout.model_copy(update={"zero": z, "offload": "none"}),
+                             dp, grad_accum) for z in range(4)]
+    assert stages == sorted(stages, reverse=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(detailed_workloads, detailed_layouts, dps, grad_accums)
+def test_detailed_more_checkpointing_never_needs_more(workload, layout, dp, grad_accum):
+    levels = [detailed_total(workload, layout.model_copy(update={"checkpointing": c}), dp, grad_accum)
+              for c in ("none", "selective", "full")]
+    assert levels == sorted(levels, reverse=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(detailed_workloads, detailed_layouts, dps, grad_accums)
+def test_detailed_more_tensor_parallelism_never_needs_more(workload, layout, dp, grad_accum):
+    """TP from 1 to 2 to 4 at a fixed dp (the first TP group adds its NCCL communicator, which
+    the sharded states of a 8B model outweigh)."""
+    totals = [detailed_total(workload, layout.model_copy(update={"tp": t}), dp, grad_accum)
+              for t in (1, 2, 4)]
+    assert totals == sorted(totals, reverse=True)

@@ -42,6 +42,11 @@ ZERO3_LIVE_UNITS = 2
 OFFLOAD_RESIDENT_LAYERS = 2
 
 
+#: Components that are model states (allocated once in fixed sizes, not churned within a step).
+STATE_PARTS = frozenset({"weights", "gradients", "optimizer_states", "master_weights",
+                         "adapter_states"})
+
+
 @dataclass(frozen=True)
 class Peak:
     """Bytes of each component at the peak phase, and the three views."""
@@ -105,7 +110,7 @@ def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:
 def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum: int | None,
                      *, last_stage: bool) -> dict[str, float]:
     """Saved activations of one pipeline stage (``saved``), the working set of the layer being
-    recomputed (``working``), the loss (``loss_saved``, ``loss_peak``) and offloaded bytes."""
+    recomputed (``working``) and of the last layer's backward (``working_end``), the loss (``loss_saved``, ``loss_peak``) and offloaded bytes."""
     b, s = wl.micro_batch, wl.seq_len // layout.cp
     tp, sp = layout.tp, layout.sp
     rec = _recipe(model, wl, layout, first_layer=False)
@@ -116,11 +121,16 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
     first = act.layer_saved(model, _recipe(model, wl, layout, first_layer=True), b, s).total(tp, sp)
     if layout.checkpointing == "none":
         per, working = full_layer, temps
-        layers = (n_layers - 1) * per + (first if not last_stage or layout.pp == 1 else per)
+        bottom = first if not last_stage or layout.pp == 1 else per  # the stage's first layer
+        layers = (n_layers - 1) * per + bottom
+        # The layer whose backward runs last keeps its own saved tensors until that backward
+        # is done: at the end of backward they sit beside its temporaries.
+        working_end = bottom + temps
     else:
         pick = act.selective_saved if layout.checkpointing == "selective" else act.checkpoint_saved
         per, working = pick(model, rec, b, s).total(tp, sp), full_layer + temps
         layers = n_layers * per
+        working_end = working
     host = 0.0
     if layout.activation_offload and layout.checkpointing != "none":
         resident = min(n_layers, OFFLOAD_RESIDENT_LAYERS) * per
@@ -148,7 +158,8 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
             model, rec.e, b * s, wl.loss, tp, compiled=wl.compile, batch=b,
             first_step=wl.peak_at_first_step, carried=carried,
             head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
-    return {"saved": saved, "working": working, "loss_saved": loss_saved,
+    return {"saved": saved, "working": working, "working_end": working_end,
+            "loss_saved": loss_saved,
             "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host}
 
 
@@ -160,7 +171,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     tp, pp = layout.tp, layout.pp
     layer = (counts.attention + counts.mlp) / model.layers / tp
     end = max(counts.embedding, counts.lm_head) / tp
-    out = {"gather": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
+    out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
@@ -168,6 +179,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     if layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params"):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
         unit = max(layer * w_b, end * e)
+        out["unit"] = unit
         out["gather"] = ZERO3_LIVE_UNITS * unit
         if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
             out["gather"] += layer * (4 if wl.grad_dtype == "fp32" else e)
@@ -178,8 +190,11 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     if wl.method == "qlora":
         shapes = lora_module_shapes(model)
         out["dequant"] = max(d_in * d_out for d_in, d_out in shapes.values()) / tp * e
-    if wl.optimizer_step == "foreach" and wl.optimizer in ("adamw", "sgd"):
+    if wl.optimizer_step == "foreach" and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
         # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list.
+        # With the optimizer offloaded the step runs on the CPU (DeepSpeedCPUAdam for
+        # ZeRO-Offload, arXiv 2101.06840; FSDP CPUOffload steps the CPU shards): its
+        # temporaries live in host memory, none on the GPU.
         n = st.trainable / _opt_shard(layout)
         mixed = wl.precision in ("mixed", "fp16", "fp32")
         c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
@@ -236,6 +251,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
              if not (wl.peak_at_first_step and k == "gradients")}
     end_grads = persistent.get("gradients", reduced) if wl.peak_at_first_step else reduced
     best: tuple[float, str, dict[str, float], float] | None = None
+    reserved = 0.0
     stages = [True] if layout.pp == 1 else [False, True]
     for last in stages:
         a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
@@ -251,7 +267,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             "backward start": {**start, "activations": act_start, "logits": logits,
                                "buffers": buf["gather"] + dequant + buf["zero_buckets"]},
             "backward end": {**persistent, "gradients": end_grads,
-                             "activations": a["working"] + kept, "logits": held,
+                             "activations": a["working_end"] + kept, "logits": held,
                              "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
                                          + buf["zero_buckets"])},
         }
@@ -262,22 +278,33 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
                                         "activations": kept_after,
                                         "buffers": buf["optimizer_temp"]}
         if layout.full_state_dict and layout.zero == 3:
-            # FSDP1 FULL_STATE_DICT (or an unsharded load with sync_module_states): every
-            # 16-bit weight exists unsharded on the GPU beside this GPU's shard at once.
-            # It happens at load and at checkpoint saves, outside a step: no gradients exist
-            # then (``zero_grad`` sets them to None after each optimizer step).
-            full = param_counts(model).total * compute_bytes(wl.precision) / (layout.tp * layout.pp)
+            # A full (unsharded) state dict at a checkpoint save, or an unsharded load with
+            # ``sync_module_states``: FSDP gathers it unit by unit. Each unit's pre-state-dict
+            # hook unshards it, its tensors are copied to the CPU (``FullStateDictConfig(
+            # offload_to_cpu=True, rank0_only=True)``, as accelerate, Lightning and torchtune
+            # configure it; FSDP2's ``get_model_state_dict(full_state_dict=True,
+            # cpu_offload=True)`` likewise) and the unit is resharded before the next: one
+            # unit is materialised on the GPU at a time, never the whole model. It happens
+            # outside a step: no gradients exist then (``zero_grad`` sets them to None).
             at_rest = {k: v for k, v in persistent.items() if k != "gradients"}
             phases["full state dict"] = {**at_rest, "logits": held, "activations": kept_after,
-                                         "buffers": full}
+                                         "buffers": buf["unit"]}
         for name, parts in phases.items():
             total = sum(parts.values())
+            # Model states (gradients included) are allocated in the same sizes every step, so
+            # the allocator hands the same blocks back: only the rest churns and fragments.
+            # Gradients count as states whether or not they outlive a micro-batch (with
+            # grad_accum 1 ``zero_grad`` frees them each step all the same), so the reserved
+            # view cannot jump when a larger dp brings grad_accum down to 1.
+            transient = total - sum(v for k, v in parts.items() if k in STATE_PARTS)
+            # ``max_memory_reserved`` is the largest the segments ever were: the maximum over
+            # phases of each phase's own reserved view, which need not be the phase with the
+            # most allocated (a phase of states and one of churning activations).
+            reserved = max(reserved, total + ALLOCATOR_FRAGMENTATION * max(transient, 0.0))
             if best is None or total > best[0]:
                 best = (total, name + (" (last stage)" if last and layout.pp > 1 else ""),
                         parts, a["host"])
     allocated, phase, parts, act_host = best
-    transient = allocated - sum(persistent.values())
-    reserved = allocated + ALLOCATOR_FRAGMENTATION * max(transient, 0.0)
     device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
     notes.append(f"peak phase: {phase}")
     return Peak(phase, parts, allocated, reserved, device, st.host + act_host, tuple(notes))
