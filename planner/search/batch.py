@@ -13,15 +13,15 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
-import yaml
 
-from planner.core.errors import InputError
+from planner.core.errors import MAX_LINE_CHARS, InputError, clip, excerpt, shown
 from planner.search.answer import absolute_model_path
 from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS
 
@@ -59,45 +59,106 @@ class PriceOptions:
     as_of: str | None = None  # ISO date; default today
 
 
-def collect_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
-    """Scenario files under the given files and folders (folders searched recursively, sorted)."""
-    files, problems = [], []
+def collect_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str], list[str]]:
+    """Scenario files under the given files and folders (folders searched recursively, sorted).
+
+    Every path given that is not a folder is a file to read, whatever it is, so a named pipe, a
+    broken link or an unreadable file becomes a record saying why. In folders, every entry named
+    ``*.yaml``/``*.yml`` that is not a folder is taken the same way; links to folders are not
+    followed (noted in the third list), and a folder that cannot be listed is taken as a file to
+    read, so it gets a record too. The second list: paths given that do not exist."""
+    files: list[Path] = []
+    problems: list[str] = []
+    notes: list[str] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.suffix in SCENARIO_SUFFIXES and f.is_file()))
-        elif p.is_file():
+        if _is_real_dir(p):  # a link given by name is followed
+            found, more = _search(p)
+            files.extend(found)
+            notes.extend(more)
+        elif os.path.lexists(p):
             files.append(p)
         else:
             problems.append(f"{p}: no such file or folder")
-    return list(dict.fromkeys(files)), problems
+    return list(dict.fromkeys(files)), problems, notes
+
+
+def _is_real_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
+    except OSError:
+        return False
+
+
+def _search(root: Path) -> tuple[list[Path], list[str]]:
+    found: list[Path] = []
+    notes: list[str] = []
+
+    def unreadable(exc: OSError) -> None:
+        found.append(Path(exc.filename) if exc.filename else root)
+
+    for folder, dirs, names in os.walk(root, onerror=unreadable, followlinks=False):
+        base = Path(folder)
+        for d in list(dirs):
+            if (base / d).is_symlink():
+                dirs.remove(d)
+                notes.append(f"{base / d}: a link to a folder, not followed")
+        dirs.sort()
+        found.extend(base / n for n in names if Path(n).suffix in SCENARIO_SUFFIXES)
+    return sorted(found), notes
+
+
+def _read(path: Path) -> Any:
+    from planner.scenario.resolve import load_yaml
+
+    return load_yaml(path)
 
 
 def is_portfolio(path: Path) -> bool:
     """A procurement portfolio (top-level ``jobs:``) is not a scenario file: ``planner procure``."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        data = _read(path)
+    except InputError:
         return False
     return isinstance(data, dict) and "jobs" in data
 
 
+def _absolute_model_path(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    try:
+        return absolute_model_path(raw, base)
+    except (OSError, ValueError):  # a model name no file system takes as a path: resolve says so
+        return raw
+
+
+def _name(raw: dict[str, Any], source: str) -> str:
+    name = raw.get("name", source)
+    return name if isinstance(name, str) else excerpt(name)
+
+
 def read_items(files: Iterable[Path]) -> tuple[list[Item], list[str]]:
     """Every scenario of every file; a file that cannot be read is one ``invalid`` item."""
-    from planner.scenario.resolve import read_scenario_file
+    from planner.scenario.resolve import scenarios_from_data
 
     items, skipped = [], []
     for path in files:
-        if is_portfolio(path):
-            skipped.append(f"{path}: a portfolio (run `planner procure {path}`)")
-            continue
         try:
-            raws = read_scenario_file(path)
+            if _is_real_dir(path):  # a folder os.walk could not list
+                try:
+                    os.listdir(path)
+                    why = "could not be searched"
+                except OSError as exc:
+                    why = f"cannot be searched: {exc.strerror or exc}"
+                raise InputError([f"{path}: a folder that {why}"])
+            data = _read(path)
+            if isinstance(data, dict) and "jobs" in data:
+                skipped.append(f"{path}: a portfolio (run `planner procure {path}`)")
+                continue
+            raws = scenarios_from_data(data, path)
         except InputError as exc:
             items.append(Item(str(path), str(path), path.stem, None, tuple(exc.problems)))
             continue
         for i, raw in enumerate(raws):
             source = str(path) if len(raws) == 1 else f"{path}[{i}]"
-            items.append(Item(str(path), source, str(raw.get("name", source)), absolute_model_path(raw, path.parent)))
+            items.append(Item(str(path), source, _name(raw, source), _absolute_model_path(raw, path.parent)))
     return items, skipped
 
 
@@ -127,15 +188,15 @@ def plan_item(item: Item, top: int, opts: PriceOptions) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     base = {"file": item.file, "scenario": item.name}
     if item.raw is None:
-        return [{**base, "status": "invalid", "error": "; ".join(item.problems), "seconds": 0.0}]
+        return [{**base, "status": "invalid", "error": "; ".join(shown(item.problems)), "seconds": 0.0}]
     try:
         raw = {**item.raw, "top": top}
         result = plan_raw(raw, source=item.source, base_dir=Path(item.file).parent)
     except InputError as exc:
-        return [{**base, "status": "invalid", "error": "; ".join(exc.problems),
+        return [{**base, "status": "invalid", "error": "; ".join(shown(exc.problems)),
                  "seconds": time.perf_counter() - t0}]
     except Exception as exc:  # noqa: BLE001 - one broken scenario must not lose the others
-        return [{**base, "status": "error", "error": f"internal error: {type(exc).__name__}: {exc}",
+        return [{**base, "status": "error", "error": clip(f"internal error: {type(exc).__name__}: {exc}", MAX_LINE_CHARS),
                  "seconds": time.perf_counter() - t0}]
     seconds = time.perf_counter() - t0
     if not result.plans:
@@ -163,6 +224,11 @@ def plan_item(item: Item, top: int, opts: PriceOptions) -> list[dict[str, Any]]:
             "memory_components": json.dumps(p.memory["components"]),
         })
     return records
+
+
+def _error_records(item: Item, why: str) -> list[dict[str, Any]]:
+    return [{"file": item.file, "scenario": item.name, "status": "error",
+             "error": clip(f"internal error: {why}", MAX_LINE_CHARS), "seconds": 0.0}]
 
 
 _WORKER_CONTEXT = None
@@ -200,19 +266,32 @@ def run_items(items: list[Item], *, top: int = 1, workers: int | None = None, pr
                     progress(done, len(items))
     else:
         ctx = multiprocessing.get_context("spawn")  # no fork after OR-Tools has started threads
-        with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx,
-                                 initializer=_init_worker, initargs=(prices,)) as pool:
-            futures = [pool.submit(_run_in_worker, i, items[i], top, prices) for i in todo]
-            try:
-                for done, fut in enumerate(as_completed(futures), start=1):
-                    i, records = fut.result()
-                    results[i] = records
-                    if progress:
-                        progress(done, len(items))
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        done = 0
+        for attempt in range(2):  # a worker that dies breaks the pool: the unfinished run once more
+            todo = [i for i in todo if results[i] is None]
+            if not todo:
+                break
+            with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx,
+                                     initializer=_init_worker, initargs=(prices,)) as pool:
+                futures = {pool.submit(_run_in_worker, i, items[i], top, prices): i for i in todo}
+                try:
+                    for fut in as_completed(futures):
+                        i = futures[fut]
+                        try:
+                            results[i] = fut.result()[1]
+                        except BrokenProcessPool:
+                            if attempt == 0:
+                                continue
+                            results[i] = _error_records(items[i], "a worker process died")
+                        except Exception as exc:  # noqa: BLE001 - the others' results are kept
+                            results[i] = _error_records(items[i], f"{type(exc).__name__}: {exc}")
+                        done += 1
+                        if progress:
+                            progress(done, len(items))
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
     return [r for rec in results for r in (rec or [])]
 
 
@@ -258,9 +337,10 @@ def run_batch(paths: Iterable[str | Path], *, top: int = 1, workers: int | None 
               progress: Callable[[int, int], None] | None = None) -> BatchRun:
     t0 = time.perf_counter()
     paths = list(paths)
-    files, problems = collect_files(paths)
+    files, problems, notes = collect_files(paths)
     items, skipped = read_items(files)
+    skipped += notes
     missing = [Item(str(p), str(p), Path(p).stem, None, (f"{p}: no such file or folder",))
-               for p in map(Path, paths) if not p.exists()]
+               for p in map(Path, paths) if not os.path.lexists(p)]
     records = run_items(items + missing, top=top, workers=workers, prices=prices, progress=progress)
     return BatchRun(to_frame(records), files, skipped, problems, time.perf_counter() - t0)
