@@ -12,7 +12,10 @@ import html
 import json
 import math
 import os
+import secrets
+import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,21 +25,71 @@ TABLE_FORMATS = (".csv", ".json", ".parquet", ".md", ".html")
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """``write(tmp)`` fills a temporary file beside ``path``, which then replaces ``path``."""
+    """``write(tmp)`` fills a temporary file beside ``path``, which then replaces ``path``.
+
+    The result has the permissions a plain ``open(path, "w")`` would give it: those of the
+    file it replaces, or 0666 less the umask for a new one (not the 0600 of a temporary file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = _create_sibling(path)
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        try:
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+        except FileNotFoundError:
+            pass
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _create_sibling(path: Path) -> Path:
+    """A new empty file ``.NAME.XXXXXXXX.tmp`` beside ``path``, created as ``open()`` creates
+    files (mode 0666, less the umask)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return tmp
+    raise FileExistsError(f"{path}: no free temporary name beside it")
+
+
+def check_writable(path: str | Path) -> str | None:
+    """Why ``path`` cannot be written as a result file, or None when it can: it is not a
+    folder, not read-only, and its folder (or the nearest one that exists, where folders are
+    to be made) takes new files. Checked by creating and removing a file there, the one test
+    that also covers read-only mounts and access lists."""
+    try:
+        return _why_not_writable(Path(path))
+    except (OSError, ValueError) as exc:
+        return f"{path}: {getattr(exc, 'strerror', None) or exc}"
+
+
+def _why_not_writable(path: Path) -> str | None:
+    if path.is_dir():
+        return f"{path} is a folder"
+    if os.path.lexists(path):
+        if not os.access(path, os.W_OK, follow_symlinks=True):
+            return f"{path} is read-only"
+    folder = path.parent
+    while not folder.exists():
+        if os.path.lexists(folder) or folder.parent == folder:
+            return f"{folder} cannot be made"
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:
+        _create_sibling(folder / path.name).unlink()
+    except OSError as exc:
+        return f"cannot write in {folder}: {exc.strerror or exc}"
+    return None
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -87,6 +140,29 @@ def write_frame(frame: pd.DataFrame, path: str | Path, *, document: Callable[[st
     fmt = suffix.lstrip(".")
     text = document(fmt) if document else (markdown_table(frame) if fmt == "md" else html_table(frame))
     return atomic_write_text(path, text)
+
+
+def write_frame_or_fallback(frame: pd.DataFrame, path: str | Path, *,
+                            document: Callable[[str], str] | None = None) -> tuple[Path | None, str | None]:
+    """:func:`write_frame`, and when ``path`` cannot be written, the same results elsewhere rather
+    than lost: beside it (``NAME.recovered-TIME.EXT``), then in the temporary folder, then as CSV
+    there. Returns (where they are, why not at ``path``); (None, why) when nothing could be
+    written, for the caller to print them."""
+    path = Path(path)
+    try:
+        return write_frame(frame, path, document=document), None
+    except Exception as exc:  # noqa: BLE001 - finished results are never dropped
+        why = f"{path}: {getattr(exc, 'strerror', None) or exc}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{path.stem}.recovered-{stamp}-{os.getpid()}"
+    tmp_dir = Path(tempfile.gettempdir())
+    for target, doc in ((path.with_name(name + path.suffix), document), (tmp_dir / (name + path.suffix), document),
+                        (tmp_dir / (name + ".csv"), None)):
+        try:
+            return write_frame(frame, target, document=doc), why
+        except Exception:  # noqa: BLE001 - try the next place
+            continue
+    return None, why
 
 
 def image_markup(fmt: str, png: Path | None, alt: str, relative_to: Path) -> str:
