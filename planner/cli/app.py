@@ -16,8 +16,11 @@ EXIT_OK, EXIT_INFEASIBLE, EXIT_INVALID = 0, 1, 2
 
 
 def fail(problems: list[str]) -> None:
+    """One ``error:`` line per problem on stderr (each bounded, at most a screenful), exit 2."""
+    from planner.core.errors import shown
+
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for line in problems:
+    for line in shown(problems):
         err.print(f"error: {line}", markup=False)
     raise typer.Exit(EXIT_INVALID)
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from planner.core.errors import InputError
+from planner.core.errors import MAX_LINE_CHARS, InputError, clip
 
 
 def _fail(problems: list[str]) -> None:
@@ -56,10 +56,16 @@ def batch(
     results still written), 2 when nothing could be read.
     """
     from planner.search.batch import PriceOptions, run_batch
-    from planner.report.files import TABLE_FORMATS, batch_document, batch_summary, write_frame
+    from planner.report.files import (TABLE_FORMATS, batch_document, batch_summary, check_writable,
+                                      write_frame_or_fallback)
 
     if out.suffix.lower() not in TABLE_FORMATS:
         _fail([f"--out: {out}: unknown format {out.suffix or '(none)'}; use one of {', '.join(TABLE_FORMATS)}"])
+    # Where the results go is checked before hours of planning, not after.
+    unwritable = [f"{flag}: {why}" for flag, path in (("--out", out), ("--plot", plot)) if path is not None
+                  for why in [check_writable(path)] if why]
+    if unwritable:
+        _fail(unwritable)
     opts = PriceOptions(tuple(str(p) for p in prices or ()), price_date, max_price_age)
     try:
         if opts.files:  # read them once here, so a bad price file is one clear error
@@ -75,15 +81,29 @@ def batch(
     except InputError as exc:
         _fail(exc.problems)
         return
+    failed = []  # outputs not written where asked: the results are kept all the same
     if plot is not None and not run.scenarios.empty:
         from planner.report.plot import plot_batch_memory
 
-        plot_batch_memory(run.scenarios, plot)
-    write_frame(run.frame, out, document=lambda fmt: batch_document(run, fmt, out.parent, plot))
+        try:
+            plot_batch_memory(run.scenarios, plot)
+        except Exception as exc:  # noqa: BLE001 - a picture never costs the results
+            failed.append(f"--plot: could not write {plot}: {getattr(exc, 'strerror', None) or exc}")
+            plot = None
+    written, why = write_frame_or_fallback(run.frame, out,
+                                           document=lambda fmt: batch_document(run, fmt, out.parent, plot))
     typer.echo(batch_summary(run))
-    typer.echo(f"results: {out}" + (f"; plot: {plot}" if plot else ""))
+    if why is not None:
+        failed.append(f"--out: could not write {why}; " + (f"the results are in {written} instead"
+                                                           if written else "the results follow as CSV"))
+        if written is None:
+            typer.echo(run.frame.to_csv(index=False))
+    if written is not None:
+        typer.echo(f"results: {written}" + (f"; plot: {plot}" if plot else ""))
     for line in run.scenarios.loc[~run.scenarios["status"].isin(("optimal", "feasible")), "error"].dropna()[:20]:
-        typer.echo(f"  {line}", err=True)
+        typer.echo(f"  {clip(line, MAX_LINE_CHARS)}", err=True)
+    if failed:
+        _fail(failed)
     raise typer.Exit(run.exit_code)
 
 
@@ -113,9 +133,15 @@ def procure(
     workers: Annotated[Optional[int], typer.Option(help="Processes for the jobs' candidates.", min=1)] = None,
 ) -> None:
     """The fleet to buy or rent for a portfolio of jobs, each job's plan and time slot, the cost
-    breakdown, and buy against rent: one CP-SAT model across all jobs.
+    breakdown, and buy against rent: one CP-SAT model across all jobs, never dearer than the naive
+    answer or renting everything.
 
-    Exit code 0 with a plan, 1 when some job cannot run inside its window, 2 for invalid input.
+    Status: optimal (proven), feasible (gap stated), timeout (nothing cheaper than the better
+    baseline found in time; that baseline is the answer), infeasible (some job cannot run at all).
+
+    Exit codes: 0 an answer (optimal, feasible or timeout); 1 infeasible: some job cannot run inside
+    its window at any known price (each such job named, with why); 2 invalid input (one line per
+    problem); 3 internal error: no answer passed the independent check.
     """
     from planner.fleet.procure import procure as run_procure
     from planner.report.procurement import FLEET_COLUMNS, SCHEDULE_COLUMNS, document, summary_text, tables
@@ -123,11 +149,16 @@ def procure(
 
     if fmt not in ("table", "json", "md", "html"):
         _fail([f"--format: must be table, json, md or html (got {fmt!r})"])
+    from planner.fleet.procure import CheckFailed
+
     try:
         result = run_procure(portfolio, time_limit_s=time_limit, workers=workers)
     except InputError as exc:
         _fail(exc.problems)
         return
+    except CheckFailed as exc:
+        typer.echo(f"internal error: {exc}", err=True)
+        raise typer.Exit(3) from None
     t = tables(result)
     pictures = []
     if plot is not None and t.plans:
@@ -172,7 +203,7 @@ def procure(
             console.print(_rich_table("Buy against rent", t.compare))
         if out is not None:
             atomic_write_text(out, summary_text(t) + "\n")
-    raise typer.Exit(0 if not result.problems and t.plans else 1)
+    raise typer.Exit(1 if result.status == "infeasible" else 0)
 
 
 def register(app: typer.Typer) -> None:
