@@ -323,14 +323,25 @@ class Layout(StrictModel):
     zero_bucket_elements: NonNegCount = 0
 
 
+#: Bounds of the overrides: finite, non-negative and at most what one GPU could ever hold, so no
+#: figure built from them overflows the int64 byte counts (2^63 ≈ 9.2e18) the search uses.
+MAX_BYTES_PER_GPU = 10**15  # 1 PB, thousands of times any GPU's memory
+#: Bytes per activation token·hidden·layer unit: the documents give 2–20 (K); 1,000 is absurd.
+MAX_K_FACTOR = 1_000
+#: Trainable adapter parameters: 1e15 is far beyond any model.
+MAX_PARAMS = 10**15
+#: Bytes per parameter of a state or a base: FP64 Adam with a master copy is under 32.
+MAX_BYTES_PER_PARAM = 64
+
+
 class Overrides(StrictModel):
     """Replace one formula's output with a figure of your own (e.g. to reproduce a document)."""
 
-    activation_bytes: NonNegFloat | None = None
-    k_factor: PosFloat | None = None
-    lora_params: NonNegCount | None = None
-    lora_bytes_per_param: NonNegFloat | None = None
-    base_bytes_per_param: PosFloat | None = None
+    activation_bytes: Annotated[NonNegFloat | None, Field(le=MAX_BYTES_PER_GPU)] = None
+    k_factor: Annotated[PosFloat | None, Field(le=MAX_K_FACTOR)] = None
+    lora_params: Annotated[NonNegCount | None, Field(le=MAX_PARAMS)] = None
+    lora_bytes_per_param: Annotated[NonNegFloat | None, Field(le=MAX_BYTES_PER_PARAM)] = None
+    base_bytes_per_param: Annotated[PosFloat | None, Field(le=MAX_BYTES_PER_PARAM)] = None
     reserve: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.10
 
 

@@ -83,6 +83,18 @@ def codes(workload: Workload, layout: Layout, *, dp: int, grad_accum: int | None
     }
 
 
+#: The most bytes one component is counted at: 2^58 B ≈ 288 PB, far beyond any GPU, so a sum of
+#: up to 32 components stays inside int64 (2^63) however absurd the inputs (a micro-batch of a
+#: million 16M-token sequences). A demand this large never fits, which is all that matters.
+COMPONENT_CEILING = 2**58
+
+
 def ceil_components(raw: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """Round each named component up to whole bytes (arrays stay arrays)."""
-    return {k: np.ceil(np.asarray(raw[k], dtype=float) - 1e-6).astype(np.int64) for k in names}
+    """Round each named component up to whole bytes (arrays stay arrays), capped at
+    :data:`COMPONENT_CEILING` (NaN, which no valid input produces, counts as the cap too)."""
+    out = {}
+    for k in names:
+        x = np.ceil(np.asarray(raw[k], dtype=float) - 1e-6)
+        x = np.where(np.isnan(x), COMPONENT_CEILING, np.clip(x, 0, COMPONENT_CEILING))
+        out[k] = x.astype(np.int64)
+    return out

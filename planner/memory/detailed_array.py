@@ -15,6 +15,9 @@ from planner.memory.breakdown import decode
 from planner.memory.detailed import detailed_memory
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 
+#: The most bytes a total is stored at in the int64 arrays (2^62: beyond any GPU, inside int64).
+TOTAL_CEILING = 2**62
+
 #: Array keys that belong to the workload / the layout, and how their codes decode.
 _WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
 _LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention")
@@ -38,6 +41,8 @@ def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Wor
         lay = layout.model_copy(update={k: decode(k, v[k]) for k in _LAYOUT_KEYS if k in v})
         ga = int(v.get("grad_accum", 0)) or None
         mem = detailed_memory(model, wl, lay, overrides, dp=int(v.get("dp", 1)), grad_accum=ga)
-        totals[i], hosts[i] = mem.total_bytes, mem.host_bytes
+        # Python ints are exact; the arrays are int64: cap (never fits anyway) before storing.
+        totals[i] = min(mem.total_bytes, TOTAL_CEILING)
+        hosts[i] = min(mem.host_bytes, TOTAL_CEILING)
     inverse = inverse.reshape(-1)
     return {"total": totals[inverse].reshape(shape), "host": hosts[inverse].reshape(shape)}
