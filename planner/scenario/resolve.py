@@ -8,6 +8,7 @@ against the catalogs; every problem is collected and reported at once, one line 
 from __future__ import annotations
 
 import copy
+import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,7 +236,10 @@ class _BoundedLoader(_SafeBase):
 
 
 def read_text_bounded(path: str | Path, *, limit: int = MAX_INPUT_BYTES) -> str:
-    """A regular file's text (UTF-8, at most ``limit`` bytes); anything else is one line of InputError."""
+    """A regular file's text (UTF-8, at most ``limit`` bytes); anything else is one line of InputError.
+
+    The file is opened without blocking and checked again once open, so a named pipe or a
+    device never stalls the read."""
     path = Path(path)
     try:
         st = path.stat()
@@ -245,23 +249,36 @@ def read_text_bounded(path: str | Path, *, limit: int = MAX_INPUT_BYTES) -> str:
         if isinstance(exc, FileNotFoundError):
             raise InputError([f"{path}: no such file"]) from None
         raise InputError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError([f"{path}: a folder, not a file"])
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError([f"{path}: not a regular file ({_file_kind(st.st_mode)})"])
-    if st.st_size > limit:
-        raise InputError([f"{path}: {st.st_size:,} bytes is larger than the {limit:,} allowed"])
+    except ValueError:  # a NUL byte in the path
+        raise InputError([f"{path}: no such file"]) from None
+    _check_regular(path, st, limit)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise InputError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        _check_regular(path, os.fstat(fd), limit)
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limit + 1)
     except OSError as exc:
         raise InputError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise InputError([f"{path}: larger than the {limit:,} bytes allowed"])
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError([f"{path}: not a UTF-8 text file (byte {exc.start:,})"]) from None
+
+
+def _check_regular(path: Path, st: os.stat_result, limit: int) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError([f"{path}: a folder, not a file"])
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError([f"{path}: not a regular file ({_file_kind(st.st_mode)})"])
+    if st.st_size > limit:
+        raise InputError([f"{path}: {st.st_size:,} bytes is larger than the {limit:,} allowed"])
 
 
 def _file_kind(mode: int) -> str:
