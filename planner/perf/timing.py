@@ -1,48 +1,74 @@
 """Time and cost of a training job: FLOPs, utilisation, pipeline bubble, communication, offload.
 
 Pure formulas on numpy arrays or scalars (the search evaluates many layouts at once; a single
-plan is the same code on scalars). Every efficiency constant is named here with its source.
+plan is the same code on scalars). Every constant is named here with its source; the few that
+were fitted to measured runs say so, with the fitted value and the data
+(``planner validate --kind throughput data/measured_throughput.csv`` refits and scores them).
 
-Which FLOPs the utilisation prior counts: the catalog's utilisation band is read as *hardware*
-FLOPs utilisation. Recomputation is charged once, as the extra FLOPs it executes (full
-checkpointing re-runs the forward pass: +2N per token), never again by lowering utilisation.
+**One definition of utilisation.** ``utilization`` (the catalog's ``utilization_low/high``
+band, its geometric middle used by default) is the *hardware-FLOPs utilisation of the
+tensor-core work*: FLOPs the GPU actually executes in matrix multiplies and attention —
+recomputation included, causal attention counted as executed (half the s² square) — divided
+by the time those kernels take and the card's dense 16-bit peak. Everything else a step spends
+is modelled on its own, never folded into that number: the memory-bound element-wise work
+(norms, activations, residuals, rotary, casts) over the card's memory bandwidth, exposed
+communication, the pipeline bubble, the optimizer step, offload, QLoRA dequantisation.
+Recomputation is therefore charged once, as the FLOPs it executes. FP8 runs execute their
+linear layers at the card's FP8 peak (× :data:`TimeParams.fp8_efficiency`); attention stays
+16-bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from planner.core.arch import has_full_architecture, is_moe_layer, param_counts, total_params
+from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
 from planner.core.specs import GpuSpec, ModelSpec
 
 # --------------------------------------------------------------------------------------------
-# Named constants
+# Named constants (physics and stated priors)
 
-#: Attention-score FLOPs per token: 12·L·s·d for forward + backward (QKᵀ and AV, 2·s·d each
-#: forward, backward twice that), with d = heads·head_dim. catalog-facts §9 ("about 12·L·s·h per
-#: token; 6N omits it"); Megatron-LM's MFU formula (Narayanan et al. 2021) counts it the same way.
-ATTENTION_FLOPS_COEFF = 12.0
-#: Weight FLOPs per parameter per token: 6 for full training (forward 2, backward 4); 4 for
-#: LoRA/QLoRA, whose frozen base needs no weight gradients (catalog-facts §9); +2 with full
-#: recomputation (the forward runs twice).
+#: Weight FLOPs per parameter per token: 6 for full training (forward 2, backward 4: activation
+#: and weight gradients); 4 for LoRA/QLoRA, whose frozen base needs no weight gradients
+#: (catalog-facts §9); +2 with full recomputation (the forward runs twice).
 FULL_FLOPS_PER_PARAM = 6.0
 ADAPTER_FLOPS_PER_PARAM = 4.0
 RECOMPUTE_FLOPS_PER_PARAM = 2.0
-#: QLoRA dequantises NF4 to 16 bits in every frozen GEMM: ×1.0 (fused kernels, unsloth #858)
-#: to ×1.5 (vanilla bitsandbytes) on LoRA time (catalog-facts §9). The middle of that band.
-QLORA_SLOWDOWN = 1.25
-#: Tokens per micro-batch at which GEMMs lose half their speed to small shapes: a guess, in
-#: the spirit of Calculon's size-dependent efficiency curves; efficiency is normalised to 1 at
-#: :data:`MICROBATCH_REFERENCE_TOKENS`, the scale of the runs behind the utilisation priors.
-MICROBATCH_HALF_TOKENS = 512.0
-MICROBATCH_REFERENCE_TOKENS = 8192.0
+#: Attention-score FLOPs per token and layer, forward + backward, for the full s×s square:
+#: 12·s·d (QKᵀ and AV, 2·s·d each forward, backward twice that; d = heads·head_dim;
+#: Narayanan et al. 2021). Causal kernels (FlashAttention, SDPA, cuDNN) skip the masked half:
+#: :data:`CAUSAL_SHARE` of it is executed. The forward alone is a third (recomputed once by
+#: full or selective checkpointing).
+ATTENTION_FLOPS_COEFF = 12.0
+CAUSAL_SHARE = 0.5
+#: Memory-bound element-wise work per token and layer, in units of one hidden vector of 16-bit
+#: values (2·d bytes) read or written, forward + backward: RMSNorm/LayerNorm, SwiGLU/GELU,
+#: residual adds, rotary, dropout, casts. A count of the tensors each op touches gives ≈ 60–90
+#: (forward ≈ 25, backward about twice); the fitted value is in :data:`FITTED`. Full
+#: recomputation repeats the forward's third. Sequence parallelism (any TP here) splits it by tp.
+#: QLoRA dequantisation: every frozen 4-bit weight is read (0.5 B), written as 16 bits (2 B) and
+#: read again by the GEMM (2 B) in each pass that uses it: forward, backward, and the
+#: recomputed forward. Memory-bound, so charged over the card's bandwidth (bitsandbytes
+#: ``dequantize_4bit``, torchao NF4, GPTQ's dequantising kernels all move these bytes).
+DEQUANT_BYTES_PER_PARAM = 4.5
+#: Eager (unfused) attention materialises the s×s scores: bytes moved per score element, forward
+#: and backward: the scores written (2) and read by softmax (2), probabilities written (2) and read
+#: by the AV GEMM (2); backward reads them (2), writes and reads dP (4) and dS (4) and the
+#: softmax backward reads P again (2) ≈ 20 (16-bit).
+EAGER_SCORE_BYTES = 20.0
+#: Bytes the optimizer step moves per trainable parameter (of this GPU's shard): mixed-precision
+#: AdamW reads FP32 master, m, v and the gradient and writes master, m, v and the 16-bit weight
+#: (4·3 + 2 read, 4·3 + 2 written ≈ 28). Memory-bound, once per optimizer step.
+OPTIMIZER_BYTES_PER_PARAM = 28.0
 #: Bandwidth assumed where the catalog has none: PCIe 4.0 x16 (~25 GB/s usable per direction)
-#: inside a node, 100 Gb/s Ethernet (12.5 GB/s) between nodes.
+#: inside a node, 100 Gb/s Ethernet (12.5 GB/s) between nodes, and 1 TB/s device memory.
 DEFAULT_INTRA_NODE_GBPS = 25.0
 DEFAULT_INTER_NODE_GBPS = 12.5
+DEFAULT_MEMORY_GBPS = 1000.0
 #: Host link for offload traffic: PCIe 4.0 x16, ~25 GB/s per direction (PCI-SIG spec, 2 GB/s
 #: per lane raw, minus protocol overhead).
 PCIE_HOST_GBPS = 25.0
@@ -50,9 +76,73 @@ PCIE_HOST_GBPS = 25.0
 #: DeepSpeed's CPU-Adam updating about 1 billion parameters in roughly 1 s on a server CPU
 #: shared by its GPUs; 1e9 parameters per second per process is the figure used.
 CPU_ADAM_PARAMS_PER_S = 1.0e9
-#: Share of communication hidden behind computation. 0 = none: an upper bound on time
-#: (Megatron-LM at DP 8 without overlap lost 56.0 → 54.2 % MFU; catalog-facts §9).
-COMM_OVERLAP = 0.0
+#: Share of the compute a collective can hide behind. Data-parallel gradient all-reduce (ZeRO
+#: 0–2) overlaps the backward of the step's last micro-batch (PyTorch DDP buckets, Megatron
+#: ``--overlap-grad-reduce``, DeepSpeed ``overlap_comm``); ZeRO-3/FSDP all-gathers and
+#: reduce-scatters overlap each micro-batch's forward and backward (FSDP prefetch, DeepSpeed
+#: ``overlap_comm``); ring context parallelism overlaps the K/V exchange with attention
+#: (Liu et al. 2023, Ring Attention; Megatron-Core CP). Only this share of that compute can hide
+#: traffic: kernels slow down while NCCL shares the SMs and memory (Megatron-LM 530B at DP 8 lost
+#: 56.0 → 54.2 % MFU without overlap; catalog-facts §9). Stated, not fitted.
+COMM_OVERLAP_SHARE = 0.8
+#: Backward's share of a micro-batch's compute (4 of 6 FLOPs per parameter).
+BACKWARD_SHARE = 2.0 / 3.0
+#: Fixed cost of starting a job, billed on every GPU: provisioning and booting the nodes,
+#: pulling the container, loading and sharding the weights, NCCL initialisation, the first
+#: compiled steps. 15 minutes: MegaScale (Jiang et al. 2024, §3.5) measured 1,047 s of
+#: initialisation on 2,048 GPUs before its optimisations; cloud VM boot + image pull + a
+#: checkpoint load of tens of GB take several minutes on their own. A stated guess, not fitted.
+JOB_STARTUP_S = 900.0
+#: Utilisation band of a GPU without measured runs: the fitted middle of the most similar measured
+#: cards, widened by this factor on each side (AMD: ROCm kernels, no measured rows here).
+PRIOR_BAND_WIDENING = 1.5
+
+
+@dataclass(frozen=True)
+class TimeParams:
+    """The fitted parameters of the time model. The defaults here are the *priors* every fit
+    starts from (physics estimates); :data:`FITTED` holds the values fitted to the measured runs.
+    ``planner validate --kind throughput FILE [--loso]`` refits and scores them."""
+
+    #: Hardware-FLOPs utilisation of the 16-bit tensor-core work (GEMMs and attention kernels).
+    #: Prior 0.65; fit bound 0.70 (cuBLAS reaches 0.7–0.85 of the dense peak on large GEMMs).
+    gemm_hfu: float = 0.65
+    #: Memory-bound time per token and layer, as 16-bit hidden vectors moved over the card's
+    #: memory bandwidth. Prior 80 (a count of the element-wise ops' reads and writes). The fit
+    #: lands several times higher: it also stands for what scales the same way — small kernels,
+    #: launch gaps, layout copies — and it is what makes cards with more FLOPs per byte of
+    #: bandwidth (H100 vs A100) reach a lower share of their peak.
+    elementwise_vectors: float = 80.0
+    #: FP8 linear layers: share of the FP8 peak reached, relative to ``gemm_hfu`` of the 16-bit
+    #: peak (scaling casts, amax bookkeeping, smaller tiles). Prior 0.6.
+    fp8_efficiency: float = 0.6
+    #: Tokens per GEMM (a micro-batch's tokens on this GPU; a routed expert's share of them in
+    #: MoE layers) at which GEMMs lose half their speed to small shapes: efficiency t/(t + t½).
+    #: Prior 64.
+    microbatch_half_tokens: float = 64.0
+    #: MoE layers: memory-bound traffic per token per routed expert copy (permute, the expert's
+    #: activation, unpermute and the weighted sum), in hidden vectors. Prior 20.
+    moe_route_vectors: float = 20.0
+    #: Share of the memory-bound traffic left where the stack fuses element-wise ops into
+    #: neighbouring kernels (torch.compile; Megatron-Core's Transformer Engine layers). Prior 0.6.
+    fused_elementwise_share: float = 0.6
+
+
+#: The priors (the fit's starting point).
+PRIOR = TimeParams()
+#: Fitted on data/measured_throughput.csv (124 runs, 11 sources: torchtitan, Qwen v1, NeMo 24.07,
+#: Megatron-Bridge 25.11, NeMo AutoModel, the PyTorch/IBM FSDP blog, XTuner, torchtune,
+#: Korthikanti et al. 2022, OneFlow DLPerf, FlagPerf) by minimising the mean absolute log error
+#: (planner.validate.throughput.fit). In-sample MdAPE 9.8 %; each source predicted by a refit
+#: without it (LOSO): 11.5 %.
+FITTED = TimeParams(
+    gemm_hfu=0.70,
+    elementwise_vectors=584.0,
+    fp8_efficiency=0.730,
+    microbatch_half_tokens=59.2,
+    moe_route_vectors=29.9,
+    fused_elementwise_share=0.292,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +157,9 @@ class ModelFlops:
     kv_width: int  # kv_heads · head_dim
     moe_layers: int = 0  # layers with routed experts
     experts_per_token: int = 0  # top-k routing
+    expert_params: float = 0.0  # routed-expert parameters (what expert parallelism shards)
+    experts: int = 0  # routed experts per MoE layer
+    heads: int = 1
 
 
 def model_flops(model: ModelSpec) -> ModelFlops:
@@ -79,7 +172,27 @@ def model_flops(model: ModelSpec) -> ModelFlops:
     kv = model.kv_heads_eff or heads
     moe_layers = sum(1 for i in range(model.layers) if is_moe_layer(model, i))
     return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim,
-                      moe_layers, model.moe.active if model.moe is not None else 0)
+                      moe_layers, model.moe.active if model.moe is not None else 0,
+                      float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads)
+
+
+def linear_flops_per_token(mf: ModelFlops, *, method: Any, checkpointing: Any, n_lora: Any = 0.0) -> Any:
+    """FLOPs of the linear layers per trained token (weights, adapters, recomputed forward)."""
+    per_param = np.where(method == 0, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
+    recompute = np.where(checkpointing == 2, RECOMPUTE_FLOPS_PER_PARAM * mf.active_params, 0.0)
+    return per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora + recompute
+
+
+def attention_flops_per_token(mf: ModelFlops, *, seq_len: Any, checkpointing: Any) -> Any:
+    """Executed attention-score FLOPs per token (causal), with the recomputed forward."""
+    full = ATTENTION_FLOPS_COEFF * CAUSAL_SHARE * mf.layers * seq_len * mf.attn_width
+    return full * np.where(checkpointing >= 1, 4.0 / 3.0, 1.0)
+
+
+def expert_active_share(mf: ModelFlops) -> Any:
+    """Share of the active parameters that sit in routed experts (0 for dense models)."""
+    routed = mf.expert_params * mf.experts_per_token / np.maximum(mf.experts, 1)
+    return np.where(mf.experts > 0, routed / np.maximum(mf.active_params, 1.0), 0.0)
 
 
 def flops_per_token(mf: ModelFlops, *, method: Any, seq_len: Any, checkpointing: Any, n_lora: Any = 0.0) -> Any:
@@ -88,22 +201,15 @@ def flops_per_token(mf: ModelFlops, *, method: Any, seq_len: Any, checkpointing:
     ``method`` code: 0 full, 1 LoRA, 2 QLoRA (see planner.memory.seed.METHODS); ``checkpointing``
     code: 0 none, 1 selective (recomputes the attention core), 2 full (recomputes the forward).
     """
-    per_param = np.where(method == 0, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
-    weights = per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora
-    attention = ATTENTION_FLOPS_COEFF * mf.layers * seq_len * mf.attn_width
-    recompute = np.where(
-        checkpointing == 2,
-        RECOMPUTE_FLOPS_PER_PARAM * mf.active_params + attention / 3.0,
-        np.where(checkpointing == 1, attention / 3.0, 0.0),
-    )
-    return weights + attention + recompute
+    return (linear_flops_per_token(mf, method=method, checkpointing=checkpointing, n_lora=n_lora)
+            + attention_flops_per_token(mf, seq_len=seq_len, checkpointing=checkpointing))
 
 
-def microbatch_efficiency(tokens_per_microbatch: Any) -> Any:
-    """GEMM efficiency of small micro-batches, 1 at and above the reference size."""
+def microbatch_efficiency(tokens_per_microbatch: Any, half_tokens: float | None = None) -> Any:
+    """GEMM efficiency of small micro-batches: t/(t + t½), 1 for large ones (→ 1 from ~4K)."""
+    half = FITTED.microbatch_half_tokens if half_tokens is None else half_tokens
     t = np.asarray(tokens_per_microbatch, dtype=float)
-    ref = MICROBATCH_REFERENCE_TOKENS / (MICROBATCH_REFERENCE_TOKENS + MICROBATCH_HALF_TOKENS)
-    return np.minimum(1.0, (t / (t + MICROBATCH_HALF_TOKENS)) / ref)
+    return t / (t + half)
 
 
 @dataclass(frozen=True)
@@ -111,15 +217,22 @@ class GpuPerf:
     """What the time model needs of a GPU type (arrays over GPU types, or scalars)."""
 
     peak_flops: Any  # dense 16-bit FLOP/s
-    utilization: Any
+    utilization: Any  # hardware-FLOPs utilisation of the tensor-core work (module docstring)
     intra_bps: Any  # bytes/s between GPUs of a node
     inter_bps: Any  # bytes/s between nodes
     gpus_per_node: Any
     price_usd_per_hour: Any  # per GPU; NaN if unknown
+    memory_bps: Any = DEFAULT_MEMORY_GBPS * 1e9  # device memory bandwidth, bytes/s
+    peak_fp8_flops: Any = float("nan")  # dense FP8 FLOP/s; NaN where the card has none
+    #: Speed of the memory-bound kernels relative to the band's middle: u / u_mid when a
+    #: utilisation other than the middle is asked for (the band's slow and fast ends), so that the
+    #: band moves all of the GPU's own work, not only its GEMMs.
+    kernel_speed: Any = 1.0
 
     @classmethod
     def of(cls, gpu: GpuSpec, utilization: float | None = None) -> GpuPerf:
-        util = utilization if utilization is not None else (gpu.utilization_low + gpu.utilization_high) / 2
+        mid = utilization_mid(gpu)
+        util = utilization if utilization is not None else mid
         price = gpu.price_on_demand_usd_per_hour
         return cls(
             peak_flops=(gpu.peak_tflops_16bit or 0.0) * 1e12,
@@ -128,7 +241,15 @@ class GpuPerf:
             inter_bps=(gpu.inter_node_gbps or DEFAULT_INTER_NODE_GBPS) * 1e9,
             gpus_per_node=gpu.gpus_per_node,
             price_usd_per_hour=float("nan") if price is None else price,
+            memory_bps=(gpu.memory_bandwidth_gbps or DEFAULT_MEMORY_GBPS) * 1e9,
+            peak_fp8_flops=float("nan") if gpu.fp8_dense_tflops is None else gpu.fp8_dense_tflops * 1e12,
+            kernel_speed=util / mid,
         )
+
+
+def utilization_mid(gpu: GpuSpec) -> float:
+    """The catalog band's middle: the geometric mean of ``utilization_low`` and ``_high``."""
+    return math.sqrt(gpu.utilization_low * gpu.utilization_high)
 
 
 def ring_allreduce_s(n_bytes: Any, group: Any, bps: Any) -> Any:
@@ -141,78 +262,146 @@ def ring_allgather_s(n_bytes: Any, group: Any, bps: Any) -> Any:
     return np.where(group > 1, (group - 1) / np.maximum(group, 1) * n_bytes / bps, 0.0)
 
 
-def step_time_s(mf: ModelFlops, perf: GpuPerf, **x: Any) -> Any:
+def group_collective_s(n_bytes: Any, group: Any, inner: Any, node: Any, intra_bps: Any, inter_bps: Any,
+                       factor: float) -> Any:
+    """A collective over ``group`` GPUs whose members are ``inner`` ranks apart (the degrees laid
+    out inside it: tp·cp for data parallelism), ``factor`` 2 for an all-reduce, 1 for an
+    all-gather or a reduce-scatter. Hierarchical, as NCCL runs it across nodes: the members
+    inside a node exchange over the node's link, and the nodes exchange (n−1)/n of the buffer
+    over the NICs of the group's members in each node (one NIC per GPU, all used at once:
+    NCCL's rings and trees run one channel per NIC)."""
+    group = np.asarray(group, dtype=float)
+    per_node = np.minimum(np.maximum(np.floor(node / np.maximum(inner, 1)), 1.0), group)
+    nodes = np.ceil(group / per_node)
+    intra = np.where(per_node > 1, factor * (per_node - 1) / per_node * n_bytes / intra_bps, 0.0)
+    inter = np.where(nodes > 1, factor * (nodes - 1) / nodes * n_bytes / (per_node * inter_bps), 0.0)
+    return np.where(group > 1, intra + inter, 0.0)
+
+
+def exposed_s(comm: Any, compute: Any) -> Any:
+    """Communication left after hiding up to :data:`COMM_OVERLAP_SHARE` of ``compute`` behind it."""
+    return np.maximum(comm - COMM_OVERLAP_SHARE * compute, 0.0)
+
+
+def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None, **x: Any) -> Any:
     """Wall-clock seconds of one optimizer step (arrays broadcast).
 
     Arguments: ``method``, ``checkpointing``, ``offload``, ``zero`` (codes as in
     planner.memory.seed), ``seq_len``, ``micro_batch``, ``grad_accum``, ``tp``, ``pp``, ``cp``, ``dp``,
-    ``ep`` (expert parallelism: all-to-all per MoE layer),
-    ``n_lora``, ``weight_bytes`` (bytes per parameter of the stored weights).
+    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``, ``weight_bytes`` (bytes per
+    parameter of the stored weights); optional ``vp`` (virtual pipeline stages of an interleaved
+    1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
+    1 a 4-bit base; default: QLoRA has one).
 
-    step = (m + pp − 1) · t_microbatch  (1F1B: m micro-batches plus the pipeline bubble;
-                                         bubble share (pp−1)/(m+pp−1), Narayanan et al. 2021)
-         + data-parallel gradient all-reduce (+ ZeRO-3 parameter all-gathers, 1.5× the traffic,
-           ZeRO paper §7) over the slowest link of the group
-         + offload: gradients down and parameters up over PCIe, and the CPU Adam step.
-    t_microbatch = FLOPs / (tp·pp·cp · peak · utilisation · micro-batch efficiency)
-                   (× QLoRA dequantisation) + TP all-reduces (4 per layer, 6 with full
-                   recomputation; Korthikanti et al. 2022) + PP activation sends + CP ring K/V.
+    step = (m + (pp − 1)/vp) · t_microbatch   (1F1B, interleaved over vp virtual stages: the
+                                              bubble is (pp − 1)/vp micro-batch slots;
+                                              Narayanan et al. 2021, §2.2)
+         + data-parallel traffic not hidden behind compute: the gradient all-reduce (ZeRO 0–2,
+           once per step, behind the last backward) or, with ZeRO-3/FSDP, per micro-batch an
+           all-gather of the weights for the forward, another for the backward and a
+           reduce-scatter of the gradients (3 × the 16-bit parameter bytes, as FSDP and
+           DeepSpeed move them), behind that micro-batch's compute
+         + the optimizer step (memory-bound) and offload (PCIe and CPU Adam).
+    t_microbatch = (linear FLOPs / (peak · u) [FP8: FP8 peak · u · fp8_efficiency]
+                    + attention FLOPs / (peak · u)) / micro-batch efficiency
+                   + element-wise bytes / memory bandwidth + QLoRA dequantisation
+                   + TP all-reduces (4 per layer, 6 with full recomputation; Korthikanti et al.
+                     2022) + PP activation sends + EP all-to-alls
+                   + the ring-CP K/V exchange not hidden behind attention.
     Traffic between GPUs of one node uses the node's link (NVLink, or PCIe on cards without it);
     a group that spans nodes runs at the network's speed.
     """
+    p = FITTED if params is None else params
     method, ckpt = x["method"], x["checkpointing"]
     seq, mb, ga = x["seq_len"], x["micro_batch"], x["grad_accum"]
     tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
     n_lora = x.get("n_lora", 0.0)
-    # intra_only: price every group at the in-node link (a lower bound used by the search).
+    vp = x.get("vp", 1)
+    fp8 = np.asarray(x.get("fp8", 0)) > 0
+    quant = x.get("quant", np.where(method == 2, 1, 0))
+    # intra_only: price every group at the in-node link, no optimizer step (the search's bound).
     node = np.inf if x.get("intra_only") else perf.gpus_per_node
     tokens_mb = mb * seq
+    tokens_gpu = tokens_mb / cp  # tokens of one micro-batch this GPU processes
     mp = tp * pp * cp
+    util = np.asarray(perf.utilization, dtype=float)
+    util = np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu)
 
-    flops = flops_per_token(mf, method=method, seq_len=seq, checkpointing=ckpt, n_lora=n_lora) * tokens_mb
-    rate = perf.peak_flops * perf.utilization * microbatch_efficiency(tokens_mb / cp)
-    compute = flops / (mp * rate)
-    compute = compute * np.where(method == 2, QLORA_SLOWDOWN, 1.0)
+    attention_kernel = x.get("attention", 1)  # 0 eager (math path), 1 fused (flash)
+    lin = linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora) * tokens_mb / mp
+    att = attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt) * tokens_mb / mp
+    att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
+    fp8_peak = np.where(np.isfinite(perf.peak_fp8_flops), perf.peak_fp8_flops, perf.peak_flops)
+    lin_rate = np.where(fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util
+    # Small GEMMs: a dense layer's GEMMs see the micro-batch's tokens on this GPU; a routed
+    # expert's see its share, tokens · top-k / experts.
+    eff = microbatch_efficiency(tokens_gpu, p.microbatch_half_tokens)
+    expert_share = np.where(mf.experts > 0, expert_active_share(mf), 0.0)
+    expert_tokens = tokens_gpu * mf.experts_per_token / np.maximum(mf.experts, 1)
+    eff_expert = microbatch_efficiency(np.maximum(expert_tokens, 1e-9), p.microbatch_half_tokens)
+    lin_eff = (1.0 - expert_share) / eff + expert_share / eff_expert
+    t_att = att / (perf.peak_flops * util) / eff
+    t_gemm = lin / lin_rate * lin_eff + t_att
+    vectors = p.elementwise_vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
+    vectors = vectors * np.where(ckpt == 2, 4.0 / 3.0, 1.0)
+    vectors = vectors * np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
+    t_elem = vectors * 2.0 * mf.hidden * tokens_gpu * mf.layers / (pp * tp) / perf.memory_bps
+    # Eager attention writes and reads the s×s scores (:data:`EAGER_SCORE_BYTES` per score).
+    scores = np.where(attention_kernel == 0, mf.heads * seq * tokens_gpu * mf.layers / (pp * tp), 0.0)
+    t_elem = t_elem + scores * EAGER_SCORE_BYTES * np.where(ckpt >= 1, 4.0 / 3.0, 1.0) / perf.memory_bps
+    frozen = np.where(method == 0, 0.0, mf.params) / (tp * pp)
+    passes = np.where(ckpt == 2, 3.0, 2.0)
+    t_dequant = np.where(quant > 0, passes * frozen * DEQUANT_BYTES_PER_PARAM / perf.memory_bps, 0.0)
+    compute = t_gemm + (t_elem + t_dequant) / perf.kernel_speed
 
-    act_bytes = tokens_mb * mf.hidden * 2.0 / cp  # one layer's 16-bit activations
+    act_bytes = tokens_gpu * mf.hidden * 2.0  # one layer's 16-bit activations
     tp_bps = np.where(tp <= node, perf.intra_bps, perf.inter_bps)
     tp_collectives = np.where(ckpt == 2, 6.0, 4.0) * mf.layers / pp
     tp_comm = tp_collectives * ring_allreduce_s(act_bytes, tp, tp_bps)
     pp_bps = np.where(tp * cp * dp * pp <= node, perf.intra_bps, perf.inter_bps)
-    pp_comm = np.where(pp > 1, 2.0 * act_bytes / pp_bps, 0.0)
+    pp_comm = np.where(pp > 1, 2.0 * act_bytes / tp / pp_bps, 0.0)
     cp_bps = np.where(tp * cp <= node, perf.intra_bps, perf.inter_bps)
-    kv_bytes = tokens_mb / cp * 2.0 * mf.kv_width * 2.0  # K and V, 16-bit, one layer
+    kv_bytes = tokens_gpu * 2.0 * mf.kv_width * 2.0 / tp  # K and V, 16-bit, one layer
     cp_comm = np.where(cp > 1, 3.0 * (cp - 1) * kv_bytes * mf.layers / pp / cp_bps, 0.0)
+    cp_comm = exposed_s(cp_comm, t_att)
     ep = x.get("ep", 1)
     ep_bps = np.where(tp * cp * ep <= node, perf.intra_bps, perf.inter_bps)
     # Expert parallelism: each MoE layer sends every token's hidden state to its top-k experts and
     # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU.
-    a2a_bytes = tokens_mb / cp * mf.hidden * 2.0 * mf.experts_per_token * (ep - 1) / np.maximum(ep, 1)
+    a2a_bytes = tokens_gpu * mf.hidden * 2.0 * mf.experts_per_token * (ep - 1) / np.maximum(ep, 1)
     ep_comm = np.where(ep > 1, 4.0 * a2a_bytes * mf.moe_layers / pp / ep_bps, 0.0)
-    comm_mb = (tp_comm + pp_comm + cp_comm + ep_comm) * (1.0 - COMM_OVERLAP)
-    t_microbatch = compute + comm_mb
-    pipeline = (ga + pp - 1) * t_microbatch
+    t_microbatch = compute + tp_comm + pp_comm + cp_comm + ep_comm
+    pipeline = (ga + (pp - 1) / np.maximum(vp, 1)) * t_microbatch
 
     d = dp * cp
-    dp_bps = np.where(tp * cp * dp <= node, perf.intra_bps, perf.inter_bps)
-    trainable = np.where(method == 0, mf.params, n_lora)
+    # Parameters on this GPU: expert parallelism shards the routed experts over ep ranks.
+    local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(ep, 1))
+    trainable = np.where(method == 0, local, n_lora)
     grad_bytes = trainable * 2.0 / (tp * pp)
-    dp_comm = ring_allreduce_s(grad_bytes, d, dp_bps)
-    weight_bytes = mf.params * x.get("weight_bytes", 2.0) / (tp * pp)
-    gathers = np.where(zero >= 3, 2.0, 0.0) * ga  # forward and backward, every micro-batch
-    dp_comm = dp_comm + gathers * ring_allgather_s(weight_bytes, d, dp_bps)
-    dp_comm = dp_comm * (1.0 - COMM_OVERLAP)
+    weight_bytes = local * x.get("weight_bytes", 2.0) / (tp * pp)
 
-    shard = trainable / (tp * pp * np.maximum(d, 1))
+    def dp_collective(n_bytes: Any, factor: float) -> Any:
+        return group_collective_s(n_bytes, d, tp, node, perf.intra_bps, perf.inter_bps, factor)
+
+    allreduce = exposed_s(dp_collective(grad_bytes, 2.0), BACKWARD_SHARE * compute)
+    per_mb = 2.0 * dp_collective(weight_bytes, 1.0) + dp_collective(grad_bytes, 1.0)
+    zero3 = ga * exposed_s(per_mb, compute)
+    dp_comm = np.where(zero >= 3, zero3, allreduce)
+
+    shard = trainable / (tp * pp * np.where(zero >= 1, np.maximum(d, 1), 1))
+    optimizer = 0.0 if x.get("intra_only") else shard * OPTIMIZER_BYTES_PER_PARAM / perf.memory_bps
     offload_opt = np.where(offload >= 1, shard * 4.0 / (PCIE_HOST_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S, 0.0)
+    optimizer = np.where(offload >= 1, 0.0, optimizer)
     offload_params = np.where(offload >= 2, 2.0 * ga * weight_bytes / np.maximum(d, 1) / (PCIE_HOST_GBPS * 1e9), 0.0)
-    return pipeline + dp_comm + offload_opt + offload_params
+    return pipeline + dp_comm + optimizer + offload_opt + offload_params
 
 
-def job_time_s(step_s: Any, *, tokens: float, seq_len: Any, micro_batch: Any, dp: Any, grad_accum: Any) -> Any:
-    """Seconds to train on ``tokens`` tokens: steps × step time (a step trains mb·dp·ga·seq tokens)."""
+def job_time_s(step_s: Any, *, tokens: float, seq_len: Any, micro_batch: Any, dp: Any, grad_accum: Any,
+               startup_s: float = JOB_STARTUP_S) -> Any:
+    """Seconds to train on ``tokens`` tokens: the start-up cost plus steps × step time (a step
+    trains mb·dp·ga·seq tokens)."""
     tokens_per_step = micro_batch * dp * grad_accum * seq_len
-    return tokens / tokens_per_step * step_s
+    return startup_s + tokens / tokens_per_step * step_s
 
 
 def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:
@@ -222,3 +411,7 @@ def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:
 
 def job_cost_usd(time_s: Any, *, gpus: Any, price_usd_per_hour: Any) -> Any:
     return time_s / 3600.0 * gpus * price_usd_per_hour
+
+
+def with_params(**changes: Any) -> TimeParams:
+    return replace(FITTED, **changes)
