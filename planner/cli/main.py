@@ -271,11 +271,36 @@ app.command("export")(_export)
 
 @app.command()
 def validate(
-    file: Annotated[Path, typer.Argument(help="Measured runs, CSV (columns of data/measured_calibration.csv).")],
-    profile: Annotated[str, typer.Option(help="seed | detailed")] = "detailed",
+    file: Annotated[Path, typer.Argument(help="Measured runs, CSV (columns of data/measured_calibration.csv, "
+                                              "or of data/measured_throughput.csv with --kind throughput).")],
+    kind: Annotated[str, typer.Option("--kind", help="memory (peak bytes) | throughput (tokens/s per GPU)")] = "memory",
+    profile: Annotated[str, typer.Option(help="seed | detailed (memory)")] = "detailed",
+    loso: Annotated[bool, typer.Option("--loso", help="throughput: predict each source with the time model's "
+                                                      "parameters refitted without it (leave one source out)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Predict every measured run of a CSV and score the profile: per row and per method."""
+    """Predict every measured run of a CSV and score the model: memory per row and method, or
+    throughput per source against the 6N-at-40 %-of-peak baseline."""
+    if kind not in ("memory", "throughput"):
+        _fail([f"--kind: {kind!r} is not memory or throughput"])
+    if kind == "throughput":
+        from planner.validate.throughput import render_tables as render_throughput
+        from planner.validate.throughput import validate_file as validate_throughput
+
+        try:
+            result = validate_throughput(file, loso=loso)
+        except InputError as exc:
+            _fail(exc.problems)
+            return
+        if as_json:
+            typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+            return
+        console = _console()
+        for table in render_throughput(result):
+            console.print(table)
+        return
+    if loso:
+        _fail(["--loso: only with --kind throughput (the memory model has no fitted parameters)"])
     from planner.validate.score import render_tables, validate_file
 
     if profile not in ("seed", "detailed"):
