@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -142,3 +143,206 @@ def test_shipped_scenarios_folder_plans_every_scenario():
     run = run_batch([ROOT / "scenarios"], workers=1)
     assert run.skipped and all("portfolio" in s for s in run.skipped)
     assert not (run.scenarios["status"].isin(["invalid", "error"])).any(), run.scenarios["error"].dropna().tolist()
+
+
+# ------------------------------------------------------------------------------------------------
+# Files that cannot be read, and outputs that cannot be written: recorded or refused, never lost.
+
+import os
+import stat
+
+from planner.core.errors import MAX_LINE_CHARS
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _by_scenario(run):
+    return {r.scenario: r for r in run.scenarios.itertuples()}
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root reads a chmod 000 file")
+def test_unreadable_file_is_a_record_not_the_end_of_the_batch(folder):
+    bad = folder / "secret.yaml"
+    bad.write_text(INFEASIBLE.replace("too-big", "secret"))
+    bad.chmod(0)
+    try:
+        run = run_batch([folder], workers=1)
+    finally:
+        bad.chmod(0o644)
+    by = _by_scenario(run)
+    assert by["secret"].status == "invalid" and "cannot read" in by["secret"].error
+    assert by["lora-8b"].status == "optimal" and run.exit_code == 1
+
+
+def test_unreadable_file_simulated_is_a_record(folder, monkeypatch):
+    """The same as root runs it: opening the file is refused."""
+    bad = folder / "secret.yaml"
+    bad.write_text(INFEASIBLE)
+    real_open = os.open
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith("secret.yaml"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    run = run_batch([folder], workers=1)
+    by = _by_scenario(run)
+    assert by["secret"].status == "invalid" and "cannot read: Permission denied" in by["secret"].error
+    assert by["lora-8b"].status == "optimal" and by["qlora-8b"].status == "optimal"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes")
+def test_fifos_link_loops_and_broken_links_are_records_with_a_reason(folder):
+    os.mkfifo(folder / "pipe.yaml")
+    (folder / "loop-a.yaml").symlink_to("loop-b.yaml")
+    (folder / "loop-b.yaml").symlink_to("loop-a.yaml")
+    (folder / "gone.yml").symlink_to("nowhere.yml")
+    (folder / "sub" / "up").symlink_to("..")  # a folder link back up: not followed, noted
+    run = run_batch([folder], workers=1)  # returns: the pipe is never opened for reading
+    by = _by_scenario(run)
+    assert "not a regular file (a named pipe)" in by["pipe"].error
+    assert "link loop" in by["loop-a"].error and "link loop" in by["loop-b"].error
+    assert "broken symbolic link" in by["gone"].error
+    assert {by[k].status for k in ("pipe", "loop-a", "loop-b", "gone")} == {"invalid"}
+    assert by["lora-8b"].status == "optimal"
+    assert any("not followed" in s for s in run.skipped)
+    # given by name, a pipe is a record too (it was silently dropped)
+    named = run_batch([folder / "pipe.yaml", folder / "good.yaml"], workers=1)
+    assert _by_scenario(named)["pipe"].status == "invalid" and len(named.scenarios) == 3
+
+
+def test_error_records_are_bounded(folder):
+    (folder / "many.yaml").write_text("".join(f"k{i}: {i}\n" for i in range(500)))
+    run = run_batch([folder / "many.yaml"], workers=1)
+    error = run.scenarios.iloc[0]["error"]
+    assert "more problems" in error and len(error) < 60 * MAX_LINE_CHARS
+
+
+def _invoke_batch(folder, out, *extra):
+    return CliRunner().invoke(app, ["batch", str(folder / "good.yaml"), "--out", str(out), "--workers", "1",
+                                    *extra])
+
+
+@pytest.fixture
+def no_planning(monkeypatch):
+    """Fails the test if planning starts: the output checks come first."""
+    import planner.search.batch as batch
+
+    def boom(*args, **kwargs):
+        raise AssertionError("planned before checking --out")
+
+    monkeypatch.setattr(batch, "run_batch", boom)
+
+
+def test_out_that_is_a_folder_is_refused_before_planning(folder, tmp_path, no_planning):
+    (tmp_path / "r.csv").mkdir()
+    result = _invoke_batch(folder, tmp_path / "r.csv")
+    assert result.exit_code == 2 and "--out:" in result.output and "is a folder" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_out_under_a_file_is_refused_before_planning(folder, tmp_path, no_planning):
+    (tmp_path / "file").write_text("x")
+    result = _invoke_batch(folder, tmp_path / "file" / "r.csv")
+    assert result.exit_code == 2 and "--out:" in result.output and "not a folder" in result.output
+
+
+def test_plot_that_is_a_folder_is_refused_before_planning(folder, tmp_path, no_planning):
+    (tmp_path / "m.png").mkdir()
+    result = _invoke_batch(folder, tmp_path / "r.csv", "--plot", str(tmp_path / "m.png"))
+    assert result.exit_code == 2 and "--plot:" in result.output
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root writes into read-only folders")
+def test_out_in_a_read_only_folder_is_refused_before_planning(folder, tmp_path, no_planning):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        result = _invoke_batch(folder, ro / "r.csv")
+    finally:
+        ro.chmod(0o755)
+    assert result.exit_code == 2 and "--out:" in result.output and "cannot write in" in result.output
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root writes read-only files")
+def test_read_only_out_file_is_refused_before_planning(folder, tmp_path, no_planning):
+    out = tmp_path / "r.csv"
+    out.write_text("keep\n")
+    out.chmod(0o444)
+    result = _invoke_batch(folder, out)
+    assert result.exit_code == 2 and "read-only" in result.output and out.read_text() == "keep\n"
+
+
+def test_read_only_folder_simulated_is_refused_before_planning(folder, tmp_path, no_planning, monkeypatch):
+    real_open = os.open
+
+    def refuse(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and str(tmp_path) in str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    result = _invoke_batch(folder, tmp_path / "r.csv")
+    assert result.exit_code == 2 and "--out: cannot write in" in result.output and "Permission denied" in result.output
+
+
+def test_results_survive_an_out_that_fails_after_the_run(folder, tmp_path, monkeypatch):
+    """The folder turns read-only during the run: the results land beside --out, and it says where."""
+    import planner.report.files as files
+
+    real = files.write_frame
+    out = tmp_path / "r.json"
+
+    def fails_at_out(frame, path, **kwargs):
+        if Path(path) == out:
+            raise PermissionError(13, "Permission denied")
+        return real(frame, path, **kwargs)
+
+    monkeypatch.setattr(files, "write_frame", fails_at_out)
+    result = _invoke_batch(folder, out)
+    assert result.exit_code == 2 and "--out: could not write" in result.output
+    saved = [p for p in tmp_path.iterdir() if p.name.startswith("r.recovered-")]
+    assert len(saved) == 1 and str(saved[0]) in result.output
+    assert [r["scenario"] for r in json.loads(saved[0].read_text())] == ["lora-8b", "qlora-8b"]
+
+
+def test_results_survive_when_no_file_can_be_written(folder, tmp_path, monkeypatch):
+    import planner.report.files as files
+
+    def never(frame, path, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "write_frame", never)
+    result = _invoke_batch(folder, tmp_path / "r.csv")
+    assert result.exit_code == 2 and "the results follow as CSV" in result.output
+    assert "lora-8b" in result.output and "qlora-8b" in result.output
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_output_files_get_the_mode_open_would_give(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        path = atomic_write_text(tmp_path / "r.csv", "x\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+def test_rewriting_a_file_keeps_its_mode(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    atomic_write_text(path, "new\n")
+    assert path.read_text() == "new\n" and stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_cli_batch_result_file_is_world_readable_under_umask_022(folder, tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "r.csv"
+        assert _invoke_batch(folder, out).exit_code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
