@@ -93,9 +93,16 @@ BACKWARD_SHARE = 2.0 / 3.0
 #: initialisation on 2,048 GPUs before its optimisations; cloud VM boot + image pull + a
 #: checkpoint load of tens of GB take several minutes on their own. A stated guess, not fitted.
 JOB_STARTUP_S = 900.0
-#: Utilisation band of a GPU without measured runs: the fitted middle of the most similar measured
-#: cards, widened by this factor on each side (AMD: ROCm kernels, no measured rows here).
-PRIOR_BAND_WIDENING = 1.5
+#: Default global batch (sequences per optimizer step) when a scenario gives neither
+#: ``global_batch`` nor ``grad_accum``: without one, more GPUs always mean more tokens per step
+#: and the search would spread a short job over a thousand GPUs for a few optimizer steps.
+#: Pre-training (full training on at least :data:`PRETRAIN_MIN_TOKENS` tokens): 4M tokens per
+#: step, as Llama 2 (Touvron et al. 2023, §2.2: "global batch-size of 4M tokens") and GPT-3 175B
+#: (3.2M) trained, rounded to a power of two sequences. Fine-tuning: 64 sequences (the QLoRA
+#: paper's Guanaco runs used 16–64, Alpaca 128, NeMo's LoRA recipes 32).
+PRETRAIN_GLOBAL_BATCH_TOKENS = 4 * 2**20
+PRETRAIN_MIN_TOKENS = 1e10
+FINETUNE_GLOBAL_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -402,6 +409,13 @@ def job_time_s(step_s: Any, *, tokens: float, seq_len: Any, micro_batch: Any, dp
     trains mb·dp·ga·seq tokens)."""
     tokens_per_step = micro_batch * dp * grad_accum * seq_len
     return startup_s + tokens / tokens_per_step * step_s
+
+
+def default_global_batch(method: str, seq_len: int, tokens: float | None) -> int:
+    """The global batch (sequences) a scenario without one gets (see :data:`FINETUNE_GLOBAL_BATCH`)."""
+    if method == "full" and tokens is not None and tokens >= PRETRAIN_MIN_TOKENS:
+        return max(1, 2 ** round(math.log2(PRETRAIN_GLOBAL_BATCH_TOKENS / max(seq_len, 1))))
+    return FINETUNE_GLOBAL_BATCH
 
 
 def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:

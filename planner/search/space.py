@@ -20,7 +20,8 @@ import numpy as np
 
 from planner import catalog
 from planner.core.arch import has_full_architecture
-from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
+from planner.perf.timing import (GpuPerf, billed_gpus, default_global_batch, job_cost_usd, job_time_s,
+                                   model_flops, step_time_s)
 from planner.core.errors import InputError
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
@@ -185,9 +186,18 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
         budget_usd=sc.constraints.budget_usd,
         deadline_s=None if sc.constraints.deadline_hours is None else sc.constraints.deadline_hours * 3600,
         objective=objective, top=sc.top, distinct=s.distinct, utilization=s.utilization,
-        tokens=wl.tokens, global_batch=wl.global_batch, grad_accum=wl.grad_accum or 1,
+        tokens=wl.tokens, global_batch=wl.global_batch or _default_global_batch(rs), grad_accum=wl.grad_accum or 1,
         dp_pin=dp_pin, gpus_pin=gpus_pin, pcie_model_parallel=sc.constraints.pcie_model_parallel,
     )
+
+
+def _default_global_batch(rs: ResolvedScenario) -> int | None:
+    """planner.perf.timing.default_global_batch where the scenario fixes neither the batch
+    (global_batch, grad_accum) nor the GPU count (layout.gpus, layout.dp)."""
+    wl, pinned = rs.workload, rs.scenario.layout.model_fields_set
+    if wl.grad_accum is not None or {"gpus", "dp"} & pinned or wl.method not in METHOD_LADDER:
+        return None
+    return default_global_batch(wl.method, wl.seq_len, wl.tokens)
 
 
 @dataclass
