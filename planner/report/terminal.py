@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from typing import Any
@@ -124,9 +125,45 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
     return table
 
 
+def price_notes(result: Any, as_of: dt.date | None = None) -> list[tuple[str, bool]]:
+    """One line per GPU type of the plans: its on-demand price, the price's date and source, and
+    whether it is stale (older than planner.catalog.prices.DEFAULT_MAX_AGE_DAYS, or undated); a
+    spot price above on-demand is named (the plans use on-demand)."""
+    from planner import catalog
+    from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS, parse_date
+
+    as_of = as_of or dt.date.today()
+    out: list[tuple[str, bool]] = []
+    for gid in dict.fromkeys(p.gpu for p in result.plans):
+        try:
+            g = catalog.get_gpu(gid)
+        except Exception:  # noqa: BLE001 - a plan's GPU always comes from the catalog
+            continue
+        price = g.price_on_demand_usd_per_hour
+        if price is None:
+            out.append((f"{gid}: no on-demand price in the catalog", True))
+            continue
+        date = parse_date(g.price_retrieved, "price_retrieved") if g.price_retrieved else None
+        age = None if date is None else (as_of - date).days
+        stale = age is None or age > DEFAULT_MAX_AGE_DAYS
+        when = "undated" if date is None else f"{date.isoformat()} ({age} days old)"
+        source = " ".join((g.price_on_demand_source or "source not given").split())
+        line = f"{gid}: ${price:.2f}/GPU-h on-demand, {when}; {source}"
+        if stale:
+            line += f" — STALE (older than {DEFAULT_MAX_AGE_DAYS:.0f} days): check it before relying on the ranking"
+        spot = g.price_spot_usd_per_hour
+        if spot is not None and spot > price:
+            line += f"; the listed spot price ${spot:.2f} is above on-demand, so it is not used"
+        out.append((line, stale))
+    return out
+
+
 def print_plans(console: Console, result: Any, *, gib: bool = False) -> None:
     if result.plans:
         console.print(plans_table(result, gib=gib))
+        console.print("[bold]Prices used:[/bold]")
+        for line, stale in price_notes(result):
+            console.print(f"  [yellow]warning: {line}[/yellow]" if stale else f"  [dim]{line}[/dim]")
     else:
         console.print(f"[bold red]{result.scenario}: no feasible plan[/bold red] ({result.status})")
     ex = result.explanation or {}
