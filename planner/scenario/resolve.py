@@ -345,8 +345,31 @@ def scenarios_from_data(data: Any, path: str | Path) -> list[dict[str, Any]]:
             raise InputError([f"{path}: [{i}]: a scenario must be a mapping"])
         merged = deep_merge(defaults, item)
         merged.setdefault("name", path.stem if len(data) == 1 else f"{path.stem}[{i}]")
+        problem = model_name_problem(merged.get("model"))
+        if problem:
+            raise InputError([f"{path}: " + (f"[{i}]: " if len(data) > 1 else "") + problem])
         out.append(merged)
     return out
+
+
+#: The longest file name (one part of a path) file systems take, in bytes (POSIX NAME_MAX).
+MAX_FILE_NAME_BYTES = 255
+
+
+def model_name_problem(model: Any) -> str | None:
+    """Why a model given as text can be neither a catalog name nor a path, or None.
+
+    A part longer than a file name may be is checked here, before anything looks the path up
+    (the file system would answer with an error, not with "no such file")."""
+    if not isinstance(model, str):
+        return None
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in model.split("/")), default=0)
+    if longest > MAX_FILE_NAME_BYTES:
+        return (f"model: {excerpt(model)} is no catalog name, nor a path (a part of {longest:,} bytes; "
+                f"file names take at most {MAX_FILE_NAME_BYTES})")
+    if "\x00" in model:
+        return f"model: {excerpt(model)} is no catalog name, nor a path (it holds a NUL character)"
+    return None
 
 
 def _divides(a: int, b: int) -> bool:
