@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from planner.cli.main import app
 from planner.core.errors import InputError
 from planner.fleet.cpsat import (
-    Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, check, objective_of,
+    Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, SolveLimit, check, objective_of,
 )
 from planner.fleet.job_options import gpu_counts
 from planner.fleet.portfolio import load_portfolio
@@ -20,6 +20,9 @@ from planner.fleet.portfolio import load_portfolio
 from conftest import ROOT
 
 SHIPPED = ROOT / "scenarios" / "portfolios" / "team-h1-procurement.yaml"
+#: Solver limits in CP-SAT's deterministic time on one worker: the same result on any machine under
+#: any load (a wall-clock limit would make the tests depend on how busy the machine is).
+DET = SolveLimit(deterministic=10.0, workers=1)
 
 
 def own(option, t=0, gpus=1, duration=2, cost=10):
@@ -35,48 +38,48 @@ def inst(runs, unit_gpus=(1,), unit_cost=(100,), horizon=10):
 
 def test_one_run_buys_one_unit_or_rents_whichever_is_cheaper():
     cheap_rent = inst([Run(0, 0, 0, 10, [own(0)], RentOption(1, "on_demand", 2, 50))])
-    sol = FleetModel(cheap_rent).solve(5)
+    sol = FleetModel(cheap_rent).solve(DET)
     assert sol.status == "optimal" and sol.units == [0] and sol.choices[0].rent is not None
     dear_rent = inst([Run(0, 0, 0, 10, [own(0)], RentOption(1, "on_demand", 2, 500))])
-    sol = FleetModel(dear_rent).solve(5)
+    sol = FleetModel(dear_rent).solve(DET)
     assert sol.units == [1] and sol.objective_cents == 110
 
 
 def test_fleet_runs_share_one_unit_over_time_when_windows_allow():
     runs = [Run(0, k, 0, 4, [own(0)], None) for k in range(2)]  # 2 + 2 fits in [0, 4]
-    sol = FleetModel(inst(runs)).solve(5)
+    sol = FleetModel(inst(runs)).solve(DET)
     assert sol.units == [1] and sorted(c.start for c in sol.choices) == [0, 2]
     assert check(inst(runs), sol) == []
 
 
 def test_fleet_needs_two_units_when_runs_must_overlap():
     runs = [Run(0, k, 0, 3, [own(0)], None) for k in range(2)]  # both must run within [0, 3)
-    sol = FleetModel(inst(runs)).solve(5)
+    sol = FleetModel(inst(runs)).solve(DET)
     assert sol.units == [2]
     model = FleetModel(inst(runs))
     model.m.Add(model.b[0] == 1)  # forbidden: one unit cannot hold both
-    assert model.solve(5).status == "infeasible"
+    assert model.solve(DET).status == "infeasible"
 
 
 def test_window_forbids_a_late_start():
     runs = [Run(0, 0, 2, 6, [own(0, duration=3)], None)]
     model = FleetModel(inst(runs))
     model.m.Add(model.s[0] == 4)  # 4 + 3 > 6
-    assert model.solve(5).status == "infeasible"
+    assert model.solve(DET).status == "infeasible"
     model = FleetModel(inst(runs))
     model.m.Add(model.s[0] == 3)
-    assert model.solve(5).status == "optimal"
+    assert model.solve(DET).status == "optimal"
 
 
 def test_whole_units_are_bought():
     runs = [Run(0, 0, 0, 10, [own(0, gpus=3)], None)]
-    sol = FleetModel(inst(runs, unit_gpus=(8,), unit_cost=(800,))).solve(5)
+    sol = FleetModel(inst(runs, unit_gpus=(8,), unit_cost=(800,))).solve(DET)
     assert sol.units == [1]  # 3 GPUs need one 8-GPU node
 
 
 def test_symmetry_orders_the_runs_of_one_job():
     runs = [Run(0, k, 0, 10, [own(0)], None) for k in range(3)]
-    sol = FleetModel(inst(runs)).solve(5)
+    sol = FleetModel(inst(runs)).solve(DET)
     starts = [c.start for c in sol.choices]
     assert starts == sorted(starts)
 
@@ -116,7 +119,7 @@ def test_cp_sat_matches_brute_force(seed):
         rent = RentOption(9, "spot", 1, rng.randint(20, 400)) if rng.random() < 0.7 else None
         runs += [Run(job, k, release, deadline, opts, rent) for k in range(copies)]
     i = inst(runs, unit_gpus=(2, 4), unit_cost=(rng.randint(10, 200), rng.randint(10, 200)), horizon=7)
-    sol = FleetModel(i).solve(10, workers=1)
+    sol = FleetModel(i).solve(DET)
     assert sol.status == "optimal"
     assert check(i, sol) == []
     assert sol.objective_cents == objective_of(i, sol) == brute_force(i)
@@ -203,19 +206,27 @@ def shipped():
     from planner.report.procurement import tables
     from planner.fleet.procure import procure
 
-    result = procure(SHIPPED, time_limit_s=20)
+    # Every candidate built (no time budget) and a deterministic solver limit: repeatable anywhere.
+    result = procure(SHIPPED, deterministic_time=20.0)
     return result, tables(result)
 
 
-def test_shipped_portfolio_beats_the_naive_answer(shipped):
+def test_shipped_portfolio_is_never_dearer_than_either_baseline(shipped):
     result, t = shipped
     assert result.problems == []
-    assert result.solution.status in ("optimal", "feasible")
+    assert result.status in ("optimal", "feasible", "timeout")
     s = t.summary
-    assert s["total_usd"] < s["naive_usd"] and s["savings_vs_naive"]["usd"] > 0
-    assert s["total_usd"] <= s["rent_all_usd"] + 0.01 * len(result.problem.inst.runs)  # cents rounding
+    inst = result.problem.inst
+    answer = result.solution.objective_cents
+    assert answer <= result.naive.objective_cents and answer <= result.rent_all_cents
+    assert answer < result.naive.objective_cents  # sharing one fleet over time pays on this portfolio
+    slack = 0.01 * (len(inst.runs) + 2 * len(inst.unit_gpus))  # cents rounded up per item in the model
+    assert s["total_usd"] <= min(s["naive_usd"], s["rent_all_usd"]) + slack
     # The model's objective and the independent USD recomputation agree (within cent rounding).
-    assert s["total_usd"] == pytest.approx(result.solution.objective_cents / 100, abs=0.01 * 40)
+    assert s["total_usd"] == pytest.approx(answer / 100, abs=slack)
+    # Every candidate answer passed the checker in production; the returned one passes it here.
+    assert result.answer.findings == []
+    assert check(inst, result.solution) == []
 
 
 def test_shipped_portfolio_schedule_respects_windows_and_fleet(shipped):

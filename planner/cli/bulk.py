@@ -133,9 +133,15 @@ def procure(
     workers: Annotated[Optional[int], typer.Option(help="Processes for the jobs' candidates.", min=1)] = None,
 ) -> None:
     """The fleet to buy or rent for a portfolio of jobs, each job's plan and time slot, the cost
-    breakdown, and buy against rent: one CP-SAT model across all jobs.
+    breakdown, and buy against rent: one CP-SAT model across all jobs, never dearer than the naive
+    answer or renting everything.
 
-    Exit code 0 with a plan, 1 when some job cannot run inside its window, 2 for invalid input.
+    Status: optimal (proven), feasible (gap stated), timeout (nothing cheaper than the better
+    baseline found in time; that baseline is the answer), infeasible (some job cannot run at all).
+
+    Exit codes: 0 an answer (optimal, feasible or timeout); 1 infeasible: some job cannot run inside
+    its window at any known price (each such job named, with why); 2 invalid input (one line per
+    problem); 3 internal error: no answer passed the independent check.
     """
     from planner.fleet.procure import procure as run_procure
     from planner.report.procurement import FLEET_COLUMNS, SCHEDULE_COLUMNS, document, summary_text, tables
@@ -143,11 +149,16 @@ def procure(
 
     if fmt not in ("table", "json", "md", "html"):
         _fail([f"--format: must be table, json, md or html (got {fmt!r})"])
+    from planner.fleet.procure import CheckFailed
+
     try:
         result = run_procure(portfolio, time_limit_s=time_limit, workers=workers)
     except InputError as exc:
         _fail(exc.problems)
         return
+    except CheckFailed as exc:
+        typer.echo(f"internal error: {exc}", err=True)
+        raise typer.Exit(3) from None
     t = tables(result)
     pictures = []
     if plot is not None and t.plans:
@@ -192,7 +203,7 @@ def procure(
             console.print(_rich_table("Buy against rent", t.compare))
         if out is not None:
             atomic_write_text(out, summary_text(t) + "\n")
-    raise typer.Exit(0 if not result.problems and t.plans else 1)
+    raise typer.Exit(1 if result.status == "infeasible" else 0)
 
 
 def register(app: typer.Typer) -> None:

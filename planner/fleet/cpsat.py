@@ -1,9 +1,10 @@
 """The CP-SAT model of procurement: which GPUs to buy, which runs to rent, and when each runs.
 
 Sets
-    T       GPU types that can be bought; u_t GPUs per purchase unit (a node where the type comes
-            on a baseboard), c_t the cost of owning one unit over the horizon (amortised purchase
-            plus hosting), integer cents
+    T       GPU types that can be bought; u_t GPUs per purchase unit (a whole server where the type
+            comes on a baseboard, else one card), c_t the cost of owning one unit over the horizon
+            (amortised purchase plus hosting), integer cents; cards that go into a host server
+            (PCIe, consumer) also need hosts: k_t units per host, g_t the cost of owning one host
     I       runs (a job with count k is k runs); window [r_i, d_i] in time units
     O_i     run i's own-hardware options: type t(o), GPUs n_o, duration p_o (time units, rounded
             up), running cost e_o (power while it runs, cents)
@@ -11,7 +12,7 @@ Sets
             cheapest rental that fits the window can be chosen): duration p_i, cost f_i
 
 Variables
-    b_t ∈ ℕ         units of type t bought
+    b_t ∈ ℕ         units of type t bought;   h_t ∈ ℕ  hosts for them (types with k_t > 0)
     z_o ∈ {0, 1}    run i uses own option o ∈ O_i;   w_i ∈ {0, 1}  run i is rented
     s_i ∈ [r_i, d_i − min p]   start of run i (one start shared by its options)
 
@@ -22,12 +23,18 @@ Constraints (each in its own method, tested alone)
                      demand n_o, capacity u_t · b_t
     (4) energy:      Σ n_o p_o z_o ≤ u_t · b_t · H for each t (implied by (3); tightens the bound)
     (5) symmetry:    s_i ≤ s_{i'} for consecutive runs i, i' of one job (runs are identical)
+    (6) no idle purchase: u_t b_t ≤ Σ n_o z_o + u_t − 1 (a unit no run could use is never bought:
+                     the peak use is at most the sum of demands); hosts: b_t ≤ k_t h_t ≤ b_t + k_t − 1
 
-Objective: min Σ_t c_t b_t + Σ_o e_o z_o + Σ_i f_i w_i  (cents).
+Objective: min Σ_t (c_t b_t + g_t h_t) + Σ_o e_o z_o + Σ_i f_i w_i  (cents).
+
+:func:`trim` then cuts any solution's fleet to what its schedule's peak needs, and :func:`check`
+verifies a solution without the solver (choices, windows, capacity over time, no idle unit).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
@@ -35,8 +42,25 @@ from ortools.sat.python import cp_model
 SOLVER_SEED = 7
 #: Parallel workers of the solver. CP-SAT's portfolio (LNS, core-based bounds, LP) needs about
 #: eight; even on 2 cores, 8 time-shared workers halved the gap of bench/portfolio_20.py after 30 s
-#: against 2 (10.8 % vs 19.5 %, measured once each).
+#: against 2 (10.8 % vs 19.5 %, measured once each). Runs that must repeat (tests) use one worker
+#: and a deterministic limit instead (:class:`SolveLimit`).
 WORKERS = 8
+
+
+@dataclass(frozen=True)
+class SolveLimit:
+    """When the solver stops: after ``wall_s`` seconds (production), or after ``deterministic``
+    units of CP-SAT's deterministic time (about a second each on a typical core, but the same on
+    any machine and under any load: results repeat). ``workers`` None: :data:`WORKERS`, or one
+    when the limit is deterministic."""
+
+    wall_s: float | None = None
+    deterministic: float | None = None
+    workers: int | None = None
+
+    @property
+    def repeatable(self) -> bool:
+        return self.deterministic is not None
 
 
 @dataclass(frozen=True)
@@ -75,6 +99,8 @@ class FleetInstance:
     unit_cost_cents: list[int]
     runs: list[Run]
     max_units: list[int] = field(default_factory=list)
+    units_per_host: list[int] = field(default_factory=list)  # 0: the unit is a whole server
+    host_cost_cents: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.max_units:
@@ -82,6 +108,14 @@ class FleetInstance:
             for t, u in enumerate(self.unit_gpus):
                 need = sum(max((o.gpus for o in r.own if o.gpu_type == t), default=0) for r in self.runs)
                 self.max_units.append(-(-need // u))
+        if not self.units_per_host:
+            self.units_per_host = [0] * len(self.unit_gpus)
+        if not self.host_cost_cents:
+            self.host_cost_cents = [0] * len(self.unit_gpus)
+
+    def hosts_for(self, t: int, units: int) -> int:
+        k = self.units_per_host[t]
+        return -(-units // k) if k > 0 else 0
 
 
 @dataclass
@@ -100,6 +134,7 @@ class FleetSolution:
     units: list[int]
     choices: list[Choice]
     wall_s: float
+    deterministic_time: float = 0.0
 
     @property
     def gap(self) -> float | None:
@@ -113,6 +148,8 @@ class FleetModel:
         self.inst = inst
         m = self.m = cp_model.CpModel()
         self.b = [m.NewIntVar(0, mu, f"b[{t}]") for t, mu in enumerate(inst.max_units)]
+        self.h = [m.NewIntVar(0, inst.hosts_for(t, mu), f"h[{t}]") if inst.units_per_host[t] > 0 else None
+                  for t, mu in enumerate(inst.max_units)]
         self.z: list[list[cp_model.IntVar]] = []
         self.w: list[cp_model.IntVar | None] = []
         self.s: list[cp_model.IntVar] = []
@@ -127,6 +164,7 @@ class FleetModel:
         self._add_fleet()
         self._add_energy()
         self._add_symmetry()
+        self._add_no_idle_purchase()
         self._set_objective()
 
     # (1)
@@ -173,8 +211,19 @@ class FleetModel:
             if runs[i].job == runs[i - 1].job:
                 self.m.Add(self.s[i - 1] <= self.s[i])
 
+    # (6)
+    def _add_no_idle_purchase(self) -> None:
+        for t, u in enumerate(self.inst.unit_gpus):
+            terms = [(zo, o.gpus) for _, o, zo in self._own_by_type(t)]
+            self.m.Add(self.b[t] * u <= sum(n * zo for zo, n in terms) + (u - 1))
+            k = self.inst.units_per_host[t]
+            if self.h[t] is not None:
+                self.m.Add(self.b[t] <= self.h[t] * k)
+                self.m.Add(self.h[t] * k <= self.b[t] + (k - 1))
+
     def _set_objective(self) -> None:
         terms = [c * b for c, b in zip(self.inst.unit_cost_cents, self.b)]
+        terms += [g * h for g, h in zip(self.inst.host_cost_cents, self.h) if h is not None]
         for i, r in enumerate(self.inst.runs):
             terms += [o.cost_cents * zo for o, zo in zip(r.own, self.z[i])]
             if r.rent is not None:
@@ -185,6 +234,8 @@ class FleetModel:
         """Start the search from a known solution (e.g. the naive one)."""
         for t, n in enumerate(sol.units):
             self.m.AddHint(self.b[t], min(n, self.inst.max_units[t]))
+            if self.h[t] is not None:
+                self.m.AddHint(self.h[t], self.inst.hosts_for(t, min(n, self.inst.max_units[t])))
         for c in sol.choices:
             self.m.AddHint(self.s[c.run], c.start)
             r = self.inst.runs[c.run]
@@ -193,51 +244,120 @@ class FleetModel:
             if self.w[c.run] is not None:
                 self.m.AddHint(self.w[c.run], int(c.rent is not None))
 
-    def solve(self, time_limit_s: float, workers: int | None = None) -> FleetSolution:
+    def solve(self, limit: SolveLimit | float) -> FleetSolution:
+        """Solve under ``limit`` (a :class:`SolveLimit`, or wall-clock seconds)."""
+        if not isinstance(limit, SolveLimit):
+            limit = SolveLimit(wall_s=float(limit))
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
-        solver.parameters.num_workers = workers or WORKERS
-        solver.parameters.random_seed = SOLVER_SEED
+        prm = solver.parameters
+        prm.random_seed = SOLVER_SEED
+        if limit.wall_s is not None:
+            prm.max_time_in_seconds = max(0.05, limit.wall_s)
+        if limit.deterministic is not None:
+            prm.max_deterministic_time = max(0.01, limit.deterministic)
+        prm.num_workers = limit.workers or (1 if limit.repeatable else WORKERS)
+        if prm.num_workers == 1:
+            prm.interleave_search = False
         code = solver.Solve(self.m)
         status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
                   cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
         if status not in ("optimal", "feasible"):
-            return FleetSolution(status, None, None, [], [], solver.WallTime())
+            return FleetSolution(status, None, None, [], [], solver.WallTime(), solver.deterministic_time)
         choices = []
         for i, r in enumerate(self.inst.runs):
             own = next((o for o, zo in zip(r.own, self.z[i]) if solver.Value(zo)), None)
             choices.append(Choice(i, solver.Value(self.s[i]), own, None if own else r.rent))
         return FleetSolution(status, int(round(solver.ObjectiveValue())), solver.BestObjectiveBound(),
-                             [solver.Value(b) for b in self.b], choices, solver.WallTime())
+                             [solver.Value(b) for b in self.b], choices, solver.WallTime(),
+                             solver.deterministic_time)
 
 
-def check(inst: FleetInstance, sol: FleetSolution) -> list[str]:
-    """Solver-independent check: one choice per run, windows, the fleet's capacity over time."""
+def peak_use(inst: FleetInstance, sol: FleetSolution) -> dict[int, int]:
+    """Most GPUs of each type in use at once by the solution's owned runs."""
+    events: dict[int, list[tuple[int, int]]] = {}
+    for c in sol.choices:
+        if c.own is not None:
+            events.setdefault(c.own.gpu_type, []).extend(
+                [(c.start, c.own.gpus), (c.start + c.own.duration, -c.own.gpus)])
+    peak = {}
+    for t, ev in events.items():
+        level = best = 0
+        for _, delta in sorted(ev):  # ends (negative) before starts at one time
+            level += delta
+            best = max(best, level)
+        peak[t] = best
+    return peak
+
+
+def needed_units(inst: FleetInstance, sol: FleetSolution) -> list[int]:
+    """Units of each type the schedule's peak needs: every one of them is in use at the peak."""
+    peak = peak_use(inst, sol)
+    return [-(-peak.get(t, 0) // u) for t, u in enumerate(inst.unit_gpus)]
+
+
+def trim(inst: FleetInstance, sol: FleetSolution) -> FleetSolution:
+    """The same schedule on the fleet its peak needs (never more than bought), objective recomputed."""
+    units = needed_units(inst, sol)
+    out = FleetSolution(sol.status, None, sol.bound_cents, units, list(sol.choices), sol.wall_s, sol.deterministic_time)
+    out.objective_cents = objective_of(inst, out)
+    return out
+
+
+def check(inst: FleetInstance, sol: FleetSolution, *, idle: bool = True) -> list[str]:
+    """Solver-independent check: one choice per run, windows, the fleet's capacity over time, and
+    (``idle``) no unit bought that the schedule's peak does not use."""
     problems = []
+    if sorted(c.run for c in sol.choices) != list(range(len(inst.runs))):
+        problems.append(f"{len(sol.choices)} choices for {len(inst.runs)} runs")
     usage: dict[int, list[tuple[int, int]]] = {}
     for c in sol.choices:
         r = inst.runs[c.run]
         if (c.own is None) == (c.rent is None):
             problems.append(f"run {c.run}: needs exactly one of own or rent")
             continue
+        if c.own is not None and c.own not in r.own:
+            problems.append(f"run {c.run}: own option {c.own.option} is not one of the run's")
+        if c.rent is not None and c.rent != r.rent:
+            problems.append(f"run {c.run}: rental {c.rent.option} is not the run's")
         dur = c.own.duration if c.own else c.rent.duration
         if c.start < r.release or c.start + dur > r.deadline:
             problems.append(f"run {c.run}: [{c.start}, {c.start + dur}) outside window [{r.release}, {r.deadline}]")
         if c.own:
             usage.setdefault(c.own.gpu_type, []).extend([(c.start, c.own.gpus), (c.start + dur, -c.own.gpus)])
+    units = list(sol.units) + [0] * (len(inst.unit_gpus) - len(sol.units))
     for t, events in usage.items():
         level = 0
         for _, delta in sorted(events, key=lambda e: (e[0], e[1])):  # ends before starts at one time
             level += delta
-            if level > sol.units[t] * inst.unit_gpus[t]:
-                problems.append(f"type {t}: {level} GPUs in use, {sol.units[t] * inst.unit_gpus[t]} owned")
+            if level > units[t] * inst.unit_gpus[t]:
+                problems.append(f"type {t}: {level} GPUs in use, {units[t] * inst.unit_gpus[t]} owned")
                 break
+    for t, (have, need) in enumerate(zip(units, needed_units(inst, sol))):
+        if idle and have > need:
+            problems.append(f"type {t}: {have} units bought, the schedule uses at most {need} at once")
     return problems
 
 
 def objective_of(inst: FleetInstance, sol: FleetSolution) -> int:
-    """The objective recomputed from the choices (cents)."""
+    """The objective recomputed from the choices (cents); hosts are the fewest that hold the units."""
     total = sum(c * n for c, n in zip(inst.unit_cost_cents, sol.units))
+    total += sum(inst.host_cost_cents[t] * inst.hosts_for(t, n) for t, n in enumerate(sol.units))
     for c in sol.choices:
         total += c.own.cost_cents if c.own else c.rent.cost_cents
     return total
+
+
+def lower_bound_cents(inst: FleetInstance) -> int:
+    """A bound no answer can beat: each run alone at its cheapest, owned GPUs charged only for the
+    GPU-time the run occupies (the fleet's cost spread over its capacity, as constraint (4) allows)."""
+    total = 0.0
+    for r in inst.runs:
+        best = float(r.rent.cost_cents) if r.rent else float("inf")
+        for o in r.own:
+            t = o.gpu_type
+            k = inst.units_per_host[t]
+            per_unit = inst.unit_cost_cents[t] + (inst.host_cost_cents[t] / k if k > 0 else 0.0)
+            rate = per_unit / (inst.unit_gpus[t] * max(1, inst.horizon))
+            best = min(best, o.cost_cents + rate * o.gpus * o.duration)
+        total += best if best != float("inf") else 0.0
+    return int(math.floor(total + 1e-9))

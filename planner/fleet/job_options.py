@@ -33,6 +33,11 @@ from planner.search.space import SearchRequest, build_classes, build_request, ev
 ROUND_SIZE = 32
 
 
+def coarse_counts(limit: int) -> list[int]:
+    """The powers of two up to ``limit``: every job's first candidates when time is short."""
+    return [c for c in gpu_counts(limit) if c & (c - 1) == 0]
+
+
 def gpu_counts(limit: int) -> list[int]:
     """1–8, then 12, 16, 24, 32, 48, 64, 96, … (2^k and 3·2^(k−1)) up to ``limit``."""
     counts = list(range(1, 9))
@@ -85,7 +90,8 @@ def job_request(job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> tupl
         raise InputError([m if m.startswith(job.source) else f"{job.source}: {m}" for m in exc.problems]) from None
 
 
-def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> JobOptions:
+def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int, counts: list[int] | None = None) -> JobOptions:
+    """The job's candidates at ``counts`` GPUs (default: :func:`gpu_counts`)."""
     req, raw = job_request(job, gpu_types, max_gpus)
     req_t = dataclasses.replace(req, objective="time")
     cls = build_classes(req)
@@ -102,7 +108,7 @@ def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> JobO
     mp = a["tp"] * a["pp"] * a["cp"]
     dmax = table.limit[a["gpu"]] // np.maximum(mp, 1)
     pair_c, pair_dp = [], []
-    for count in gpu_counts(req.max_gpus):
+    for count in (gpu_counts(req.max_gpus) if counts is None else [c for c in counts if c <= req.max_gpus]):
         dp = count // mp
         m = (count % mp == 0) & ((dp >= dp_min) | ((dp == 1) & alone)) & (dp <= dmax)
         if req.dp_pin is not None:
@@ -116,8 +122,21 @@ def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> JobO
     e = _best_per_count(req_t, table, cls, ci, dp)
     ids = np.array([req.gpus[int(g)].id for g in a["gpu"][e.cls_index]], dtype=object)
     outcome = SearchOutcome("optimal", cls, e, [], {})
-    return JobOptions(job, req, raw, outcome, ids, e.ev["gpus"].astype(np.int64),
-                      e.ev["billed_gpus"].astype(np.int64), e.ev["time_s"].astype(float))
+    col = {k: np.asarray(e.ev.get(k, np.zeros(0))) for k in ("gpus", "billed_gpus", "time_s")}
+    return JobOptions(job, req, raw, outcome, ids, col["gpus"].astype(np.int64),
+                      col["billed_gpus"].astype(np.int64), col["time_s"].astype(float))
+
+
+def _pair_bounds(req: SearchRequest, table, cls, ci: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """The search's admissible time bound of each (class, dp) pair. Without a fixed global batch
+    the accumulation steps do not depend on dp, so the bound is computed once per class at dp = 1
+    and divided by dp (rounded down: still admissible), not once per pair."""
+    if req.global_batch:
+        return lower_bounds(req, table, cls.take(ci), dp, dp)
+    uniq, inv = np.unique(ci, return_inverse=True)
+    one = np.ones(len(uniq), dtype=np.int64)
+    per_class = lower_bounds(req, table, cls.take(uniq), one, one)
+    return np.floor(per_class[inv] / np.maximum(dp, 1))
 
 
 def _best_per_count(req: SearchRequest, table, cls, ci: np.ndarray, dp: np.ndarray) -> Evaluated:
@@ -125,24 +144,27 @@ def _best_per_count(req: SearchRequest, table, cls, ci: np.ndarray, dp: np.ndarr
     empty = Evaluated(np.zeros(0, dtype=np.int64), {}, np.zeros(0), np.zeros(0, dtype=np.int64), {})
     if len(ci) == 0:
         return _pareto(_take(empty, np.zeros(0, dtype=np.int64)))
-    sub = cls.take(ci)
-    lb = lower_bounds(req, table, sub, dp, dp)
-    group = sub.a["gpu"] * 10_000_000 + dp * sub.a["tp"] * sub.a["pp"] * sub.a["cp"]
+    a = cls.a
+    lb = _pair_bounds(req, table, cls, ci, dp)
+    group = a["gpu"][ci] * 10_000_000 + dp * (a["tp"] * a["pp"] * a["cp"])[ci]
     order = np.lexsort((lb, group))
     ci, dp, lb, group = ci[order], dp[order], lb[order], group[order]
     first = np.ones(len(group), dtype=bool)
     first[1:] = group[1:] != group[:-1]
     starts = np.flatnonzero(first)
-    rank = np.arange(len(group)) - np.repeat(starts, np.diff(np.append(starts, len(group))))
+    ends = np.append(starts[1:], len(group))
     gid = np.cumsum(first) - 1
     n_groups = len(starts)
     best_time = np.full(n_groups, np.inf)
     best_row = np.full(n_groups, -1)
     parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
     done = np.zeros(n_groups, dtype=bool)
+    step = np.arange(ROUND_SIZE)
     r = 0
     while not done.all():
-        sel = np.flatnonzero((rank >= r * ROUND_SIZE) & (rank < (r + 1) * ROUND_SIZE) & ~done[gid])
+        active = np.flatnonzero(~done)  # the next ROUND_SIZE classes of each group not done
+        idx = starts[active][:, None] + r * ROUND_SIZE + step[None, :]
+        sel = idx[idx < ends[active][:, None]]
         if len(sel) == 0:
             break
         c = {k: v[ci[sel]] for k, v in cls.a.items()}
@@ -164,7 +186,7 @@ def _best_per_count(req: SearchRequest, table, cls, ci: np.ndarray, dp: np.ndarr
         r += 1
         # A group is done when its next class's bound cannot beat its best (in the same ms units).
         nxt = starts + r * ROUND_SIZE
-        exhausted = nxt >= np.append(starts[1:], len(group))
+        exhausted = nxt >= ends
         bound = np.where(exhausted, np.inf, lb[np.minimum(nxt, len(group) - 1)])
         done |= exhausted | (bound > time_ms(best_time))
     keep = np.flatnonzero(best_row >= 0)

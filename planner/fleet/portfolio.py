@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from planner.core.errors import InputError, format_validation_error
 from planner.core.specs import Count, PosFloat, StrictModel, _parse_number
@@ -104,6 +104,15 @@ class Portfolio(StrictModel):
     defaults: dict[str, Any] = {}
     jobs: Annotated[list[Job], Field(min_length=1)]
 
+    @field_validator("power_usd_per_gpu_hour", "hosting_usd_per_gpu_hour")
+    @classmethod
+    def _non_negative(cls, value: PerGpu) -> PerGpu:
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        bad = [f"{k}: {v:g}" if k is not None else f"{v:g}" for k, v in items if not (float(v) >= 0)]
+        if bad:
+            raise ValueError(f"must be ≥ 0 USD per GPU-hour (got {', '.join(bad)})")
+        return value
+
     @model_validator(mode="after")
     def _horizon(self) -> Portfolio:
         if (self.horizon_hours is None) == (self.horizon_days is None):
@@ -138,6 +147,50 @@ def _hours(p: Portfolio, hours: float | None, date: dt.date | None, default: flo
     return default if hours is None else float(hours)
 
 
+def _date_problems(data: dict[str, Any], path: Path) -> list[str]:
+    """Job dates before the portfolio's ``start_date`` (read from the raw mapping, so that they are
+    reported with the schema's own problems)."""
+    def date(v: Any) -> dt.date | None:
+        if isinstance(v, dt.datetime):
+            return v.date()
+        if isinstance(v, dt.date):
+            return v
+        try:
+            return dt.date.fromisoformat(str(v).strip()) if v is not None else None
+        except ValueError:
+            return None
+
+    start = date(data.get("start_date"))
+    jobs = data.get("jobs")
+    if start is None or not isinstance(jobs, list):
+        return []
+    out = []
+    for i, job in enumerate(jobs):
+        if not isinstance(job, dict):
+            continue
+        for key in ("deadline_date", "earliest_start_date"):
+            d = date(job.get(key))
+            if d is not None and d < start:
+                out.append(f"{path}: jobs[{i}].{key}: {d} is before the portfolio's start_date {start}")
+    return out
+
+
+def _gpu_name_problems(p: Portfolio, path: Path) -> list[str]:
+    from planner import catalog
+
+    out = []
+    fields = {"gpu_types": p.gpu_types or [], "purchase_unit_gpus": list(p.purchase_unit_gpus),
+              "power_usd_per_gpu_hour": list(p.power_usd_per_gpu_hour) if isinstance(p.power_usd_per_gpu_hour, dict) else [],
+              "hosting_usd_per_gpu_hour": list(p.hosting_usd_per_gpu_hour) if isinstance(p.hosting_usd_per_gpu_hour, dict) else []}
+    for name, gpus in fields.items():
+        for g in gpus:
+            try:
+                catalog.get_gpu(g)
+            except catalog.UnknownName as exc:
+                out.append(f"{path}: {name}.{g}: {exc}")
+    return out
+
+
 def load_portfolio(path: str | Path) -> tuple[Portfolio, list[JobRun]]:
     """Read and check a portfolio file; every problem at once, one line each."""
     from planner.search.answer import absolute_model_path
@@ -147,11 +200,12 @@ def load_portfolio(path: str | Path) -> tuple[Portfolio, list[JobRun]]:
     data = load_yaml(path)
     if not isinstance(data, dict):
         raise InputError([f"{path}: a portfolio is a mapping with jobs: [...]"])
+    early = _date_problems(data, path)
     try:
         p = Portfolio.model_validate(data)
     except ValidationError as exc:
-        raise InputError([f"{path}: {line}" for line in format_validation_error(exc, Portfolio)]) from None
-    problems: list[str] = []
+        raise InputError([f"{path}: {line}" for line in format_validation_error(exc, Portfolio)] + early) from None
+    problems: list[str] = list(early) + _gpu_name_problems(p, path)
     runs = []
     horizon = p.horizon_h
     for i, job in enumerate(p.jobs):
@@ -175,7 +229,7 @@ def load_portfolio(path: str | Path) -> tuple[Portfolio, list[JobRun]]:
         deadline = _hours(p, job.deadline_hours, job.deadline_date, horizon, f"{where}.deadline", problems)
         if deadline > horizon + 1e-9:
             problems.append(f"{where}.deadline: {deadline:g} h is past the horizon ({horizon:g} h)")
-        if release >= deadline:
+        if release >= deadline and not any(m.startswith(f"{where}.") and "start_date" in m for m in early):
             problems.append(f"{where}: earliest start {release:g} h is not before the deadline {deadline:g} h")
         runs.append(JobRun(job.name, raw, f"{where} ({job.name})", base, job.count, release, min(deadline, horizon)))
     names = [j.name for j in p.jobs]

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from planner.fleet.job_options import option_plan
+from planner.fleet.portfolio import HOURS_PER_MONTH
 from planner.fleet.procure import ProcureResult, as_date
 
 
@@ -35,17 +36,22 @@ class ProcureTables:
 
 
 def _usd_of_solution(res: ProcureResult, sol) -> dict[str, float]:
-    """Amortised purchase, hosting, power and rent of a solution, in USD."""
+    """Amortised purchase, hosting, power and rent of a solution, in USD; and what owning leaves
+    at the horizon's end: the book value not yet amortised, and the resale assumption's value."""
+    from planner.fleet.ownership import load_ownership
+
     pr = res.problem
     H, life = pr.portfolio.horizon_h, pr.lifetime_hours
+    resale = load_ownership().resale_fraction(H / HOURS_PER_MONTH)
     out = {"amortised_purchase_usd": 0.0, "hosting_usd": 0.0, "power_usd": 0.0, "rent_usd": 0.0,
            "cash_outlay_usd": 0.0}
     for t, n in enumerate(sol.units):
         offer = pr.offers[pr.buyable[t]]
-        gpus = n * offer.unit_gpus
-        out["amortised_purchase_usd"] += gpus * offer.purchase.usd * H / life
-        out["hosting_usd"] += gpus * offer.hosting_usd_per_gpu_hour * H
-        out["cash_outlay_usd"] += gpus * offer.purchase.usd
+        hosts = pr.inst.hosts_for(t, n)
+        price = n * offer.unit_usd + hosts * offer.host_usd
+        out["amortised_purchase_usd"] += price * min(1.0, H / life)
+        out["hosting_usd"] += n * offer.unit_gpus * offer.hosting_usd_per_gpu_hour * H
+        out["cash_outlay_usd"] += price
     for c in sol.choices:
         run = pr.inst.runs[c.run]
         opts = pr.options[run.job]
@@ -57,7 +63,16 @@ def _usd_of_solution(res: ProcureResult, sol) -> dict[str, float]:
         else:
             out["rent_usd"] += offer.rent[c.rent.kind].usd * int(opts.billed_gpus[j]) * hours
     out["total_usd"] = sum(out[k] for k in ("amortised_purchase_usd", "hosting_usd", "power_usd", "rent_usd"))
+    out["unamortised_at_end_usd"] = out["cash_outlay_usd"] - out["amortised_purchase_usd"]
+    out["resale_at_end_usd"] = out["cash_outlay_usd"] * resale
     return out
+
+
+#: The answer's origin, in words.
+SOURCES = {"solver": "the optimiser's plan",
+           "naive": "the naive answer, its fleet trimmed to what its schedule uses (the optimiser found "
+                    "nothing cheaper in time)",
+           "rent-all": "renting everything (the optimiser found nothing cheaper in time)"}
 
 
 def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
@@ -88,48 +103,87 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
             "start_date": as_date(pr, start_h), "end_date": as_date(pr, start_h + hours),
             "window_hours": f"{job.release_hours:g}–{job.deadline_hours:g}",
         })
+    from planner.fleet.ownership import load_ownership
+
+    own = load_ownership()
+    months = H / HOURS_PER_MONTH
+    resale = own.resale_fraction(months)
+    stale_units = []
     for t, n in enumerate(sol.units):
         if n == 0:
             continue
         gid = pr.buyable[t]
         offer = pr.offers[gid]
         gpus = n * offer.unit_gpus
+        hosts = pr.inst.hosts_for(t, n)
+        outlay = n * offer.unit_usd + hosts * offer.host_usd
+        amortised = outlay * min(1.0, H / pr.lifetime_hours)
+        age = None if offer.unit_date is None else (as_of - offer.unit_date).days
+        if age is None or age > p.max_price_age_days:
+            stale_units.append(f"{gid} purchase unit")
         fleet_rows.append({
             "gpu": gid, "units": n, "gpus_per_unit": offer.unit_gpus, "gpus": gpus,
-            "purchase_usd_each": offer.purchase.usd, "cash_outlay_usd": gpus * offer.purchase.usd,
-            "amortised_usd": gpus * offer.purchase.usd * H / pr.lifetime_hours,
+            "unit_usd": offer.unit_usd, "unit_price": offer.unit_note,
+            "unit_price_date": None if offer.unit_date is None else offer.unit_date.isoformat(),
+            "unit_price_age_days": age, "hosts": hosts, "host_usd": offer.host_usd if hosts else None,
+            "host_price": offer.host_note if hosts else None,
+            "cash_outlay_usd": outlay, "amortised_usd": amortised,
             "hosting_usd": gpus * offer.hosting_usd_per_gpu_hour * H,
+            "unamortised_at_end_usd": outlay - amortised, "resale_at_end_usd": outlay * resale,
             "busy_gpu_hours": busy.get(gid, 0.0), "utilisation": busy.get(gid, 0.0) / (gpus * H),
         })
     costs = _usd_of_solution(res, sol) if sol.choices else {}
     naive = _usd_of_solution(res, res.naive) if res.naive.choices else {}
     rent_all = None if res.rent_all_cents is None else res.rent_all_cents / 100.0
-    compare = [{"answer": "optimised (this plan)", "total_usd": costs.get("total_usd"),
+    answer = res.answer
+    label = "this answer" + ("" if answer is None else f": {SOURCES[answer.source]}")
+    compare = [{"answer": label, "total_usd": costs.get("total_usd"),
                 "cash_outlay_usd": costs.get("cash_outlay_usd")},
                {"answer": "naive: each job's cheapest setup bought separately", "total_usd": naive.get("total_usd"),
                 "cash_outlay_usd": naive.get("cash_outlay_usd")},
                {"answer": "rent everything (cheapest rental per run)", "total_usd": rent_all, "cash_outlay_usd": 0.0}]
     for row in compare:
         tot = row["total_usd"]
-        row["vs_optimised_usd"] = None if tot is None or not costs else tot - costs["total_usd"]
+        row["vs_answer_usd"] = None if tot is None or not costs else tot - costs["total_usd"]
     savings = None
     if costs and naive:
         savings = {"usd": naive["total_usd"] - costs["total_usd"],
                    "percent": 100.0 * (naive["total_usd"] - costs["total_usd"]) / naive["total_usd"]}
     used = {(s["gpu"], k) for s in sched_rows for k in ("purchase", "on_demand", "spot")}
     price_rows = [r for r in pr.prices.rows(as_of, p.max_price_age_days) if (r["gpu"], r["kind"]) in used]
+    gen = res.generation
     summary = {
-        "portfolio": p.name, "status": sol.status, "gap": sol.gap, "solve_s": sol.wall_s,
-        "candidates_s": res.generation_s, "horizon_hours": H, "lifetime_months": p.lifetime_months,
+        "portfolio": p.name, "status": res.status, "gap": None if answer is None else answer.gap,
+        "answer_from": None if answer is None else answer.source,
+        "bound_usd": None if answer is None or answer.bound_cents is None else answer.bound_cents / 100.0,
+        "solve_s": None if answer is None or answer.solver is None else answer.solver.wall_s,
+        "solver_status": None if answer is None or answer.solver is None else answer.solver.status,
+        "limit": {"wall_s": res.limit.wall_s, "deterministic": res.limit.deterministic},
+        "candidates_s": gen.seconds, "candidates_complete": gen.complete, "jobs_refined": gen.jobs_refined,
+        "horizon_hours": H, "lifetime_months": p.lifetime_months,
         "jobs": len(pr.runs), "runs": len(pr.inst.runs),
         "own_options": sum(len(r.own) for r in pr.inst.runs), "total_usd": costs.get("total_usd"),
         "naive_usd": naive.get("total_usd"), "rent_all_usd": rent_all, "savings_vs_naive": savings,
-        "stale_prices": sorted({f"{r['gpu']} {r['kind']}" for r in price_rows if r["stale"]}),
+        "cash_outlay_usd": costs.get("cash_outlay_usd"),
+        "unamortised_at_end_usd": costs.get("unamortised_at_end_usd"),
+        "resale_at_end_usd": costs.get("resale_at_end_usd"),
+        "resale_assumption": {"fraction": resale, "after_months": months, "source": own.resale_source},
+        "stale_prices": sorted({f"{r['gpu']} {r['kind']}" for r in price_rows if r["stale"]} | set(stale_units)),
         "problems": res.problems, "naive_notes": res.naive_notes,
+        "check_findings": [] if answer is None else answer.findings,
     }
     return ProcureTables(summary, pd.DataFrame(fleet_rows), pd.DataFrame(sched_rows),
                          pd.DataFrame([{"item": k, "usd": v} for k, v in costs.items()]),
                          pd.DataFrame(compare), pd.DataFrame(price_rows), plans)
+
+
+#: What each status means, for the summary line.
+STATUS_TEXT = {
+    "optimal": "proven optimal",
+    "feasible": "the optimiser's best in the time limit, not proven optimal",
+    "timeout": "the optimiser found nothing cheaper than the better baseline in the time limit; "
+               "that baseline is the answer",
+}
 
 
 def summary_text(t: ProcureTables) -> str:
@@ -137,26 +191,39 @@ def summary_text(t: ProcureTables) -> str:
     lines = [f"{s['portfolio']}: {s['jobs']} jobs ({s['runs']} runs), horizon {s['horizon_hours']:,.0f} h, "
              f"lifetime {s['lifetime_months']:g} months"]
     if s["problems"]:
-        return "\n".join(lines + [f"no plan: {m}" for m in s["problems"]])
-    gap = "proven optimal" if s["status"] == "optimal" else (
-        f"best found, gap {100 * s['gap']:.2f} %" if s["gap"] is not None else s["status"])
-    lines.append(f"solver: {gap} in {s['solve_s']:.1f} s (candidates: {s['candidates_s']:.1f} s, "
-                 f"{s['own_options']:,} own-hardware options)")
+        return "\n".join(lines + ["status: infeasible (some job cannot run at all)"]
+                         + [f"cannot run: {m}" for m in s["problems"]])
+    gap = "" if s["gap"] is None or s["status"] == "optimal" else f", gap {100 * s['gap']:.2f} % to the bound ${s['bound_usd']:,.0f}"
+    lines.append(f"status: {s['status']} ({STATUS_TEXT[s['status']]}{gap})")
+    cand = "" if s["candidates_complete"] else f", {s['jobs_refined']} of {s['jobs']} jobs at every GPU count (the rest at powers of two)"
+    lim = s["limit"]
+    limit = (f"deterministic limit {lim['deterministic']:g}" if lim["deterministic"] is not None
+             else f"{lim['wall_s']:.1f} s left of the time limit")
+    lines.append(f"solver: {s['solver_status']} in {s['solve_s']:.1f} s ({limit}); candidates: "
+                 f"{s['candidates_s']:.1f} s, {s['own_options']:,} own-hardware options{cand}")
     lines.append(f"total over the horizon: ${s['total_usd']:,.0f}")
-    if s["savings_vs_naive"]:
+    if s["naive_usd"] is not None:
         sv = s["savings_vs_naive"]
         lines.append(f"naive (each job's cheapest setup bought separately): ${s['naive_usd']:,.0f}; "
-                     f"saves ${sv['usd']:,.0f} ({sv['percent']:.1f} %)")
+                     f"this answer saves ${sv['usd']:,.0f} ({sv['percent']:.1f} %)")
     if s["rent_all_usd"] is not None:
         lines.append(f"renting everything: ${s['rent_all_usd']:,.0f}")
+    if s["cash_outlay_usd"]:
+        ra = s["resale_assumption"]
+        lines.append(f"owning: ${s['cash_outlay_usd']:,.0f} paid up front; ${s['unamortised_at_end_usd']:,.0f} not yet "
+                     f"amortised at the horizon's end (book value, linear over {s['lifetime_months']:g} months); "
+                     f"resale assumption {100 * ra['fraction']:.0f} % after {ra['after_months']:.1f} months: "
+                     f"${s['resale_at_end_usd']:,.0f}")
     lines += [f"note: {n}" for n in s["naive_notes"]]
+    lines += [f"check: {n}" for n in s["check_findings"]]
     if s["stale_prices"]:
         lines.append("stale prices: " + ", ".join(s["stale_prices"]))
     return "\n".join(lines)
 
 
-FLEET_COLUMNS = ["gpu", "units", "gpus_per_unit", "gpus", "purchase_usd_each", "cash_outlay_usd", "amortised_usd",
-                 "hosting_usd", "busy_gpu_hours", "utilisation"]
+FLEET_COLUMNS = ["gpu", "units", "gpus_per_unit", "gpus", "unit_usd", "unit_price_date", "hosts", "host_usd",
+                 "cash_outlay_usd", "amortised_usd", "hosting_usd", "unamortised_at_end_usd", "resale_at_end_usd",
+                 "busy_gpu_hours", "utilisation"]
 SCHEDULE_COLUMNS = ["job", "run", "mode", "gpu", "gpus", "layout", "method", "start_hours", "end_hours",
                     "start_date", "end_date", "window_hours"]
 
