@@ -324,7 +324,7 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     if _zero(fsdp) == 2 and row.get("source", "").lower().startswith("qwen"):
         lay["zero_bucket_elements"] = QWEN_DS_ZERO2_BUCKET_ELEMENTS
     # FSDP1 with a full state dict (litgpt's FSDPStrategy always uses state_dict_type="full")
-    # materialises the unsharded model on each GPU at least once.
+    # gathers it at saves, one unit at a time (the detailed profile's "full state dict" phase).
     if lay["zero"] == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp
                              or "lightning fsdpstrategy" in fsdp):
         lay["full_state_dict"] = True
