@@ -1,7 +1,7 @@
 """Read a local Hugging Face ``config.json`` into a :class:`ModelSpec` (never the hub).
 
 Covers the families in the catalog (Llama, Mistral, Mixtral, Qwen2/2.5/3 and their MoE
-variants, Gemma 1/2/3, Phi-3, DeepSeek-V3, GPT-2 style) by the keys their configs use; other
+variants, Gemma 1/2/3, Phi-3, DeepSeek-V2/V3, OLMo 2, gpt-oss, OPT, GPT-2 style) by the keys their configs use; other
 decoder-only configs that use the standard key names load too.
 """
 
@@ -20,9 +20,23 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     "qwen": {"qkv_bias": True},
     "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},
+    # Gemma 1 configs name the activation "gelu" but the MLP is GeGLU (gated).
+    "gemma": {"gated_mlp": True},
     "gemma2": {"norms_per_layer": 4},
     "gemma3": {"norms_per_layer": 4, "qk_norm": True},
     "gemma3_text": {"norms_per_layer": 4, "qk_norm": True},
+    # DeepSeek's config classes default to untied embeddings (their config.json omit the key).
+    "deepseek_v2": {"tied_embeddings": False},
+    "deepseek_v3": {"tied_embeddings": False},
+    # OLMo 2: RMSNorm on the full Q and K projections (counted as per-head norms: a few
+    # thousand parameters per layer apart), norms after attention and MLP.
+    "olmo2": {"qk_norm": True},
+    # gpt-oss experts carry biases (gate_up and down), as do its attention projections.
+    "gpt_oss": {"mlp_bias": True},
+    "opt": {
+        "gated_mlp": False, "norm": "layernorm", "position": "learned",
+        "qkv_bias": True, "o_bias": True, "mlp_bias": True,
+    },
     "gpt2": {
         "gated_mlp": False, "norm": "layernorm", "position": "learned",
         "qkv_bias": True, "o_bias": True, "mlp_bias": True,
@@ -81,10 +95,13 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
             experts=experts,
             active=_first(cfg, "num_experts_per_tok", "moe_top_k", default=2),
             expert_ffn=_first(cfg, "moe_intermediate_size", default=fields["ffn"]),
-            shared_experts=_first(cfg, "n_shared_experts", default=0),
-            shared_ffn=_first(cfg, "moe_intermediate_size", "shared_expert_intermediate_size", default=0)
+            # DeepSeek: n_shared_experts of moe_intermediate_size; Qwen MoE: one shared expert of
+            # shared_expert_intermediate_size.
+            shared_experts=_first(cfg, "n_shared_experts",
+                                  default=1 if cfg.get("shared_expert_intermediate_size") else 0),
+            shared_ffn=_first(cfg, "moe_intermediate_size", default=0)
             if cfg.get("n_shared_experts")
-            else 0,
+            else _first(cfg, "shared_expert_intermediate_size", default=0),
             first_dense_layers=_first(cfg, "first_k_dense_replace", default=0),
             moe_every=_first(cfg, "decoder_sparse_step", "moe_layer_freq", default=1),
         )
