@@ -338,8 +338,9 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     lin = linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora) * tokens_mb / mp
     att = attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt) * tokens_mb / mp
     att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
-    fp8_peak = np.where(np.isfinite(perf.peak_fp8_flops), perf.peak_fp8_flops, perf.peak_flops)
-    lin_rate = np.where(fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util
+    has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
+    fp8_peak = np.where(has_fp8, perf.peak_fp8_flops, perf.peak_flops)
+    lin_rate = np.where(fp8 & has_fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util
     # Small GEMMs: a dense layer's GEMMs see the micro-batch's tokens on this GPU; a routed
     # expert's see its share, tokens · top-k / experts.
     eff = microbatch_efficiency(tokens_gpu, p.microbatch_half_tokens)

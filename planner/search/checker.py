@@ -14,7 +14,7 @@ from planner import catalog
 from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
 from planner.core.errors import InputError
 from planner.memory.estimate import estimate_resolved
-from planner.memory.breakdown import CHECKPOINTING, METHODS, OFFLOADS
+from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS
 from planner.search.results import Plan, plan_scenario
 from planner.scenario.resolve import resolve
 from planner.search.cpsat import budget_units, cost_units, deadline_ms, time_ms
@@ -114,7 +114,8 @@ def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[st
         checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
         zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
         tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),
-        weight_bytes=0.5 if p["method"] == "qlora" else 2.0)
+        weight_bytes=0.5 if p["method"] == "qlora" else 2.0, attention=ATTENTION.index(p["attention"]),
+        fp8=int(bool(rs.workload.fp8)))
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
                          dp=p["dp"], grad_accum=p["grad_accum"]))
     billed = int(billed_gpus(p["gpus"], gpu.gpus_per_node, gpu.whole_node_only))
