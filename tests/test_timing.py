@@ -1,0 +1,127 @@
+"""The time model's physics, one change at a time (planner/perf/timing.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import planner
+from planner import catalog
+from planner.perf import timing
+from planner.perf.timing import (
+    COMM_OVERLAP_SHARE, DEQUANT_BYTES_PER_PARAM, FITTED, JOB_STARTUP_S, GpuPerf, default_global_batch,
+    flops_per_token, group_collective_s, job_time_s, model_flops, step_time_s,
+)
+
+MF = model_flops(catalog.get_model("llama-3-8b"))
+H100 = GpuPerf.of(catalog.get_gpu("h100"))
+BASE = dict(method=0, checkpointing=0, offload=0, zero=0, seq_len=4096, micro_batch=2, grad_accum=4,
+            tp=1, pp=1, cp=1, dp=1, ep=1, n_lora=0.0, weight_bytes=2.0)
+
+
+def step(perf: GpuPerf = H100, **changes) -> float:
+    return float(step_time_s(MF, perf, **{**BASE, **changes}))
+
+
+def test_one_utilisation_recompute_charged_once():
+    """Full recomputation adds the forward's FLOPs (2N + the attention forward) and nothing else:
+    utilisation is hardware-FLOPs utilisation, the same number with or without recompute."""
+    f0 = float(flops_per_token(MF, method=0, seq_len=4096, checkpointing=0))
+    f2 = float(flops_per_token(MF, method=0, seq_len=4096, checkpointing=2))
+    attn = 12 * timing.CAUSAL_SHARE * MF.layers * 4096 * MF.attn_width
+    assert f2 - f0 == pytest.approx(2 * MF.active_params + attn / 3)
+    # Compute-bound: time grows by the FLOPs ratio at most (the memory-bound forward repeats too).
+    ratio = step(checkpointing=2) / step()
+    assert ratio < f2 / f0 * 1.05
+
+
+def test_catalog_utilisation_is_the_fitted_one():
+    """The catalog's band middle for measured cards is the fitted HFU of the tensor-core work."""
+    for name in ("h100", "a100-80gb", "v100-16gb", "b200"):
+        assert timing.utilization_mid(catalog.get_gpu(name)) == pytest.approx(FITTED.gemm_hfu, rel=0.01)
+    mi = catalog.get_gpu("mi300x")  # AMD: its own prior, a wider band
+    assert timing.utilization_mid(mi) < FITTED.gemm_hfu
+    assert mi.utilization_high / mi.utilization_low > 0.99 / 0.495
+
+
+def test_dp_allreduce_overlaps_the_last_backward():
+    fast = replace(H100, intra_bps=1e15, inter_bps=1e15)
+    assert step(fast, dp=8) == pytest.approx(step(fast, dp=1), rel=1e-3)  # hidden entirely
+    slow = replace(H100, intra_bps=1e9, inter_bps=1e9)
+    exposed = step(slow, dp=8) - step(slow, dp=1)
+    grad = MF.params * 2.0
+    allreduce = 2 * 7 / 8 * grad / 1e9
+    t_mb = step(grad_accum=1) - float(timing.OPTIMIZER_BYTES_PER_PARAM * MF.params / H100.memory_bps)
+    # The all-reduce minus what hides behind the backward (2/3 of a micro-batch's compute).
+    assert exposed == pytest.approx(allreduce - COMM_OVERLAP_SHARE * 2 / 3 * t_mb, rel=0.05)
+
+
+def test_zero3_moves_three_times_the_parameters_per_micro_batch():
+    """All-gather forward, all-gather backward, reduce-scatter gradients: 3 × (g−1)/g × 2N bytes."""
+    slow = replace(H100, intra_bps=1e9, inter_bps=1e9)
+    ga = 4
+    t3 = step(slow, zero=3, dp=8, grad_accum=ga)
+    t1 = step(slow, zero=3, dp=1, grad_accum=ga)
+    traffic = 3 * 7 / 8 * MF.params * 2.0 / 1e9
+    compute = (t1 - float(timing.OPTIMIZER_BYTES_PER_PARAM * MF.params / H100.memory_bps)) / ga
+    optimizer_saved = timing.OPTIMIZER_BYTES_PER_PARAM * MF.params * (1 - 1 / 8) / H100.memory_bps
+    assert t3 - t1 + optimizer_saved == pytest.approx(ga * (traffic - COMM_OVERLAP_SHARE * compute), rel=0.02)
+
+
+def test_collectives_across_nodes_use_every_nic():
+    """8 GPUs per node, 16 GPUs: the nodes exchange half the buffer over 8 NICs at once."""
+    b = 16e9
+    t = float(group_collective_s(b, 16, 1, 8, 450e9, 50e9, 1.0))
+    assert t == pytest.approx(7 / 8 * b / 450e9 + 1 / 2 * b / (8 * 50e9))
+    # One member per node (TP 8 inside it): one NIC each.
+    t = float(group_collective_s(b, 2, 8, 8, 450e9, 50e9, 1.0))
+    assert t == pytest.approx(1 / 2 * b / 50e9)
+
+
+def test_interleaved_pipeline_divides_the_bubble():
+    one = step(pp=4, grad_accum=8, vp=1)
+    four = step(pp=4, grad_accum=8, vp=4)
+    t_mb = (one - four) / (3 * (1 - 1 / 4))
+    assert one == pytest.approx((8 + 3) * t_mb + (one - 11 * t_mb), rel=1e-6)
+    assert four < one
+
+
+def test_context_parallel_traffic_hides_behind_attention():
+    fast = replace(H100, intra_bps=1e15)
+    assert step(H100, cp=2, seq_len=32768, micro_batch=1) == pytest.approx(
+        step(fast, cp=2, seq_len=32768, micro_batch=1), rel=0.02)
+
+
+def test_qlora_pays_the_dequantisation_over_memory_bandwidth():
+    lora = step(method=1, n_lora=2e7, quant=0, checkpointing=2)
+    qlora = step(method=2, n_lora=2e7, quant=1, weight_bytes=0.5, checkpointing=2)
+    assert qlora - lora == pytest.approx(
+        BASE["grad_accum"] * 3 * MF.params * DEQUANT_BYTES_PER_PARAM / H100.memory_bps, rel=0.01)
+    # Small micro-batches are not punished much: 1,024 tokens keep most of the GEMM speed.
+    assert float(timing.microbatch_efficiency(1024)) > 0.9
+
+
+def test_fp8_runs_linear_layers_at_the_fp8_peak():
+    assert step(fp8=1) < 0.9 * step()
+    a100 = GpuPerf.of(catalog.get_gpu("a100-80gb"))  # no FP8: the 16-bit peak
+    assert step(a100, fp8=1) == pytest.approx(step(a100))
+
+
+def test_eager_attention_is_slower_than_fused():
+    assert step(attention=0) > 1.05 * step(attention=1)
+
+
+def test_start_up_cost_and_default_batch():
+    assert float(job_time_s(1.0, tokens=1e6, seq_len=1000, micro_batch=1, dp=1, grad_accum=1)) == \
+        pytest.approx(JOB_STARTUP_S + 1000)
+    assert default_global_batch("full", 4096, 1e12) == 1024  # 4M tokens
+    assert default_global_batch("lora", 4096, 1e9) == 64
+
+
+def test_short_job_without_a_batch_stays_on_few_gpus():
+    """No global batch and a small token budget: the cheapest plan is not a thousand GPUs."""
+    res = planner.plan({"model": "llama-3.1-8b", "workload": {"method": "lora", "seq_len": 2048, "tokens": 1e7},
+                        "search": {"gpu_types": ["h100", "a100-80gb"]}, "top": 3})
+    assert res.plans and all(p.gpus <= 8 for p in res.plans)
+    assert all(p.micro_batch * p.dp * p.grad_accum == 64 for p in res.plans)
