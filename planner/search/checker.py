@@ -115,7 +115,8 @@ def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[st
         zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
         tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),
         weight_bytes=0.5 if p["method"] == "qlora" else 2.0, attention=ATTENTION.index(p["attention"]),
-        fp8=int(bool(rs.workload.fp8)))
+        fp8=int(bool(rs.workload.fp8)),
+        vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
                          dp=p["dp"], grad_accum=p["grad_accum"]))
     billed = int(billed_gpus(p["gpus"], gpu.gpus_per_node, gpu.whole_node_only))
