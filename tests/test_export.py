@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -46,15 +47,129 @@ def test_deepspeed_and_accelerate_carry_every_decision():
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["zero_optimization"]["offload_param"]["device"] == "cpu"
     acc = yaml.safe_load(b.files["accelerate_config.yaml"])
-    assert acc["distributed_type"] == "FSDP" and acc["num_processes"] == 16 and acc["num_machines"] == 2
-    assert acc["fsdp_config"]["fsdp_sharding_strategy"] == "FULL_SHARD"
-    assert acc["fsdp_config"]["fsdp_offload_params"] is True
-    assert acc["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    assert acc["distributed_type"] == "DEEPSPEED" and acc["num_processes"] == 16 and acc["num_machines"] == 2
+    assert acc["deepspeed_config"] == {"deepspeed_config_file": "ds_config.json", "zero3_init_flag": True}
+    assert "mixed_precision" not in acc  # accelerate refuses it beside a DeepSpeed file
     sky = yaml.safe_load(b.files["sky_task.yaml"])
     assert sky["resources"]["accelerators"] == "H100:8" and sky["num_nodes"] == 2
     assert "--nnodes=2 --nproc_per_node=8" in b.files["launch.sh"]
     args = json.loads(b.files["training_args.json"])
     assert args["deepspeed"] == "ds_config.json" and args["gradient_checkpointing"] is True
+
+
+def test_fsdp_bundle_carries_every_decision():
+    b = export_resolved(resolve(FULL_16), backend="fsdp")
+    assert "ds_config.json" not in b.files and "deepspeed" in b.skipped
+    acc = yaml.safe_load(b.files["accelerate_config.yaml"])
+    assert acc["distributed_type"] == "FSDP" and acc["num_processes"] == 16 and acc["num_machines"] == 2
+    assert acc["fsdp_config"]["fsdp_sharding_strategy"] == "FULL_SHARD"
+    assert acc["fsdp_config"]["fsdp_offload_params"] is True
+    assert acc["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    args = json.loads(b.files["training_args.json"])
+    assert "deepspeed" not in args and args["fsdp"] == "full_shard auto_wrap offload"
+    assert args["fsdp_config"] == {"activation_checkpointing": True} and args["gradient_checkpointing"] is False
+
+
+def _backends(bundle) -> set[str]:
+    """The sharding back-ends the bundle's files point at."""
+    found = set()
+    acc = yaml.safe_load(bundle.files.get("accelerate_config.yaml", "{}"))
+    args = json.loads(bundle.files.get("training_args.json", "{}"))
+    if acc.get("distributed_type") == "FSDP" or args.get("fsdp"):
+        found.add("fsdp")
+    if acc.get("distributed_type") == "DEEPSPEED" or args.get("deepspeed"):
+        found.add("deepspeed")
+    ds = json.loads(bundle.files.get("ds_config.json", "{}"))
+    if ds.get("zero_optimization", {}).get("stage", 0) > 0:
+        found.add("deepspeed")
+    return found
+
+
+@pytest.mark.parametrize("backend", [None, "deepspeed", "fsdp"])
+@pytest.mark.parametrize("zero, offload", [(0, "none"), (1, "none"), (2, "none"), (2, "optimizer"), (3, "none"),
+                                           (3, "optimizer+params")])
+def test_one_bundle_points_at_one_sharding_backend(zero, offload, backend):
+    raw = {**FULL_16, "layout": {**FULL_16["layout"], "zero": zero, "offload": offload}}
+    b = export_resolved(resolve(raw), backend=backend)
+    found = _backends(b)
+    assert len(found) <= 1, found
+    if zero == 0:
+        assert not found
+    elif zero == 1 or offload == "optimizer":  # FSDP has neither: DeepSpeed whatever was asked
+        assert found == {"deepspeed"}
+    else:
+        assert found == {backend or "deepspeed"}
+
+
+def test_the_plans_stack_picks_the_backend(tmp_path):
+    pinned = {**FULL_16, "layout": {**FULL_16["layout"], "offload": "none"}}
+    for stack, expected in (("hf-fsdp", "fsdp"), ("hf-deepspeed", "deepspeed"), ("torchtune", "fsdp")):
+        path = tmp_path / f"{stack}.json"
+        path.write_text(json.dumps({"plans": [{"rank": 1, "stack": stack, "pinned_scenario": pinned}]}))
+        res = runner.invoke(app, ["export", str(path), "--json", "--format", "accelerate,hf,deepspeed"])
+        assert res.exit_code == 0, res.output
+        files = json.loads(res.output)["files"]
+        assert _backends(_Files(files)) == {expected}, stack
+        assert f"stack {stack}" in files["PLAN.md"]
+    res = runner.invoke(app, ["export", str(tmp_path / "hf-fsdp.json"), "--json", "--backend", "deepspeed"])
+    assert res.exit_code == 0 and _backends(_Files(json.loads(res.output)["files"])) == {"deepspeed"}
+    res = runner.invoke(app, ["export", str(tmp_path / "hf-fsdp.json"), "--backend", "megatron"])
+    assert res.exit_code == 2 and "backend: 'megatron'" in res.output
+
+
+class _Files:
+    def __init__(self, files):
+        self.files = files
+
+
+def test_torchtune_gets_one_config_and_key_value_overrides():
+    b = _export(FULL_16)
+    run = b.files["torchtune_run.sh"]
+    command = run.split("\n", 3)[3]
+    assert command.count("--config") == 1  # a second --config replaces the first in `tune run`
+    assert "torchtune_override.yaml" not in command
+    for override in ("batch_size=2", "gradient_accumulation_steps=4", "tokenizer.max_seq_len=4096",
+                     "optimizer._component_=torch.optim.AdamW", "fsdp_cpu_offload=True",
+                     "enable_activation_checkpointing=True", "dtype=bf16"):
+        assert override in command, override
+    assert "full_finetune_distributed" in command and "--nproc_per_node=8" in command
+
+
+@pytest.mark.parametrize("grad_accum", [1, 4])
+def test_torchtune_optimizer_in_bwd_is_off_with_gradient_accumulation(grad_accum):
+    raw = {**FULL_16, "workload": {**FULL_16["workload"], "grad_accum": grad_accum}}
+    b = _export(raw)
+    tt = yaml.safe_load(b.files["torchtune_override.yaml"])
+    assert tt["optimizer_in_bwd"] is False  # base configs (8B_full_single_device) turn it on
+    assert "optimizer_in_bwd=False" in b.files["torchtune_run.sh"]
+    assert any("optimizer_in_bwd is off" in n for n in b.notes) == (grad_accum > 1)
+    lora = _export(QLORA)  # LoRA recipes have no optimizer_in_bwd
+    assert "optimizer_in_bwd" not in yaml.safe_load(lora.files["torchtune_override.yaml"])
+
+
+@pytest.mark.parametrize("gpus, zero, backend, storage", [
+    (1, 0, None, None), (4, 2, "deepspeed", None), (4, 3, "deepspeed", "bfloat16"),
+    (4, 2, "fsdp", "bfloat16"), (4, 3, "fsdp", "bfloat16")])
+def test_sharded_qlora_stores_4bit_weights_in_the_compute_dtype(gpus, zero, backend, storage):
+    raw = {**QLORA, "layout": {"gpu": "a100-80gb", "gpus": gpus, "zero": zero, "checkpointing": "full"}}
+    b = export_resolved(resolve(raw), backend=backend)
+    bnb = json.loads(b.files["bnb_config.json"])
+    assert bnb.get("bnb_4bit_quant_storage") == storage
+    if storage:
+        assert bnb["bnb_4bit_quant_storage"] == bnb["bnb_4bit_compute_dtype"]
+
+
+@pytest.mark.parametrize("model, gpu, expected", [
+    ("llama-3.1-8b", "h100", "sdpa"), ("llama-3.1-8b", "a100-80gb", "sdpa"), ("llama-3.1-8b", "t4", "sdpa"),
+    ("gemma-2-9b", "h100", "flash_attention_2"), ("gemma-2-9b", "l4", "flash_attention_2"),
+    ("gemma-2-9b", "t4", "sdpa"), ("gemma-2-9b", "v100-32gb", "sdpa")])
+def test_sdpa_unless_the_plan_needs_flash_attention_2(model, gpu, expected):
+    raw = {"name": "a", "profile": "seed", "model": model, "workload": {"method": "lora", "seq_len": 1024},
+           "layout": {"gpu": gpu, "gpus": 1, "attention": "flash"}}
+    b = export_resolved(resolve(raw))
+    assert json.loads(b.files["model_kwargs.json"])["attn_implementation"] == expected
+    if model.startswith("gemma") and expected == "sdpa":
+        assert any("soft-caps" in n for n in b.notes)
 
 
 def test_nothing_undecided_is_invented_and_the_gaps_are_listed():
@@ -80,6 +195,7 @@ def test_qlora_recipe_files():
     assert args["optim"] == "paged_adamw_8bit" and "deepspeed" not in args
     tt = yaml.safe_load(b.files["torchtune_override.yaml"])
     assert tt["model"]["lora_attn_modules"] == ["q_proj", "v_proj"] and tt["model"]["apply_lora_to_mlp"]
+    assert "model.lora_attn_modules=[q_proj,v_proj]" in b.files["torchtune_run.sh"]
     assert tt["optimizer"]["_component_"] == "bitsandbytes.optim.PagedAdamW8bit"
     assert tt["tokenizer"]["max_seq_len"] == 1024 and tt["gradient_accumulation_steps"] == 16
     assert "megatron" in b.skipped and "megatron_args.txt" not in b.files

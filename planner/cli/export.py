@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.core.errors import InputError
-from planner.launch.common import FORMATS
+from planner.launch.common import BACKENDS, FORMATS
 
 
 def export(
@@ -18,6 +18,10 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the files to.")] = Path("launch"),
     formats: Annotated[Optional[str], typer.Option(
         "--format", help=f"Comma-separated subset of: {', '.join(FORMATS)} (default all).")] = None,
+    backend: Annotated[Optional[str], typer.Option(
+        "--backend", metavar="|".join(BACKENDS),
+        help="Sharding back-end of the DeepSpeed/accelerate/HF files: one per bundle (default: the "
+             "plan's stack's, else deepspeed; ZeRO-1 and optimizer-only offload are DeepSpeed's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the files as JSON; write nothing.")] = False,
 ) -> None:
     """Write the configs that run a plan: DeepSpeed, accelerate, torchrun, HF Trainer + PEFT +
@@ -29,7 +33,7 @@ def export(
     try:
         if rank < 1:
             raise InputError([f"rank: must be ≥ 1 (got {rank})"])
-        _, bundle = export_plan(source, rank=rank, formats=chosen)
+        _, bundle = export_plan(source, rank=rank, formats=chosen, backend=backend)
     except InputError as exc:
         _fail(exc.problems)
         return

@@ -53,11 +53,34 @@ class Bundle:
         return "\n".join(lines) + "\n"
 
 
+#: Sharding back-ends of the Hugging Face files: a bundle points at one of them, never both.
+BACKENDS = ("deepspeed", "fsdp")
+#: The back-end a plan's stack (catalogs/stacks.yaml) shards with.
+STACK_BACKEND = {"hf-deepspeed": "deepspeed", "hf-fsdp": "fsdp", "torchtune": "fsdp", "torchtitan": "fsdp"}
+
+
 @dataclass(frozen=True)
 class Ctx:
     """A pinned plan, with the values every target derives from it."""
 
     rs: ResolvedScenario
+    #: The sharding back-end asked for ("deepspeed" or "fsdp"), or None: chosen from the plan.
+    asked_backend: str | None = None
+    #: The stack the plan names (``plan --json``), or None.
+    stack: str | None = None
+
+    @property
+    def backend(self) -> str | None:
+        """The one sharding back-end of the bundle: None without ZeRO, else deepspeed or fsdp.
+
+        FSDP has no optimizer-only sharding (ZeRO-1) and no optimizer-only offload: those plans
+        are DeepSpeed's whatever was asked. Otherwise the asked back-end, the plan's stack's, or
+        DeepSpeed."""
+        if self.lay.zero == 0:
+            return None
+        if self.lay.zero == 1 or self.lay.offload == "optimizer":
+            return "deepspeed"
+        return self.asked_backend or STACK_BACKEND.get(self.stack or "", "deepspeed")
 
     @property
     def wl(self):
@@ -121,11 +144,23 @@ class Ctx:
         return "all" in self.wl.lora_targets
 
     @property
+    def has_fa2(self) -> bool:
+        return self.gpu is not None and self.gpu.supports_flash_attn2 and self.gpu.vendor == "nvidia"
+
+    @property
+    def needs_fa2(self) -> bool:
+        """The plan's memory-efficient attention needs FlashAttention-2 itself: a model with
+        attention-logit soft-capping (Gemma 2), which SDPA cannot compute."""
+        return self.lay.attention == "flash" and bool(getattr(self.model, "attention_softcap", False))
+
+    @property
     def hf_attention(self) -> str:
-        """``attn_implementation`` of the plan's attention on its GPU."""
+        """``attn_implementation`` of the plan's attention on its GPU: ``sdpa`` (memory-efficient
+        attention, no extra package) unless the model needs FlashAttention-2 and the card runs it;
+        never ``flash_attention_2`` on a card without it."""
         if self.lay.attention == "eager":
             return "eager"
-        if self.gpu is not None and self.gpu.supports_flash_attn2 and self.gpu.vendor == "nvidia":
+        if self.needs_fa2 and self.has_fa2:
             return "flash_attention_2"
         return "sdpa"
 

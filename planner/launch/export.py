@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from planner.core.errors import InputError
-from planner.launch.common import FORMATS, Bundle, Ctx
+from planner.launch.common import BACKENDS, FORMATS, Bundle, Ctx
 from planner.launch.frameworks import (accelerate_config, deepspeed_config, dump_json, dump_yaml,
                                        skypilot_task, torchrun_command)
 from planner.launch.recipes import hf_files, megatron_args, torchtune_override
@@ -41,10 +41,16 @@ def _is_plan_output(data: Any) -> bool:
 
 def load_plan(path: str | Path, rank: int = 1) -> tuple[dict[str, Any], Path]:
     """The pinned scenario of plan ``rank`` in a file: ``plan --json`` output or a scenario file."""
+    pinned, base_dir, _ = load_plan_and_stack(path, rank)
+    return pinned, base_dir
+
+
+def load_plan_and_stack(path: str | Path, rank: int = 1) -> tuple[dict[str, Any], Path, str | None]:
+    """:func:`load_plan`, and the stack the plan names (None where it names none)."""
     path = Path(path)
     data = _read(path)
     if _is_plan_output(data):
-        return _pinned_from_output(data, rank, path), path.parent
+        return _pinned_from_output(data, rank, path), path.parent, _stack_of(data, rank)
     from planner.search.answer import plan_raw
 
     raws = read_scenario_file(path)
@@ -52,7 +58,16 @@ def load_plan(path: str | Path, rank: int = 1) -> tuple[dict[str, Any], Path]:
         raise InputError([f"{path}: holds {len(raws)} scenarios; export takes one"])
     result = plan_raw(raws[0], source=str(path), base_dir=path.parent, explain_infeasible=False)
     plans = [p.model_dump(mode="json") for p in result.plans]
-    return _pick(plans, rank, path), path.parent
+    return _pick(plans, rank, path), path.parent, _stack_of({"plans": plans}, rank)
+
+
+def _stack_of(data: Any, rank: int) -> str | None:
+    results = data if isinstance(data, list) else [data]
+    plans = results[0].get("plans", [results[0]]) if results and isinstance(results[0], dict) else []
+    for p in plans:
+        if isinstance(p, dict) and p.get("rank", 1) == rank and isinstance(p.get("stack"), str):
+            return p["stack"]
+    return None
 
 
 def _pinned_from_output(data: Any, rank: int, path: Path) -> dict[str, Any]:
@@ -87,34 +102,50 @@ def _pick(plans: list[dict[str, Any]], rank: int, path: Path) -> dict[str, Any]:
             "layout": {k: plan[k] for k in _LAYOUT}}
 
 
-def export_plan(path: str | Path, *, rank: int = 1,
-                formats: tuple[str, ...] = FORMATS) -> tuple[ResolvedScenario, Bundle]:
-    pinned, base_dir = load_plan(path, rank)
+def export_plan(path: str | Path, *, rank: int = 1, formats: tuple[str, ...] = FORMATS,
+                backend: str | None = None) -> tuple[ResolvedScenario, Bundle]:
+    pinned, base_dir, stack = load_plan_and_stack(path, rank)
     rs = resolve(pinned, source=f"{path} plan {rank}", base_dir=base_dir)
-    return rs, export_resolved(rs, formats)
+    return rs, export_resolved(rs, formats, backend=backend, stack=stack)
 
 
-def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS) -> Bundle:
-    """Every requested format's files for a pinned plan, and what the user must fill in."""
+def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS, *,
+                    backend: str | None = None, stack: str | None = None) -> Bundle:
+    """Every requested format's files for a pinned plan, and what the user must fill in.
+
+    The DeepSpeed, accelerate and Hugging Face files shard with one back-end, ``backend``
+    (``deepspeed`` or ``fsdp``; by default the plan's ``stack``'s, else DeepSpeed)."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise InputError([f"format: {f!r} is not one of {', '.join(FORMATS)}" for f in unknown])
+    if backend is not None and backend not in BACKENDS:
+        raise InputError([f"backend: {backend!r} is not one of {', '.join(BACKENDS)}"])
     if rs.gpu is None:
         raise InputError(["layout.gpu: a plan to export names its GPU"])
-    ctx, out = Ctx(rs), Bundle()
-    ds = deepspeed_config(ctx, out) if ("deepspeed" in formats or "hf" in formats) else None
-    if ds is not None and "deepspeed" in formats:
+    ctx, out = Ctx(rs, asked_backend=backend, stack=stack), Bundle()
+    if backend is not None and ctx.backend not in (None, backend):
+        out.note("sharding", f"{backend} was asked, but FSDP has no "
+                 + ("optimizer-only sharding (ZeRO-1)" if ctx.lay.zero == 1 else "optimizer-only offload")
+                 + ": the bundle shards with DeepSpeed")
+    uses_ds = ctx.backend == "deepspeed"
+    want_ds = "deepspeed" in formats and ctx.backend != "fsdp"
+    if "deepspeed" in formats and ctx.backend == "fsdp":
+        out.skipped["deepspeed"] = (f"the bundle shards with FSDP (ZeRO-{ctx.lay.zero} as FSDP"
+                                    + (f", the plan's stack {stack}" if stack else "")
+                                    + "); one bundle points at one back-end: export with "
+                                    "--backend deepspeed for DeepSpeed files")
+    ds = deepspeed_config(ctx, out) if (want_ds or (uses_ds and ("hf" in formats or "accelerate" in formats))) \
+        else None
+    ds_name = "ds_config.json" if ds is not None else None
+    if ds is not None and (want_ds or uses_ds):
         out.files["ds_config.json"] = dump_json(ds)
     if "accelerate" in formats:
-        acc = accelerate_config(ctx, out)
+        acc = accelerate_config(ctx, out, ds_name if uses_ds else None)
         if acc is not None:
             out.files["accelerate_config.yaml"] = dump_yaml(acc)
     if "hf" in formats:
-        # The Trainer reads a DeepSpeed config only for ZeRO; without it none is written for it.
-        ds_name = "ds_config.json" if ds is not None and ctx.lay.zero > 0 else None
-        if ds_name is not None and "deepspeed" not in formats:
-            out.files["ds_config.json"] = dump_json(ds)
-        for name, body in hf_files(ctx, out, ds_name).items():
+        # The Trainer reads a DeepSpeed config only for ZeRO; without it none is named.
+        for name, body in hf_files(ctx, out, ds_name if uses_ds else None).items():
             out.files[name] = dump_json(body)
     run = torchrun_command(ctx, out, []) if ("torchrun" in formats or "skypilot" in formats) else None
     if run is not None and "torchrun" in formats:
@@ -123,7 +154,12 @@ def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS) ->
         tt = torchtune_override(ctx, out)
         if tt is not None:
             cfg, command = tt
-            out.files["torchtune_override.yaml"] = f"# {command}\n" + dump_yaml(cfg)
+            out.files["torchtune_override.yaml"] = (
+                "# The plan's settings for torchtune. `tune run` takes one --config (a second replaces\n"
+                "# the first), so they go on the command line as key=value overrides of your base\n"
+                "# config: run torchtune_run.sh, which is:\n"
+                + "".join(f"#   {line}\n" for line in command.splitlines()) + dump_yaml(cfg))
+            out.files["torchtune_run.sh"] = _torchtune_script(command, ctx)
     if "megatron" in formats:
         margs = megatron_args(ctx, out)
         if margs is not None:
@@ -137,12 +173,21 @@ def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS) ->
     return out
 
 
+def _torchtune_script(command: str, ctx: Ctx) -> str:
+    lines = ["#!/usr/bin/env bash", "set -euo pipefail",
+             ': "${BASE_CONFIG:?set BASE_CONFIG to your model\'s torchtune config (tune ls)}"']
+    return "\n".join([*lines, command, ""])
+
+
 def decided(ctx: Ctx) -> list[str]:
     wl, lay = ctx.wl, ctx.lay
+    sharding = {None: "none (no ZeRO)", "deepspeed": "DeepSpeed ZeRO (ds_config.json)",
+                "fsdp": "FSDP (accelerate_config.yaml)"}[ctx.backend]
     items = [
         f"GPU {ctx.gpu.name} × {lay.gpus} on {ctx.nodes} node(s)",
         f"dp {lay.dp}, tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, sequence parallel {'on' if lay.sp else 'off'}",
-        f"ZeRO stage {lay.zero}, offload {lay.offload}",
+        f"ZeRO stage {lay.zero}, offload {lay.offload}; sharding back-end {sharding}"
+        + (f", stack {ctx.stack}" if ctx.stack else ""),
         f"micro-batch {wl.micro_batch}, gradient accumulation {ctx.grad_accum}, "
         f"global batch {ctx.global_batch} sequences of {wl.seq_len} tokens",
         f"method {wl.method}, optimizer {wl.optimizer}, precision {wl.precision} "
@@ -174,7 +219,7 @@ def write_bundle(bundle: Bundle, out_dir: Path) -> list[Path]:
     for name, text in bundle.files.items():
         target = out_dir / name
         target.write_text(text, encoding="utf-8")
-        if name.endswith(".sh"):
+        if name.endswith(".sh"):  # launch.sh, torchtune_run.sh
             target.chmod(0o755)
         written.append(target)
     return written

@@ -72,7 +72,9 @@ def deepspeed_config(ctx: Ctx, out: Bundle) -> dict | None:
     return cfg
 
 
-def accelerate_config(ctx: Ctx, out: Bundle) -> dict | None:
+def accelerate_config(ctx: Ctx, out: Bundle, ds_file: str | None = None) -> dict | None:
+    """``accelerate launch``'s config: the bundle's one sharding back-end (FSDP, or DeepSpeed through
+    ``ds_file``), processes and machines."""
     fmt = "accelerate"
     wl, lay = ctx.wl, ctx.lay
     if lay.tp > 1 or lay.pp > 1 or lay.cp > 1:
@@ -86,36 +88,38 @@ def accelerate_config(ctx: Ctx, out: Bundle) -> dict | None:
         "num_processes": lay.gpus,
         "use_cpu": False,
     }
-    if lay.zero == 0:
+    if ctx.backend is None:
         cfg["distributed_type"] = "MULTI_GPU" if lay.gpus > 1 else "NO"
+    elif ctx.backend == "deepspeed":
+        if ds_file is None:
+            out.skipped[fmt] = "the bundle shards with DeepSpeed, whose config was not written"
+            return None
+        # accelerate refuses a mixed_precision beside a DeepSpeed file: the file holds bf16/fp16
+        del cfg["mixed_precision"]
+        cfg["distributed_type"] = "DEEPSPEED"
+        cfg["deepspeed_config"] = {"deepspeed_config_file": ds_file, "zero3_init_flag": lay.zero == 3}
     else:
         cfg["distributed_type"] = "FSDP"
-        strategy = {1: "SHARD_GRAD_OP", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[lay.zero]
-        if lay.zero == 1:
-            out.note(fmt, "FSDP has no optimizer-only sharding (ZeRO-1): SHARD_GRAD_OP also shards "
-                          "gradients, so it needs no more memory than planned")
-        fsdp: dict = {
+        strategy = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[lay.zero]
+        cfg["fsdp_config"] = {
             "fsdp_sharding_strategy": strategy,
             "fsdp_offload_params": lay.offload != "none",
             "fsdp_activation_checkpointing": lay.checkpointing == "full",
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_use_orig_params": ctx.lora,
         }
-        if lay.offload == "optimizer":
-            out.note(fmt, "FSDP cannot offload the optimizer alone: fsdp_offload_params moves "
-                          "parameters, gradients and optimizer states to the CPU (less GPU memory "
-                          "than planned, more host memory and PCIe traffic)")
-        cfg["fsdp_config"] = fsdp
+        if wl.method == "qlora":
+            cfg["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] = True
     if lay.checkpointing == "selective":
         out.note(fmt, "selective recomputation is not an accelerate setting: the model code decides it")
-    elif lay.checkpointing == "full" and lay.zero == 0:
+    elif lay.checkpointing == "full" and ctx.backend != "fsdp":
         out.note(fmt, "full activation checkpointing without FSDP: call "
                       "model.gradient_checkpointing_enable() (gradient_checkpointing in TrainingArguments)")
     if ctx.nodes > 1:
         cfg.update(machine_rank=0, main_process_ip=None, main_process_port=29500,
                    rdzv_backend="c10d", same_network=True)
         out.need(fmt, "machine_rank (0…{}) on each node and main_process_ip".format(ctx.nodes - 1))
-    if wl.precision == "bf16":
+    if wl.precision == "bf16" and ctx.backend != "deepspeed":
         out.note(fmt, "pure BF16: load the model in bfloat16 (model_kwargs.json); "
                       "mixed_precision bf16 then keeps no FP32 master copy")
     return cfg

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from planner.launch.common import PEFT_MODULES, Bundle, Ctx
 
 
@@ -27,15 +29,26 @@ def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
     if lay.checkpointing == "selective":
         out.note(fmt, "the Trainer has no selective recomputation: gradient_checkpointing is off, "
                       "enable it in the model code if it supports selective recompute")
-    if lay.zero > 0:
+    if ctx.backend == "deepspeed":
         if ds_file is None:
             out.skipped[fmt] = "ZeRO needs the DeepSpeed config, which was not written"
             return {}
         args["deepspeed"] = ds_file
+    elif ctx.backend == "fsdp":
+        # the same sharding as accelerate_config.yaml; `accelerate launch` with it, or torchrun
+        args["fsdp"] = " ".join([{2: "shard_grad_op", 3: "full_shard"}[lay.zero], "auto_wrap",
+                                 *(["offload"] if lay.offload != "none" else [])])
+        if lay.checkpointing == "full":  # FSDP's own; the Trainer refuses both at once
+            args["gradient_checkpointing"] = False
+            args["fsdp_config"] = {"activation_checkpointing": True}
     files = {"training_args.json": args}
     out.need(fmt, "output_dir, learning_rate, num_train_epochs or max_steps in training_args.json")
 
     kwargs: dict = {"attn_implementation": ctx.hf_attention}
+    if ctx.needs_fa2 and not ctx.has_fa2:
+        out.note(fmt, f"{ctx.model.id} soft-caps its attention logits, which SDPA cannot do and "
+                      f"FlashAttention-2 does not run on {ctx.gpu.name}: transformers may fall back "
+                      "to eager attention, which needs more memory than planned")
     if ctx.model.hf_repo:
         kwargs = {"pretrained_model_name_or_path": ctx.model.hf_repo, **kwargs}
     else:
@@ -82,8 +95,13 @@ def bnb_config(ctx: Ctx, out: Bundle) -> dict | None:
         return None
     if wl.quant_bits == 8:
         return {"load_in_8bit": True}
-    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-            "bnb_4bit_use_double_quant": wl.double_quant, "bnb_4bit_compute_dtype": ctx.torch_dtype}
+    cfg = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+           "bnb_4bit_use_double_quant": wl.double_quant, "bnb_4bit_compute_dtype": ctx.torch_dtype}
+    if ctx.backend == "fsdp" or ctx.lay.zero == 3:
+        # FSDP flattens (and ZeRO-3 partitions) parameters of one dtype: the packed 4-bit weights
+        # are stored in the compute dtype so that they flatten with the rest
+        cfg["bnb_4bit_quant_storage"] = ctx.torch_dtype
+    return cfg
 
 
 TORCHTUNE_OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam8bit": "bitsandbytes.optim.AdamW8bit",
@@ -116,6 +134,13 @@ def torchtune_override(ctx: Ctx, out: Bundle) -> tuple[dict, str] | None:
         "tokenizer": {"max_seq_len": wl.seq_len},
         "optimizer": {"_component_": TORCHTUNE_OPTIMIZERS[wl.optimizer]},
     }
+    if not ctx.lora:
+        # torchtune refuses optimizer_in_bwd with gradient accumulation; base configs turn it on
+        in_bwd = ctx.grad_accum == 1 and ctx.detail("optimizer_step", "foreach") == "in_backward"
+        cfg["optimizer_in_bwd"] = in_bwd
+        if ctx.grad_accum > 1:
+            out.note(fmt, f"optimizer_in_bwd is off: torchtune refuses it with gradient accumulation "
+                          f"({ctx.grad_accum} steps)")
     if wl.precision == "mixed":
         out.note(fmt, "torchtune's dtype bf16 keeps no FP32 master copy: it needs less memory than "
                       "the plan's mixed precision")
@@ -148,10 +173,35 @@ def torchtune_override(ctx: Ctx, out: Bundle) -> tuple[dict, str] | None:
     head = ["tune", "run"]
     if distributed:
         head += [f"--nnodes={ctx.nodes}", f"--nproc_per_node={ctx.per_node or lay.gpus}"]
-    command = " ".join([*head, recipe, "--config", "${BASE_CONFIG}", "--config", "torchtune_override.yaml"])
+    # One --config (a second would replace the first): the plan's settings as key=value overrides
+    command = " \\\n    ".join([" ".join([*head, recipe, "--config", '"${BASE_CONFIG}"']),
+                                 *(shlex.quote(o) for o in torchtune_cli_overrides(cfg))])
     out.need(fmt, f"BASE_CONFIG: the {recipe} config of your model (tune ls), which holds the "
                   "checkpointer, dataset and learning rate")
     return cfg, command
+
+
+def torchtune_cli_overrides(cfg: dict, prefix: str = "") -> list[str]:
+    """``{"tokenizer": {"max_seq_len": 1024}}`` -> ``["tokenizer.max_seq_len=1024"]``: the
+    key=value overrides ``tune run`` merges over its one ``--config`` (OmegaConf dot-list)."""
+    items: list[str] = []
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            items += torchtune_cli_overrides(value, name + ".")
+        elif isinstance(value, list):
+            items.append(f"{name}=[{','.join(_tt_scalar(v) for v in value)}]")
+        else:
+            items.append(f"{name}={_tt_scalar(value)}")
+    return items
+
+
+def _tt_scalar(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return str(value)
 
 
 def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
