@@ -216,69 +216,88 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
     distinct plan found. Then CP-SAT selects the top k. A time limit stops it early, and the
     status then says the answer is not proven (``feasible``)."""
     t0 = time.perf_counter()
-    cls = build_classes(req)
-    table = gpu_table(req)
-    lat = build_lattice(req, table, cls)
-    n = len(cls)
-    has = np.flatnonzero(lat.count > 0)
-    cls.rejected["no allowed data-parallel degree (GPU limit, global batch)"] += n - len(has)
-    lb0 = lower_bounds(req, table, cls.take(has), lat.value(has, np.zeros(len(has), dtype=np.int64)),
-                       lat.value(has, lat.count[has] - 1))
-    corder = has[np.argsort(lb0, kind="stable")]
-    lb0_sorted = np.sort(lb0, kind="stable")
-    cpos = 0
-    class_batch = FIRST_CLASS_BATCH
-    pend_c = pend_s = pend_e = np.zeros(0, dtype=np.int64)
-    pend_lb = np.zeros(0)
-    e = concat_evaluated([])
-    threshold = np.inf
-    batch_columns = FIRST_BATCH_COLUMNS
-    evaluated_cols = windows_evaluated = 0
-    proven = True
-    while True:
-        next_class = lb0_sorted[cpos] if cpos < len(corder) else np.inf
-        next_window = pend_lb.min() if len(pend_lb) else np.inf
-        if min(next_class, next_window) > threshold or (next_class == np.inf and next_window == np.inf):
-            break
-        if time.perf_counter() - t0 > time_limit_s:
-            proven = False
-            break
-        if next_window <= next_class:
-            order = np.argsort(pend_lb, kind="stable")
-            sizes = (pend_e - pend_s)[order]
-            eligible = int(np.searchsorted(pend_lb[order], next_class, side="right"))
-            n_take = min(max(1, int(np.searchsorted(np.cumsum(sizes), batch_columns))), max(1, eligible))
-            batch_columns = min(2 * batch_columns, BATCH_COLUMNS)
-            take, rest = order[:n_take], order[n_take:]
-            e = _reduce(cls, [e, evaluate_windows(req, table, cls, lat, pend_c[take], pend_s[take],
-                                                   pend_e[take], known_to_fit=True)])
-            evaluated_cols += int(sizes[:n_take].sum())
-            windows_evaluated += n_take
-            pend_c, pend_s, pend_e, pend_lb = pend_c[rest], pend_s[rest], pend_e[rest], pend_lb[rest]
-            threshold = _kth_key(e, np.arange(len(e.key)), req.top)
-        else:
-            idx = corder[cpos: cpos + class_batch]
-            cpos += len(idx)
-            class_batch = min(2 * class_batch, CLASS_BATCH)
-            wc, ws, we, never = fitting_windows(req, table, cls, lat, idx)
-            cls.rejected["does not fit in memory at any allowed GPU count"] += int(never.sum())
-            lb = lower_bounds(req, table, cls.take(wc), lat.value(wc, ws), lat.value(wc, we - 1))
-            pend_c, pend_s = np.concatenate([pend_c, wc]), np.concatenate([pend_s, ws])
-            pend_e, pend_lb = np.concatenate([pend_e, we]), np.concatenate([pend_lb, lb])
+    bf = _BestFirst(req)
+    proven = bf.run(deadline=t0 + time_limit_s)
+    e = bf.e
     best = np.arange(len(e.key))
     # Only the best groups can be among the top k: hand CP-SAT a superset of them.
     n_cand = CANDIDATES_PER_PLAN * req.top
     if len(best) > n_cand:
         best = best[np.argsort(e.key, kind="stable")[:n_cand]]
-    _fill_memory(req, cls, e, best)
+    _fill_memory(req, bf.cls, e, best)
     left = time_limit_s - (time.perf_counter() - t0)
-    status, picked_local = solve_top_k(req, table, cls, e, best, left)
+    status, picked_local = solve_top_k(req, bf.table, bf.cls, e, best, left)
     if not proven:
         status = "feasible" if picked_local else "unknown"
-    stats = {"classes": n, "classes_expanded": cpos, "windows_evaluated": windows_evaluated,
-             "columns_evaluated": evaluated_cols, "groups": len(best),
+    stats = {"classes": len(bf.cls), "classes_expanded": bf.cpos, "windows_evaluated": bf.windows_evaluated,
+             "columns_evaluated": bf.evaluated_cols, "groups": len(best),
              "seconds": time.perf_counter() - t0}
-    return SearchOutcome(status, cls, e, [int(best[j]) for j in picked_local], stats)
+    return SearchOutcome(status, bf.cls, e, [int(best[j]) for j in picked_local], stats)
+
+
+class _BestFirst:
+    """The state of the best-first expansion: classes in bound order, pending windows, the
+    columns evaluated so far and the k-th best key (the threshold nothing worse can pass)."""
+
+    def __init__(self, req: SearchRequest):
+        self.req = req
+        self.cls = build_classes(req)
+        self.table = gpu_table(req)
+        self.lat = build_lattice(req, self.table, self.cls)
+        has = np.flatnonzero(self.lat.count > 0)
+        self.cls.rejected["no allowed data-parallel degree (GPU limit, global batch)"] += len(self.cls) - len(has)
+        lb0 = lower_bounds(req, self.table, self.cls.take(has), self.lat.value(has, np.zeros(len(has), dtype=np.int64)),
+                           self.lat.value(has, self.lat.count[has] - 1))
+        self.corder = has[np.argsort(lb0, kind="stable")]
+        self.lb0_sorted = np.sort(lb0, kind="stable")
+        self.cpos, self.class_batch, self.batch_columns = 0, FIRST_CLASS_BATCH, FIRST_BATCH_COLUMNS
+        self.pend_c = self.pend_s = self.pend_e = np.zeros(0, dtype=np.int64)
+        self.pend_lb = np.zeros(0)
+        self.e = concat_evaluated([])
+        self.threshold = np.inf
+        self.evaluated_cols = self.windows_evaluated = 0
+
+    def run(self, *, deadline: float) -> bool:
+        """Expand until nothing left can beat the threshold (True: proven) or the deadline passes."""
+        while True:
+            next_class = self.lb0_sorted[self.cpos] if self.cpos < len(self.corder) else np.inf
+            next_window = self.pend_lb.min() if len(self.pend_lb) else np.inf
+            if min(next_class, next_window) > self.threshold or (next_class == np.inf and next_window == np.inf):
+                return True
+            if time.perf_counter() > deadline:
+                return False
+            if next_window <= next_class:
+                self._evaluate_windows(next_class)
+            else:
+                self._expand_classes()
+
+    def _evaluate_windows(self, next_class: float) -> None:
+        """Evaluate the pending windows of lowest bound (a batch that doubles up to its largest)."""
+        order = np.argsort(self.pend_lb, kind="stable")
+        sizes = (self.pend_e - self.pend_s)[order]
+        eligible = int(np.searchsorted(self.pend_lb[order], next_class, side="right"))
+        n_take = min(max(1, int(np.searchsorted(np.cumsum(sizes), self.batch_columns))), max(1, eligible))
+        self.batch_columns = min(2 * self.batch_columns, BATCH_COLUMNS)
+        take, rest = order[:n_take], order[n_take:]
+        evaluated = evaluate_windows(self.req, self.table, self.cls, self.lat, self.pend_c[take],
+                                     self.pend_s[take], self.pend_e[take], known_to_fit=True)
+        self.e = _reduce(self.cls, [self.e, evaluated])
+        self.evaluated_cols += int(sizes[:n_take].sum())
+        self.windows_evaluated += n_take
+        self.pend_c, self.pend_s = self.pend_c[rest], self.pend_s[rest]
+        self.pend_e, self.pend_lb = self.pend_e[rest], self.pend_lb[rest]
+        self.threshold = _kth_key(self.e, np.arange(len(self.e.key)), self.req.top)
+
+    def _expand_classes(self) -> None:
+        """Bisect the next classes' memory and queue their fitting windows with their bounds."""
+        idx = self.corder[self.cpos: self.cpos + self.class_batch]
+        self.cpos += len(idx)
+        self.class_batch = min(2 * self.class_batch, CLASS_BATCH)
+        wc, ws, we, never = fitting_windows(self.req, self.table, self.cls, self.lat, idx)
+        self.cls.rejected["does not fit in memory at any allowed GPU count"] += int(never.sum())
+        lb = lower_bounds(self.req, self.table, self.cls.take(wc), self.lat.value(wc, ws), self.lat.value(wc, we - 1))
+        self.pend_c, self.pend_s = np.concatenate([self.pend_c, wc]), np.concatenate([self.pend_s, ws])
+        self.pend_e, self.pend_lb = np.concatenate([self.pend_e, we]), np.concatenate([self.pend_lb, lb])
 
 
 def _fill_memory(req: SearchRequest, cls: Classes, e: Evaluated, rows: np.ndarray) -> None:
