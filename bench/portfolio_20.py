@@ -1,21 +1,19 @@
-"""Benchmark: `planner procure` on a 20-job portfolio over the full GPU catalog.
+"""Benchmark: `planner procure` on a 20-job portfolio over the full GPU catalog (limit: 30 s).
 
-Run: python bench/portfolio_20.py [--runs 3] [--time-limit 30]
-Prints, per run and as medians: the time to build every job's candidates (per GPU type and GPU
-count, in processes), the CP-SAT solve time under the time limit, whether it was proven optimal or
-its gap, the total cost, and the saving against the naive answer (each job's cheapest setup bought
-separately) and against renting everything.
+Run: python bench/portfolio_20.py [--runs 3] [--time-limit 30] [--workers 2]
+Prints, per run and as medians (bench/portfolio_bench.py): the answer's wall-clock seconds (the
+time limit covers all of it: candidates, baselines, solver, checker), the candidates' and the
+solver's seconds, the status with its gap, and the total cost against the naive answer (each job's
+cheapest setup bought separately) and renting everything.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import tempfile
-import time
+import sys
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: (model, method, tokens, global batch or None, count) — a half-year of a mid-sized team's jobs.
 JOBS = [
@@ -35,48 +33,32 @@ HORIZON_DAYS = 180
 TOKEN_SCALE = 5
 
 
+def job(i: int, model: str, method: str, tokens: float, gb: int | None, count: int, start_h: float,
+        window_h: float, horizon_h: float) -> dict:
+    workload = {"method": method, "tokens": tokens, "seq_len": 4096}
+    if gb:
+        workload["global_batch"] = gb
+    return {"name": f"j{i:02d}-{model}-{method}", "count": count, "scenario": {"model": model, "workload": workload},
+            "earliest_start_hours": start_h, "deadline_hours": min(horizon_h, start_h + window_h)}
+
+
 def portfolio(time_limit_s: float) -> dict:
-    jobs = []
-    for i, (model, method, tokens, gb, count) in enumerate(JOBS):
-        start = (i * 7) % 90 * 24  # staggered releases over the first three months
-        workload = {"method": method, "tokens": tokens * TOKEN_SCALE, "seq_len": 4096}
-        if gb:
-            workload["global_batch"] = gb
-        jobs.append({"name": f"j{i:02d}-{model}-{method}", "count": count,
-                     "scenario": {"model": model, "workload": workload},
-                     "earliest_start_hours": start, "deadline_hours": min(HORIZON_DAYS * 24, start + 60 * 24)})
+    H = HORIZON_DAYS * 24
+    jobs = [job(i, m, meth, tok * TOKEN_SCALE, gb, n, (i * 7) % 90 * 24, 60 * 24, H)  # releases over 3 months
+            for i, (m, meth, tok, gb, n) in enumerate(JOBS)]
     return {"name": "bench-20", "horizon_days": HORIZON_DAYS, "time_limit_s": time_limit_s,
             "defaults": {"profile": "seed"}, "jobs": jobs}
 
 
 def main() -> None:
+    from portfolio_bench import run
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
-    from planner.report.procurement import tables
-    from planner.fleet.procure import procure
-
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench-20.yaml"
-        path.write_text(yaml.safe_dump(portfolio(args.time_limit), sort_keys=False))
-        for r in range(args.runs):
-            t0 = time.perf_counter()
-            res = procure(path)
-            s = tables(res).summary
-            wall = time.perf_counter() - t0
-            gap = 0.0 if s["status"] == "optimal" else (s["gap"] if s["gap"] is not None else float("nan"))
-            rows.append((s["candidates_s"], s["solve_s"], gap, s["total_usd"], s["naive_usd"], s["rent_all_usd"], wall))
-            print(f"run {r + 1}: candidates {s['candidates_s']:.1f} s, solve {s['solve_s']:.1f} s, {s['status']}, "
-                  f"gap {100 * gap:.2f} %, total ${s['total_usd']:,.0f}, naive ${s['naive_usd']:,.0f} "
-                  f"(saves {s['savings_vs_naive']['percent']:.1f} %), rent-all ${s['rent_all_usd']:,.0f}, "
-                  f"{s['runs']} runs, {s['own_options']:,} own options, wall {wall:.1f} s", flush=True)
-    med = [statistics.median(c) for c in zip(*rows)]
-    print(f"20 jobs over the full catalog, time limit {args.time_limit:g} s: median candidates {med[0]:.1f} s, "
-          f"solve {med[1]:.1f} s, gap {100 * med[2]:.2f} %, total ${med[3]:,.0f}, naive ${med[4]:,.0f} "
-          f"(saves {100 * (med[4] - med[3]) / med[4]:.1f} %), rent-all ${med[5]:,.0f}, wall {med[6]:.1f} s "
-          f"over {args.runs} runs")
+    run(portfolio(args.time_limit), args.runs, "20 jobs over the full catalog", args.workers)
 
 
 if __name__ == "__main__":

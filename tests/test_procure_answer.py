@@ -135,6 +135,19 @@ def test_nothing_found_in_time_returns_the_better_baseline_as_timeout(monkeypatc
     assert check(inst, ans.solution) == []
 
 
+def test_a_greedy_fleet_better_than_both_baselines_is_feasible_even_if_the_solver_finds_nothing(monkeypatch):
+    # Two jobs, each with one run of 2 h on one GPU in [0, 4): naive buys a unit each (2 × 300 + 20);
+    # one unit shared over time serves both (300 + 20); renting costs 2 × 500.
+    runs = [Run(j, 0, 0, 4, [own(0, gpus=1, duration=2, cost=10)], RentOption(1, "on_demand", 2, 500))
+            for j in range(2)]
+    inst = FleetInstance(8, [1], [300], runs)
+    monkeypatch.setattr(FleetModel, "solve", _unsolved)
+    ans = solve_instance(inst, ["a", "b"], DET)
+    assert ans.naive.objective_cents == 620 and ans.rent_all.objective_cents == 1000
+    assert ans.source == "greedy" and ans.solution.objective_cents == 320 and ans.status == "feasible"
+    assert ans.solution.units == [1] and check(inst, ans.solution) == []
+
+
 def test_renting_everything_is_returned_when_it_is_the_better_baseline(monkeypatch):
     runs = [Run(0, 0, 0, 8, [own(0, gpus=1, duration=2, cost=10)], RentOption(1, "on_demand", 2, 50))]
     inst = FleetInstance(8, [1], [5000], runs)

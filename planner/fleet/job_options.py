@@ -127,6 +127,42 @@ def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int, counts:
                       col["billed_gpus"].astype(np.int64), col["time_s"].astype(float))
 
 
+def token_free_key(job: JobRun) -> str:
+    """What a job's candidates depend on besides its token budget (jobs with equal keys and equal
+    global batches share one search: :func:`options_like`)."""
+    import json
+
+    raw = {k: v for k, v in job.raw.items() if k != "name"}
+    wl = dict(raw.get("workload") or {})
+    wl.pop("tokens", None)
+    raw["workload"] = wl
+    return json.dumps([raw, str(job.base_dir)], sort_keys=True, default=str)
+
+
+def options_like(base: JobOptions, job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> JobOptions:
+    """The candidates of a job that differs from ``base.job`` only in its token budget: the same
+    plans, their metrics evaluated for this job. Exact because a job's time is start-up plus tokens
+    × time per token (planner.perf.timing.job_time_s), so the fastest plan at each (type, count)
+    does not depend on the budget; memory does not depend on it either."""
+    req, raw = job_request(job, gpu_types, max_gpus)
+    e = base.outcome.evaluated
+    if len(e.cls_index) == 0:
+        return dataclasses.replace(base, job=job, req=req, raw=raw)
+    req_t = dataclasses.replace(req, objective="time")
+    c = {k: v[e.cls_index] for k, v in base.outcome.cls.a.items()}
+    ev = evaluate(req_t, gpu_table(req), c, np.asarray(e.ev["dp"]))
+    e2 = Evaluated(e.cls_index, {k: np.asarray(v) for k, v in ev.items()}, e.key, e.group, {})
+    outcome = dataclasses.replace(base.outcome, evaluated=e2)
+    return JobOptions(job, req, raw, outcome, base.gpu_id, ev["gpus"].astype(np.int64),
+                      ev["billed_gpus"].astype(np.int64), ev["time_s"].astype(float))
+
+
+def same_search(a: SearchRequest, b: SearchRequest) -> bool:
+    """Two requests of one token-free key that still search differently (a default global batch
+    that depends on the token budget)."""
+    return (a.global_batch, a.grad_accum, a.max_gpus) == (b.global_batch, b.grad_accum, b.max_gpus)
+
+
 def _pair_bounds(req: SearchRequest, table, cls, ci: np.ndarray, dp: np.ndarray) -> np.ndarray:
     """The search's admissible time bound of each (class, dp) pair. Without a fixed global batch
     the accumulation steps do not depend on dp, so the bound is computed once per class at dp = 1

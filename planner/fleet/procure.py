@@ -9,16 +9,18 @@ One time limit covers the whole answer:
    (planner.fleet.ownership: whole servers, hosts for PCIe cards, street prices), then the
    portfolio's price files; purchase, on-demand and spot kept apart; stale ones flagged.
 3. Two baselines, always: the naive answer (each job's cheapest setup bought separately) and
-   renting everything. Then one CP-SAT model over every run of every job (planner.fleet.cpsat),
-   started from the better baseline, with the rest of the limit.
+   renting everything; and a greedy fleet (:func:`greedy_solution`). Then one CP-SAT model over
+   every run of every job (planner.fleet.cpsat), started from the best of them, with the rest of
+   the limit.
 4. The answer is the cheapest of the solver's solution (its fleet trimmed to what the schedule
    uses) and the baselines that passes the independent checker (planner.fleet.cpsat.check): never
    dearer than either baseline. Status:
 
    ``optimal``     proven (the solver's bound, or the simple bound, meets the answer)
-   ``feasible``    the solver's solution beats both baselines; ``gap`` says how far from proven
-   ``timeout``     the solver found nothing better in time: the better baseline is returned (gap
-                   stated against the bound)
+   ``feasible``    the solver's (or the greedy fleet's) answer beats both baselines; ``gap`` says
+                   how far it may be from the optimum
+   ``timeout``     nothing better than the better baseline was found in time: that baseline is
+                   returned (gap stated against the bound)
    ``infeasible``  proven: some job cannot run at all (which job, and why)
 
 Costs over the horizon H: a bought unit (a whole server for baseboard GPUs, a card for PCIe ones,
@@ -29,11 +31,14 @@ billed GPUs × time.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from planner import catalog
 from planner.core.errors import InputError
@@ -41,7 +46,9 @@ from planner.fleet.cpsat import (
     Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, SolveLimit, check,
     lower_bound_cents, objective_of, trim,
 )
-from planner.fleet.job_options import JobOptions, coarse_counts, job_options
+from planner.fleet.job_options import (
+    JobOptions, coarse_counts, job_options, job_request, options_like, same_search, token_free_key,
+)
 from planner.fleet.ownership import Ownership, load_ownership
 from planner.fleet.portfolio import (
     DEFAULT_HOSTING_USD_PER_GPU_HOUR, DEFAULT_POWER_USD_PER_GPU_HOUR, HOURS_PER_MONTH, JobRun, Portfolio,
@@ -54,8 +61,10 @@ from planner.catalog.prices import Price, PriceTable, load_price_table, read_pri
 GENERATION_SHARE = 0.5
 #: Seconds the solver always gets, even when generation used up the limit.
 MIN_SOLVER_S = 1.0
-#: Seconds kept back from the solver for building the model, checking and the report.
+#: Seconds kept back from the solver for trimming, checking and the report: a second, plus the
+#: report's plans at about 7 ms a run (1.1 s for bench/portfolio_80.py's 160 runs, measured).
 RESERVE_S = 1.0
+RESERVE_S_PER_RUN = 0.01
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,23 @@ def priced_types(p: Portfolio, table: PriceTable) -> list[str]:
     return [g for g in ids if any(table.get(g, k) is not None for k in kinds)]
 
 
+#: A run's own-hardware options of one type are kept when their GPU-time (GPUs × duration) is
+#: within this factor of the type's least for the run (all of them fit the run's window). More
+#: GPU-time costs more power and more of the fleet: such an option only helps a schedule by being
+#: shorter, and the kept ones already span short to long. A model-size guess: on
+#: bench/portfolio_80.py it keeps about a third of the options. "optimal" means optimal over the
+#: options kept (as it always meant over the GPU counts built).
+AREA_SLACK = 1.5
+
+
+def prune_own(own: list[OwnOption]) -> list[OwnOption]:
+    """The options of each type whose GPU-time is within :data:`AREA_SLACK` of the least."""
+    least: dict[int, int] = {}
+    for o in own:
+        least[o.gpu_type] = min(least.get(o.gpu_type, o.gpus * o.duration), o.gpus * o.duration)
+    return [o for o in own if o.gpus * o.duration <= AREA_SLACK * least[o.gpu_type]]
+
+
 def _cents(usd: float) -> int:
     return int(math.ceil(usd * 100 - 1e-9))
 
@@ -192,6 +218,7 @@ def build_problem(p: Portfolio, runs: list[JobRun], options: list[JobOptions], t
                 cost = _cents(price.usd * int(opts.billed_gpus[j]) * time_h)
                 if rent is None or cost < rent.cost_cents:
                     rent = RentOption(j, kind, dur, cost)
+        own = prune_own(own)
         fleet_runs += [Run(i, k, release, deadline, own, rent) for k in range(job.count)]
     inst = FleetInstance(
         horizon=math.floor(horizon_h / unit_h + 1e-9),
@@ -284,6 +311,105 @@ def rent_all(problem: Problem) -> int | None:
     return None if sol is None else sol.objective_cents
 
 
+def _earliest_start(free: np.ndarray, release: int, deadline: int, gpus: int, duration: int) -> int | None:
+    """The earliest start in [release, deadline − duration] with ``gpus`` free all along, or None."""
+    if deadline - release < duration:
+        return None
+    bad = np.concatenate([[0], np.cumsum(free[release:deadline] < gpus)])
+    ok = np.flatnonzero(bad[duration:] == bad[:-duration])
+    return None if len(ok) == 0 else release + int(ok[0])
+
+
+def greedy_solution(inst: FleetInstance, naive: FleetSolution, *, deadline: float | None = None) -> FleetSolution:
+    """A fleet built a unit at a time, for the solver to start from (and an answer in its own right).
+
+    Runs that cannot be rented keep their naive placement. Then, round after round, for each type
+    and each number k of extra units, the rented runs are packed onto the type's free capacity
+    (most saving per GPU-hour first, each at its earliest start, with its cheapest option that fits)
+    and the (type, k) that saves most is bought; until nothing saves or ``deadline``
+    (``time.perf_counter()``) passes."""
+    H = max(1, inst.horizon)
+    n_types = len(inst.unit_gpus)
+    usage = np.zeros((n_types, H + 1), dtype=np.int64)
+    choices: dict[int, Choice] = {}
+    units = [0] * n_types
+    for c in naive.choices:  # runs without a rental stay as the naive answer placed them
+        if inst.runs[c.run].rent is None:
+            choices[c.run] = c
+            if c.own is not None:
+                usage[c.own.gpu_type, c.start:c.start + c.own.duration] += c.own.gpus
+    for t in range(n_types):
+        units[t] = -(-int(usage[t].max()) // inst.unit_gpus[t])
+    rented = {i for i, r in enumerate(inst.runs) if r.rent is not None}
+
+    def unit_cost(t: int, n: int) -> int:
+        return n * inst.unit_cost_cents[t] + inst.host_cost_cents[t] * inst.hosts_for(t, n)
+
+    def pack(t: int, cap: int, order: list[int]) -> tuple[int, dict[int, Choice], np.ndarray]:
+        use = usage[t].copy()
+        placed: dict[int, Choice] = {}
+        saving = 0
+        for i in order:
+            r = inst.runs[i]
+            best = None
+            for o in r.own:
+                if o.gpu_type != t or o.cost_cents >= r.rent.cost_cents or o.gpus > cap:
+                    continue
+                if best is not None and o.cost_cents >= best[0].cost_cents:
+                    continue
+                s = _earliest_start(cap - use, r.release, r.deadline, o.gpus, o.duration)
+                if s is not None:
+                    best = (o, s)
+            if best is not None:
+                o, s = best
+                use[s:s + o.duration] += o.gpus
+                placed[i] = Choice(i, s, o, None)
+                saving += inst.runs[i].rent.cost_cents - o.cost_cents
+        return saving, placed, use
+
+    while rented and (deadline is None or time.perf_counter() < deadline):
+        best = None  # (net saving, t, k, placed, use)
+        for t in range(n_types):
+            cands = [i for i in rented if any(o.gpu_type == t for o in inst.runs[i].own)]
+            if not cands:
+                continue
+
+            def density(i: int) -> float:
+                r = inst.runs[i]
+                return max((r.rent.cost_cents - o.cost_cents) / (o.gpus * o.duration)
+                           for o in r.own if o.gpu_type == t)
+
+            order = sorted(cands, key=lambda i: (-density(i), i))
+            worse = 0
+            k = 1
+            last_placed = -1
+            while k <= inst.max_units[t] - units[t] and worse < 2:
+                saving, placed, use = pack(t, (units[t] + k) * inst.unit_gpus[t], order)
+                net = saving - (unit_cost(t, units[t] + k) - unit_cost(t, units[t]))
+                if best is None or net > best[0]:
+                    best = (net, t, k, placed, use)
+                    worse = 0
+                else:
+                    worse += 1
+                if len(placed) == len(cands) or len(placed) == last_placed:
+                    break
+                last_placed = len(placed)
+                k += 1
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+        if best is None or best[0] <= 0:
+            break
+        _, t, k, placed, use = best
+        units[t] += k
+        usage[t] = use
+        choices.update(placed)
+        rented -= set(placed)
+    for i in rented:
+        choices[i] = Choice(i, inst.runs[i].release, None, inst.runs[i].rent)
+    sol = FleetSolution("feasible", None, None, units, [choices[i] for i in range(len(inst.runs))], 0.0)
+    return trim(inst, sol)
+
+
 # ---------------------------------------------------------------------------------------------
 # The answer
 
@@ -291,7 +417,7 @@ def rent_all(problem: Problem) -> int | None:
 class Answer:
     status: str  # optimal | feasible | timeout | infeasible
     solution: FleetSolution  # what is returned (trimmed, checked)
-    source: str  # solver | naive | rent-all
+    source: str  # solver | greedy | naive | rent-all
     naive: FleetSolution | None
     naive_notes: list[str]
     rent_all: FleetSolution | None
@@ -313,11 +439,17 @@ class CheckFailed(RuntimeError):
     """No candidate answer passed the independent check (a bug: never expected)."""
 
 
+#: Share of the solver's wall-clock limit the greedy fleet may use before the solver starts.
+GREEDY_SHARE = 0.2
+
+
 def solve_instance(inst: FleetInstance, names: list[str], limit: SolveLimit) -> Answer:
-    """Baselines, the solver from the better one, and the cheapest answer that passes the checker.
+    """Baselines, a greedy fleet, the solver started from the best of them, and the cheapest
+    answer that passes the checker.
 
     Every candidate answer is trimmed to the fleet its schedule's peak uses (so no bought unit is
     idle) and checked; the naive baseline as reported keeps each job's own units (its definition)."""
+    t0 = time.perf_counter()
     naive, notes = naive_solution(inst, names)
     renting = rent_all_solution(inst)
     findings: list[str] = []
@@ -325,30 +457,35 @@ def solve_instance(inst: FleetInstance, names: list[str], limit: SolveLimit) -> 
         if sol is not None:
             findings += [f"{name} baseline: {m}" for m in check(inst, sol, idle=False)]
     baselines = [("naive", trim(inst, naive))] + ([("rent-all", renting)] if renting is not None else [])
-    best_base = min(baselines, key=lambda b: b[1].objective_cents)
+    greedy_until = None if limit.wall_s is None else t0 + GREEDY_SHARE * limit.wall_s
+    greedy = ("greedy", greedy_solution(inst, naive, deadline=greedy_until))
+    start = min(baselines + [greedy], key=lambda b: b[1].objective_cents)
     model = FleetModel(inst)
-    model.hint(best_base[1])
+    model.hint(start[1])
+    if limit.wall_s is not None:  # the solver gets what is left
+        limit = dataclasses.replace(limit, wall_s=max(MIN_SOLVER_S, limit.wall_s - (time.perf_counter() - t0)))
     raw = model.solve(limit)
     if raw.status == "infeasible":
         raise CheckFailed("the fleet model is infeasible although every run has an option (a bug)")
     candidates: list[tuple[str, FleetSolution]] = []
-    for name, sol in ([("solver", trim(inst, raw))] if raw.choices else []) + baselines:
+    for name, sol in ([("solver", trim(inst, raw))] if raw.choices else []) + [greedy] + baselines:
         problems = check(inst, sol)
         findings += [f"{name} answer: {m}" for m in problems]
         if not problems:
             candidates.append((name, sol))
     if not candidates:
         raise CheckFailed("no answer passed the check: " + "; ".join(findings))
-    # The cheapest; on a tie the solver's (it carries the proof), then naive, then rent-all.
-    source, answer = min(candidates, key=lambda c: c[1].objective_cents)
+    # The cheapest; on a tie a baseline (what was found is then no better than it).
+    rank = {"naive": 0, "rent-all": 1, "solver": 2, "greedy": 3}
+    source, answer = min(candidates, key=lambda c: (c[1].objective_cents, rank[c[0]]))
     bound = lower_bound_cents(inst)
     if raw.bound_cents is not None:
         bound = max(bound, int(math.ceil(raw.bound_cents - 1e-6)))
     bound = min(bound, answer.objective_cents)
-    base_best = min(sol.objective_cents for name, sol in candidates if name != "solver")
+    base_best = min(sol.objective_cents for name, sol in candidates if name in ("naive", "rent-all"))
     if bound >= answer.objective_cents:  # the solver's proof (its bound), or the simple bound
         status = "optimal"
-    elif source == "solver" and answer.objective_cents < base_best:
+    elif source in ("solver", "greedy") and answer.objective_cents < base_best:
         status = "feasible"
     else:
         status = "timeout"
@@ -367,13 +504,32 @@ class Generation:
     jobs_refined: int  # jobs that got every count (the others: powers of two only)
 
 
-def _options_one(job: JobRun, gpu_types, max_gpus, tier: str) -> JobOptions:
-    return job_options(job, gpu_types, max_gpus, None if tier == "all" else coarse_counts(max_gpus))
+def _options_group(jobs: list[JobRun], gpu_types, max_gpus, tier: str) -> list[JobOptions | list[str]]:
+    """Candidates of jobs that differ only in their token budgets: one search for each distinct
+    request, the others evaluated on its plans (planner.fleet.job_options.options_like). A job's
+    input problems come back in its place."""
+    counts = None if tier == "all" else coarse_counts(max_gpus)
+    out: list[JobOptions | list[str]] = []
+    searched: list[JobOptions] = []
+    for job in jobs:
+        try:
+            req, _ = job_request(job, gpu_types, max_gpus)
+            base = next((o for o in searched if same_search(o.req, req)), None)
+            if base is None:
+                base = job_options(job, gpu_types, max_gpus, counts)
+                searched.append(base)
+                out.append(base)
+            else:
+                out.append(options_like(base, job, gpu_types, max_gpus))
+        except InputError as exc:
+            out.append(list(exc.problems))
+    return out
 
 
 def generate_options(runs: list[JobRun], gpu_types, max_gpus: int, *, workers: int | None = None,
                      deadline: float | None = None) -> tuple[list[JobOptions], Generation]:
-    """Every job's candidates; in several processes when there are several jobs.
+    """Every job's candidates; in several processes when there are several jobs. Jobs that differ
+    only in their token budgets share one search.
 
     With a ``deadline`` (``time.perf_counter()`` seconds), jobs not started by then get only their
     coarse candidates (powers of two: always built, even past the deadline); what was built in full
@@ -382,35 +538,38 @@ def generate_options(runs: list[JobRun], gpu_types, max_gpus: int, *, workers: i
 
     t0 = time.perf_counter()
     workers = default_workers() if workers is None else workers
-    results: dict[int, tuple[str, JobOptions]] = {}
-    problems: list[str] = []
+    groups: dict[str, list[int]] = {}
+    for k, job in enumerate(runs):
+        groups.setdefault(token_free_key(job), []).append(k)
+    items = list(groups.values())
+    results: dict[int, tuple[str, JobOptions | list[str]]] = {}
 
-    def keep(k, tier, fn):
-        try:
-            results[k] = (tier, fn())
-        except InputError as exc:
-            problems.extend(exc.problems)
+    def keep(idx: list[int], tier: str, got: list) -> None:
+        for k, o in zip(idx, got):
+            results[k] = (tier, o)
 
-    if workers <= 1 or len(runs) < MIN_SCENARIOS_FOR_PROCESSES:
-        for k, job in enumerate(runs):
+    if workers <= 1 or len(items) < MIN_SCENARIOS_FOR_PROCESSES:
+        for idx in items:
             tier = "all" if deadline is None or time.perf_counter() < deadline else "coarse"
-            keep(k, tier, lambda: _options_one(job, gpu_types, max_gpus, tier))
+            keep(idx, tier, _options_group([runs[k] for k in idx], gpu_types, max_gpus, tier))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, wait
 
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(workers, len(runs)), mp_context=ctx) as pool:
-            futures = {pool.submit(_options_one, job, gpu_types, max_gpus, "all"): (k, "all")
-                       for k, job in enumerate(runs)}
+        with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx) as pool:
+            futures = {pool.submit(_options_group, [runs[k] for k in idx], gpu_types, max_gpus, "all"): (i, "all")
+                       for i, idx in enumerate(items)}
             timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
             wait(futures, timeout=timeout)
-            for f, (k, _) in list(futures.items()):
+            for f, (i, _) in list(futures.items()):
                 if not f.done() and f.cancel():  # not started in time: the coarse counts only
                     del futures[f]
-                    futures[pool.submit(_options_one, runs[k], gpu_types, max_gpus, "coarse")] = (k, "coarse")
-            for f, (k, tier) in futures.items():
-                keep(k, tier, f.result)
+                    futures[pool.submit(_options_group, [runs[k] for k in items[i]], gpu_types, max_gpus,
+                                        "coarse")] = (i, "coarse")
+            for f, (i, tier) in futures.items():
+                keep(items[i], tier, f.result())
+    problems = [m for k in range(len(runs)) if isinstance(results[k][1], list) for m in results[k][1]]
     if problems:
         raise InputError(problems)
     out = [results[k][1] for k in range(len(runs))]
@@ -486,7 +645,7 @@ def procure(path: str | Path, *, time_limit_s: float | None = None, workers: int
     if deterministic_time is not None:
         limit = SolveLimit(deterministic=deterministic_time, workers=solver_workers or 1)
     else:
-        left = limit_s - (time.perf_counter() - t0) - RESERVE_S
+        left = limit_s - (time.perf_counter() - t0) - RESERVE_S - RESERVE_S_PER_RUN * len(problem.inst.runs)
         limit = SolveLimit(wall_s=max(MIN_SOLVER_S, left), workers=solver_workers)
     if missing:
         return ProcureResult(problem, None, gen, limit, missing)

@@ -70,6 +70,7 @@ def _usd_of_solution(res: ProcureResult, sol) -> dict[str, float]:
 
 #: The answer's origin, in words.
 SOURCES = {"solver": "the optimiser's plan",
+           "greedy": "the greedy fleet (the solver found nothing cheaper in time)",
            "naive": "the naive answer, its fleet trimmed to what its schedule uses (the optimiser found "
                     "nothing cheaper in time)",
            "rent-all": "renting everything (the optimiser found nothing cheaper in time)"}
@@ -180,7 +181,7 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
 #: What each status means, for the summary line.
 STATUS_TEXT = {
     "optimal": "proven optimal",
-    "feasible": "the optimiser's best in the time limit, not proven optimal",
+    "feasible": "cheaper than both baselines, not proven optimal",
     "timeout": "the optimiser found nothing cheaper than the better baseline in the time limit; "
                "that baseline is the answer",
 }
