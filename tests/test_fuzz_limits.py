@@ -191,3 +191,24 @@ def test_problem_lines_are_bounded():
 
     exc = InputError(["a: " + "z" * 10_000])
     assert len(exc.problems[0]) == MAX_LINE_CHARS and exc.problems[0].endswith("…")
+
+
+def test_explicit_nulls_where_bounded_numbers_belong_are_exit_2_naming_each(tmp_path):
+    text = "model: llama-3.1-8b\nlayout: {dp: null, gpus: ~, zero: null}\nworkload: {seq_len: null}\n"
+    code, out = invoke("estimate", write(tmp_path, text))
+    assert code == 2 and "Traceback" not in out, out
+    for field in ("layout.dp: null is not a value here", "layout.gpus: null is not a value here",
+                  "layout.zero:", "workload.seq_len:"):
+        assert field in out, out
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("name: []\ndims: []\nmodel: llama-3.1-8b\n", "dims: unknown key"),
+    ("name: []\nmodel: llama-3.1-8b\n", "name: Input should be a valid string"),
+    ("model: {params_b: 7, layers: 2, hidden: 8, name: [1]}\n", "model.name: Input should be a valid string"),
+    ("model: {params_b: 7, layers: 2, hidden: 8, dims: 1}\n", "model.dims: unknown key"),
+])
+def test_fields_named_like_the_model_union_tags_are_named(tmp_path, text, needle):
+    """"name" and "dims" tag the model union in pydantic's error locations; elsewhere they are fields."""
+    code, out = invoke("estimate", write(tmp_path, text))
+    assert code == 2 and needle in out, out

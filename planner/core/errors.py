@@ -101,7 +101,12 @@ def format_validation_error(
     """pydantic errors -> ``prefix.path.to.field: message`` lines, one per problem."""
     lines: list[str] = []
     for err in exc.errors():
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in UNION_TAGS)]
+        raw_loc = list(err["loc"])
+        # A union's tag follows the field that holds the union (model -> "name" | "dims"); the same
+        # word anywhere else is a field or key of its own (a scenario's name, an unknown key "dims").
+        loc = [p for i, p in enumerate(raw_loc)
+               if not (isinstance(p, str) and p in UNION_TAGS and i > 0 and raw_loc[i - 1] == "model"
+                       and i < len(raw_loc) - (err["type"] == "extra_forbidden"))]
         if loc and isinstance(loc[-1], str) and loc[-1].startswith("function-"):
             loc = loc[:-1]
         path = _dotted([prefix, *loc] if prefix else loc)

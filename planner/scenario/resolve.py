@@ -328,9 +328,9 @@ def scenarios_from_data(data: Any, path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     defaults: dict[str, Any] = {}
     if isinstance(data, dict) and "scenarios" in data:
-        extra = sorted(set(data) - {"scenarios", "defaults"})
+        extra = sorted(set(data) - {"scenarios", "defaults"}, key=str)  # keys may be numbers, dates…
         if extra:
-            raise InputError([f"{path}: {k}: unknown key beside scenarios/defaults" for k in extra])
+            raise InputError([f"{path}: {clip(str(k))}: unknown key beside scenarios/defaults" for k in extra])
         defaults = data.get("defaults") or {}
         data = data["scenarios"]
         if not isinstance(defaults, dict):
@@ -392,6 +392,8 @@ def resolve(
             scenario = Scenario.model_validate(raw)
         except ValidationError as exc:
             raise InputError([prefix + line for line in format_validation_error(exc, Scenario)]) from None
+        except (TypeError, ValueError) as exc:  # a check that fails on a value instead of refusing it
+            raise InputError([prefix + line for line in _unvalidatable(raw, exc)]) from None
     problems: list[str] = []
     warnings: list[str] = []
 
@@ -525,6 +527,67 @@ def resolve(
         warnings=tuple(warnings),
         source=source,
     )
+
+
+def _null_leaves(raw: Any, path: tuple = ()) -> list[tuple]:
+    if isinstance(raw, dict):
+        return [p for k, v in raw.items() for p in _null_leaves(v, path + (k,))]
+    return [path] if raw is None and path else []
+
+
+def _without(raw: dict[str, Any], path: tuple) -> dict[str, Any]:
+    out = dict(raw)
+    if len(path) == 1:
+        out.pop(path[0], None)
+    else:
+        out[path[0]] = _without(out[path[0]], path[1:])
+    return out
+
+
+def _unvalidatable(raw: dict[str, Any], exc: Exception) -> list[str]:
+    """Lines naming the fields whose value the schema's checks could not even test (an explicit
+    ``null`` where a number with bounds is expected): with every null left out the mapping can
+    be checked; each null put back alone that breaks the check again is one line."""
+    nulls = _null_leaves(raw)[:100]
+    bare = raw
+    for path in nulls:
+        bare = _without(bare, path)
+
+    def breaks(mapping: dict[str, Any]) -> bool:
+        try:
+            Scenario.model_validate(mapping)
+        except ValidationError:
+            return False
+        except (TypeError, ValueError):
+            return True
+        return False
+
+    culprits = []
+    if nulls and not breaks(bare):
+        for path in nulls:  # the other nulls stay out
+            if breaks(deep_merge(bare, _nested(path, None))):
+                culprits.append(path)
+    if not culprits:
+        return [f"(top level): cannot be checked: {clip(str(exc), EXCERPT_CHARS)}"]
+    lines = [f"{'.'.join(map(str, p))}: null is not a value here (leave the key out for its default)"
+             for p in culprits]
+    rest = raw
+    for path in culprits:
+        rest = _without(rest, path)
+    try:
+        Scenario.model_validate(rest)
+    except ValidationError as other:  # the problems of the other fields, as usual
+        lines += format_validation_error(other, Scenario)
+    except (TypeError, ValueError):
+        pass
+    return lines
+
+
+def _nested(path: tuple, value: Any) -> dict[str, Any]:
+    out: Any = value
+    for key in reversed(path):
+        out = {key: out}
+    return out
 
 
 def load_scenarios(path: str | Path) -> list[ResolvedScenario]:
