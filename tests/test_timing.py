@@ -10,14 +10,23 @@ import planner
 from planner import catalog
 from planner.perf import timing
 from planner.perf.timing import (
-    COMM_OVERLAP_SHARE, DEQUANT_BYTES_PER_PARAM, FITTED, JOB_STARTUP_S, GpuPerf, default_global_batch,
-    flops_per_token, group_collective_s, job_time_s, model_flops, step_time_s,
+    COMM_OVERLAP_SHARE,
+    DEQUANT_BYTES_PER_PARAM,
+    FITTED,
+    JOB_STARTUP_S,
+    GpuPerf,
+    default_global_batch,
+    flops_per_token,
+    group_collective_s,
+    job_time_s,
+    model_flops,
+    step_time_s,
 )
 
 MF = model_flops(catalog.get_model("llama-3-8b"))
 H100 = GpuPerf.of(catalog.get_gpu("h100"))
-BASE = dict(method=0, checkpointing=0, offload=0, zero=0, seq_len=4096, micro_batch=2, grad_accum=4,
-            tp=1, pp=1, cp=1, dp=1, ep=1, n_lora=0.0, weight_bytes=2.0)
+BASE = {"method": 0, "checkpointing": 0, "offload": 0, "zero": 0, "seq_len": 4096, "micro_batch": 2, "grad_accum": 4,
+            "tp": 1, "pp": 1, "cp": 1, "dp": 1, "ep": 1, "n_lora": 0.0, "weight_bytes": 2.0}
 
 
 def step(perf: GpuPerf = H100, **changes) -> float:

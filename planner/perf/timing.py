@@ -21,7 +21,7 @@ linear layers at the card's FP8 peak (× :data:`TimeParams.fp8_efficiency`); att
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -298,7 +298,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``, ``weight_bytes`` (bytes per
     parameter of the stored weights); optional ``vp`` (virtual pipeline stages of an interleaved
     1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
-    1 a 4-bit base; default: QLoRA has one).
+    1 a 4-bit base; default: QLoRA has one), ``attention`` (0 eager, 1 fused; default fused),
+    ``fused`` (the stack fuses element-wise ops: torch.compile, Transformer Engine; default off).
 
     step = (m + (pp − 1)/vp) · t_microbatch   (1F1B, interleaved over vp virtual stages: the
                                               bubble is (pp − 1)/vp micro-batch slots;
@@ -311,12 +312,14 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
          + the optimizer step (memory-bound) and offload (PCIe and CPU Adam).
     t_microbatch = (linear FLOPs / (peak · u) [FP8: FP8 peak · u · fp8_efficiency]
                     + attention FLOPs / (peak · u)) / micro-batch efficiency
-                   + element-wise bytes / memory bandwidth + QLoRA dequantisation
+                   + memory-bound bytes (element-wise ops, MoE routing, eager attention scores)
+                     / memory bandwidth + QLoRA dequantisation
                    + TP all-reduces (4 per layer, 6 with full recomputation; Korthikanti et al.
                      2022) + PP activation sends + EP all-to-alls
                    + the ring-CP K/V exchange not hidden behind attention.
     Traffic between GPUs of one node uses the node's link (NVLink, or PCIe on cards without it);
-    a group that spans nodes runs at the network's speed.
+    TP, PP, CP and EP groups that span nodes run at one NIC's speed; data-parallel collectives are
+    hierarchical (:func:`group_collective_s`).
     """
     p = FITTED if params is None else params
     method, ckpt = x["method"], x["checkpointing"]
@@ -427,6 +430,3 @@ def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:
 def job_cost_usd(time_s: Any, *, gpus: Any, price_usd_per_hour: Any) -> Any:
     return time_s / 3600.0 * gpus * price_usd_per_hour
 
-
-def with_params(**changes: Any) -> TimeParams:
-    return replace(FITTED, **changes)

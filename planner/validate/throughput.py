@@ -19,9 +19,10 @@ import csv
 import math
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -189,12 +190,12 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     rank = int(_num(row, "lora_rank", DEFAULT_LORA_RANK))
     n_lora = 0.0 if code == 0 else float(seed_lora_params(model, rank))
     fp8 = "fp8" in row.get("precision", "").lower()
-    x = dict(method=code, checkpointing=checkpointing_of(row.get("checkpointing", "")), offload=offload,
-             zero=zero, seq_len=seq, micro_batch=mb, grad_accum=ga, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep,
-             n_lora=n_lora, weight_bytes=0.5 if code == 2 else 2.0, vp=_virtual_stages(row, model),
-             fp8=int(fp8 and gpu.fp8_dense_tflops is not None), quant=int(code == 2),
-             fused=int(_fused(row)),
-             attention=int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES))
+    x = {"method": code, "checkpointing": checkpointing_of(row.get("checkpointing", "")), "offload": offload,
+             "zero": zero, "seq_len": seq, "micro_batch": mb, "grad_accum": ga, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep,
+             "n_lora": n_lora, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
+             "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
+             "fused": int(_fused(row)),
+             "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
     node = int(_num(row, "gpus_per_node", gpu.gpus_per_node) or gpu.gpus_per_node)
     measured = _num(row, "tokens_per_s_per_gpu")
     if measured is None or measured <= 0:
@@ -249,7 +250,7 @@ class Batch:
 
     def take(self, mask: np.ndarray) -> Batch:
         idx = np.flatnonzero(mask)
-        pick = lambda v: v[idx]  # noqa: E731
+        pick = lambda v: v[idx]
         return Batch([self.cases[i] for i in idx],
                      ModelFlops(*(pick(getattr(self.mf, f.name)) for f in fields(ModelFlops))),
                      GpuPerf(*(pick(np.asarray(getattr(self.perf, f.name))) for f in fields(GpuPerf))),
