@@ -10,6 +10,7 @@ the naive answer and renting everything.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -32,7 +33,7 @@ def run(portfolio: dict, runs: int, label: str, workers: int | None = None) -> l
             answer_s = time.perf_counter() - t0
             s = tables(res).summary
             wall = time.perf_counter() - t0
-            row = {"answer_s": answer_s, "wall_s": wall, "candidates_s": s["candidates_s"],
+            row = {"load": os.getloadavg()[0], "answer_s": answer_s, "wall_s": wall, "candidates_s": s["candidates_s"],
                    "refined": s["jobs_refined"], "solve_s": s["solve_s"], "status": s["status"],
                    "from": s["answer_from"], "gap": s["gap"], "total": s["total_usd"], "naive": s["naive_usd"],
                    "rent_all": s["rent_all_usd"], "runs": s["runs"], "jobs": s["jobs"], "own": s["own_options"]}
@@ -42,8 +43,9 @@ def run(portfolio: dict, runs: int, label: str, workers: int | None = None) -> l
                   f"{row['candidates_s']:.1f} s ({row['refined']}/{row['jobs']} jobs at every count); solver "
                   f"{s['solver_status']} {row['solve_s']:.1f} s; {row['status']} from {row['from']}, gap "
                   f"{100 * row['gap']:.2f} %; total ${row['total']:,.0f}, naive ${row['naive']:,.0f}, "
-                  f"rent-all {rent}; {row['runs']} runs, {row['own']:,} own options", flush=True)
-    med = {k: statistics.median(r[k] for r in rows) for k in ("answer_s", "wall_s", "candidates_s", "solve_s", "gap",
+                  f"rent-all {rent}; {row['runs']} runs, {row['own']:,} own options; load average "
+                  f"{row['load']:.1f} on {os.cpu_count()} CPUs", flush=True)
+    med = {k: statistics.median(r[k] for r in rows) for k in ("load", "answer_s", "wall_s", "candidates_s", "solve_s", "gap",
                                                                "total", "naive")}
     rents = [r["rent_all"] for r in rows if r["rent_all"] is not None]
     rent = f"${statistics.median(rents):,.0f}" if rents else "n/a"
@@ -51,5 +53,6 @@ def run(portfolio: dict, runs: int, label: str, workers: int | None = None) -> l
     print(f"{label}, time limit {portfolio['time_limit_s']:g} s, {len(rows)} runs: median answer {med['answer_s']:.1f} s "
           f"(with the report {med['wall_s']:.1f} s), candidates {med['candidates_s']:.1f} s, solver {med['solve_s']:.1f} s, "
           f"gap {100 * med['gap']:.2f} % ({statuses}); total ${med['total']:,.0f}, naive ${med['naive']:,.0f} "
-          f"(saves {100 * (med['naive'] - med['total']) / med['naive']:.1f} %), rent-all {rent}")
+          f"(saves {100 * (med['naive'] - med['total']) / med['naive']:.1f} %), rent-all {rent}; load average "
+          f"{med['load']:.1f}")
     return rows

@@ -35,16 +35,18 @@ verifies a solution without the solver (choices, windows, capacity over time, no
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
 SOLVER_SEED = 7
-#: Parallel workers of the solver. CP-SAT's portfolio (LNS, core-based bounds, LP) needs about
-#: eight; even on 2 cores, 8 time-shared workers halved the gap of bench/portfolio_20.py after 30 s
-#: against 2 (10.8 % vs 19.5 %, measured once each). Runs that must repeat (tests) use one worker
-#: and a deterministic limit instead (:class:`SolveLimit`).
-WORKERS = 8
+#: Parallel workers of the solver: one per CPU available, at least 2 and at most 8. On 2 loaded
+#: cores (load average 7-10), with presolve probing off and a greedy start, 2 workers improved on
+#: the start within 20-25 s where 8 did not (bench/portfolio_20.py: $146,027 vs no improvement on
+#: $149,473; bench/portfolio_80.py: $905,441 vs $921,371; measured once each). Runs that must
+#: repeat (tests) use one worker and a deterministic limit instead (:class:`SolveLimit`).
+WORKERS = max(2, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)))
 
 
 @dataclass(frozen=True)

@@ -556,7 +556,11 @@ def generate_options(runs: list[JobRun], gpu_types, max_gpus: int, *, workers: i
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, wait
 
-        ctx = multiprocessing.get_context("spawn")
+        # Fork where there is one: a spawned worker first re-imports the package (3-5 s on a loaded
+        # 2-core machine, most of a 30 s limit); a forked one starts with the parent's modules and
+        # loaded catalogs. Nothing runs threads in the parent yet (the solver starts later).
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        ctx = multiprocessing.get_context(method)
         with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx) as pool:
             futures = {pool.submit(_options_group, [runs[k] for k in idx], gpu_types, max_gpus, "all"): (i, "all")
                        for i, idx in enumerate(items)}
