@@ -120,8 +120,8 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
         outlay = n * offer.unit_usd + hosts * offer.host_usd
         amortised = outlay * min(1.0, H / pr.lifetime_hours)
         age = None if offer.unit_date is None else (as_of - offer.unit_date).days
-        if age is None or age > p.max_price_age_days:
-            stale_units.append(f"{gid} purchase unit")
+        if offer.unit_gpus > 1 and (age is None or age > p.max_price_age_days):  # a card's is in the prices
+            stale_units.append(f"{gid} server")
         fleet_rows.append({
             "gpu": gid, "units": n, "gpus_per_unit": offer.unit_gpus, "gpus": gpus,
             "unit_usd": offer.unit_usd, "unit_price": offer.unit_note,
