@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from portfolio_20 import JOBS, TOKEN_SCALE, job  # noqa: E402
+from portfolio_20 import JOBS, TOKEN_SCALE, job
 
 HORIZON_DAYS = 360
 VARIANTS = (0.5, 1.0, 1.5, 2.0)

@@ -7,17 +7,25 @@ import itertools
 import random
 
 import pytest
+from conftest import ROOT
 from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.core.errors import InputError
 from planner.fleet.cpsat import (
-    Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, SolveLimit, check, objective_of,
+    Choice,
+    FleetInstance,
+    FleetModel,
+    FleetSolution,
+    OwnOption,
+    RentOption,
+    Run,
+    SolveLimit,
+    check,
+    objective_of,
 )
 from planner.fleet.job_options import gpu_counts
 from planner.fleet.portfolio import load_portfolio
-
-from conftest import ROOT
 
 SHIPPED = ROOT / "scenarios" / "portfolios" / "team-h1-procurement.yaml"
 #: Solver limits in CP-SAT's deterministic time on one worker: the same result on any machine under
@@ -203,8 +211,8 @@ jobs: [{name: slow, scenario: {profile: seed, model: llama-3.1-8b, workload: {me
 
 @pytest.fixture(scope="module")
 def shipped():
-    from planner.report.procurement import tables
     from planner.fleet.procure import procure
+    from planner.report.procurement import tables
 
     # Every candidate built (no time budget) and a deterministic solver limit: repeatable anywhere.
     result = procure(SHIPPED, deterministic_time=20.0)

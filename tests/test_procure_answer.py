@@ -6,20 +6,31 @@ here depends on the wall clock."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-from planner.fleet import cpsat, procure as procure_mod
+from planner.fleet import procure as procure_mod
 from planner.fleet.cpsat import (
-    Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, SolveLimit, check,
-    lower_bound_cents, needed_units, objective_of, trim,
+    Choice,
+    FleetInstance,
+    FleetModel,
+    FleetSolution,
+    OwnOption,
+    RentOption,
+    Run,
+    SolveLimit,
+    check,
+    lower_bound_cents,
+    needed_units,
+    objective_of,
+    trim,
 )
-from planner.fleet.procure import naive_solution, rent_all_solution, solve_instance
+from planner.fleet.procure import solve_instance
 
 DET = SolveLimit(deterministic=5.0, workers=1)
 
@@ -182,7 +193,8 @@ def two_jobs():
     from planner.catalog.prices import load_price_table
     from planner.fleet.job_options import job_options
     from planner.fleet.portfolio import JobRun
-    from conftest import ROOT
+
+    ROOT = Path(__file__).resolve().parents[1]
 
     jobs = [JobRun("ft-8b", {"profile": "seed", "model": "llama-3.1-8b",
                              "workload": {"method": "qlora", "tokens": 3e8, "seq_len": 2048}}, "test", ROOT, 1, 0.0, 1.0),

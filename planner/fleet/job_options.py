@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from planner.core.errors import InputError
-from planner.search.lattice import build_lattice, fitting_start
-from planner.search.candidates import Evaluated, SearchOutcome, feasible, lower_bounds
 from planner.fleet.portfolio import JobRun
 from planner.scenario.resolve import deep_merge, resolve
+from planner.search.candidates import Evaluated, SearchOutcome, feasible, lower_bounds
 from planner.search.cpsat import time_ms
+from planner.search.lattice import build_lattice, fitting_start
 from planner.search.space import SearchRequest, build_classes, build_request, evaluate, gpu_table
 
 #: Classes evaluated per (type, count) and round of the best-first loop.
@@ -130,13 +130,20 @@ def job_options(job: JobRun, gpu_types: list[str] | None, max_gpus: int, counts:
 def token_free_key(job: JobRun) -> str:
     """What a job's candidates depend on besides its token budget (jobs with equal keys and equal
     global batches share one search: :func:`options_like`)."""
-    import json
-
     raw = {k: v for k, v in job.raw.items() if k != "name"}
-    wl = dict(raw.get("workload") or {})
-    wl.pop("tokens", None)
-    raw["workload"] = wl
-    return json.dumps([raw, str(job.base_dir)], sort_keys=True, default=str)
+    wl = raw.get("workload")
+    if isinstance(wl, dict):
+        raw["workload"] = {k: v for k, v in wl.items() if k != "tokens"}
+    return repr([_canonical(raw), str(job.base_dir)])
+
+
+def _canonical(value: Any) -> Any:
+    """A mapping's items sorted by their keys' text (YAML keys may be numbers or booleans)."""
+    if isinstance(value, dict):
+        return sorted(((repr(k), _canonical(v)) for k, v in value.items()), key=lambda kv: kv[0])
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
 
 
 def options_like(base: JobOptions, job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> JobOptions:

@@ -193,8 +193,8 @@ def _gpu_name_problems(p: Portfolio, path: Path) -> list[str]:
 
 def load_portfolio(path: str | Path) -> tuple[Portfolio, list[JobRun]]:
     """Read and check a portfolio file; every problem at once, one line each."""
-    from planner.search.answer import absolute_model_path
     from planner.scenario.resolve import deep_merge, load_yaml, read_scenario_file
+    from planner.search.answer import absolute_model_path
 
     path = Path(path)
     data = load_yaml(path)

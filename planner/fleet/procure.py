@@ -41,20 +41,41 @@ from pathlib import Path
 import numpy as np
 
 from planner import catalog
+from planner.catalog.prices import Price, PriceTable, load_price_table, read_prices
 from planner.core.errors import InputError
 from planner.fleet.cpsat import (
-    Choice, FleetInstance, FleetModel, FleetSolution, OwnOption, RentOption, Run, SolveLimit, check,
-    lower_bound_cents, objective_of, trim,
+    Choice,
+    FleetInstance,
+    FleetModel,
+    FleetSolution,
+    OwnOption,
+    RentOption,
+    Run,
+    SolveLimit,
+    check,
+    lower_bound_cents,
+    objective_of,
+    trim,
 )
 from planner.fleet.job_options import (
-    JobOptions, coarse_counts, job_options, job_request, options_like, same_search, token_free_key,
+    JobOptions,
+    coarse_counts,
+    job_options,
+    job_request,
+    options_like,
+    same_search,
+    token_free_key,
 )
 from planner.fleet.ownership import Ownership, load_ownership
 from planner.fleet.portfolio import (
-    DEFAULT_HOSTING_USD_PER_GPU_HOUR, DEFAULT_POWER_USD_PER_GPU_HOUR, HOURS_PER_MONTH, JobRun, Portfolio,
-    load_portfolio, per_gpu,
+    DEFAULT_HOSTING_USD_PER_GPU_HOUR,
+    DEFAULT_POWER_USD_PER_GPU_HOUR,
+    HOURS_PER_MONTH,
+    JobRun,
+    Portfolio,
+    load_portfolio,
+    per_gpu,
 )
-from planner.catalog.prices import Price, PriceTable, load_price_table, read_prices
 
 #: Share of the time limit that candidate generation may use before the solver starts (measured
 #: from the call's start; every job's coarse candidates are built even past it).
@@ -374,7 +395,7 @@ def greedy_solution(inst: FleetInstance, naive: FleetSolution, *, deadline: floa
             if not cands:
                 continue
 
-            def density(i: int) -> float:
+            def density(i: int, t: int = t) -> float:
                 r = inst.runs[i]
                 return max((r.rent.cost_cents - o.cost_cents) / (o.gpus * o.duration)
                            for o in r.own if o.gpu_type == t)
