@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.perf.timing import billed_gpus, model_flops, step_time_s
+from planner.perf.timing import JOB_STARTUP_S, billed_gpus, model_flops, step_time_s
 from planner.search.cpsat import (
     TIER_WEIGHT, Columns, Limits, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
 )
@@ -82,10 +82,12 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
                            attention=a["attention"], fp8=int(bool(req.rs.workload.fp8)), intra_only=True,
                            vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
         per_token_s = step / (a["micro_batch"] * ga * a["seq_len"])  # seconds per token per pipeline
+        # The job's start-up cost is paid on every GPU whatever the layout (billed ≥ dp·mp).
         if req.objective == "cost":
-            units = objective_units("cost", {"cost_usd": req.tokens * per_token_s * mp / 3600.0 * price})
+            units = objective_units("cost", {"cost_usd": (req.tokens * per_token_s + JOB_STARTUP_S * dp_lo)
+                                             * mp / 3600.0 * price})
         else:
-            units = objective_units("time", {"time_s": req.tokens * per_token_s / dp_hi})
+            units = objective_units("time", {"time_s": JOB_STARTUP_S + req.tokens * per_token_s / dp_hi})
         units = np.floor(np.maximum(units - 1, 0))  # the bound is real-valued: never round it up
     return a["tier"] * float(TIER_WEIGHT) + units
 
