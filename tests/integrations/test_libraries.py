@@ -31,12 +31,21 @@ PLANS = {
         "method": "qlora", "optimizer": "paged_adamw8bit", "micro_batch": 1, "grad_accum": 16,
         "seq_len": 1024, "double_quant": False},
         "layout": {"gpu": "t4", "gpus": 1, "checkpointing": "full", "attention": "eager"}},
+    "qlora-fsdp": {"model": "llama-3.1-70b", "workload": {
+        "method": "qlora", "micro_batch": 1, "grad_accum": 4, "seq_len": 2048, "lora_rank": 16,
+        "lora_alpha": 32, "lora_targets": ["all"]},
+        "layout": {"gpu": "a100-80gb", "gpus": 4, "zero": 3, "checkpointing": "full"}},
+    "full-single": {"model": "llama-3.2-1b", "workload": {
+        "method": "full", "micro_batch": 2, "grad_accum": 8, "seq_len": 2048},
+        "layout": {"gpu": "a100-80gb", "gpus": 1, "checkpointing": "full"}},
 }
+#: The sharding back-end asked for (None: the default).
+BACKEND = {"qlora-fsdp": "fsdp"}
 
 
 def _bundle(name: str):
     rs = resolve({"name": name, "profile": "seed", **PLANS[name]})
-    return rs, export_resolved(rs)
+    return rs, export_resolved(rs, backend=BACKEND.get(name))
 
 
 @pytest.fixture(params=sorted(PLANS))
@@ -52,6 +61,9 @@ def test_deepspeed_parser_reads_the_plan(plan, monkeypatch):
     dsc = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed is not installed")
     rs, bundle = plan
     lay = rs.layout
+    if "ds_config.json" not in bundle.files:  # an FSDP bundle: no DeepSpeed file
+        assert BACKEND.get(rs.name) == "fsdp" and "deepspeed" in bundle.skipped
+        return
 
     class Mpu:  # the data-parallel world DeepSpeed checks the batch against
         def __init__(self, n):
@@ -86,9 +98,28 @@ def test_accelerate_loader_and_launcher_read_the_plan(plan, tmp_path):
     path.write_text(bundle.files["accelerate_config.yaml"])
     cfg = load_config_from_file(str(path))
     assert cfg.num_processes == rs.layout.gpus
-    assert cfg.mixed_precision == ("bf16" if rs.gpu.supports_bf16 else "fp16")
-    fsdp = rs.layout.zero > 0
-    assert str(cfg.distributed_type).endswith("FSDP" if fsdp else ("MULTI_GPU" if rs.layout.gpus > 1 else "NO"))
+    fsdp = rs.layout.zero > 1 and rs.layout.offload != "optimizer" and BACKEND.get(rs.name) == "fsdp"
+    deepspeed = rs.layout.zero > 0 and not fsdp
+    # beside a DeepSpeed file the precision is the file's (accelerate refuses both)
+    assert cfg.mixed_precision == (None if deepspeed else "bf16" if rs.gpu.supports_bf16 else "fp16")
+    kind = "FSDP" if fsdp else "DEEPSPEED" if deepspeed else ("MULTI_GPU" if rs.layout.gpus > 1 else "NO")
+    assert str(cfg.distributed_type).endswith(kind)
+    if deepspeed:  # the launcher accepts the DeepSpeed file (it refuses a mixed_precision beside it)
+        from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+        assert cfg.deepspeed_config["deepspeed_config_file"] == "ds_config.json"
+        args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+        args, defaults, mp_from_config = _validate_launch_command(args)
+        assert not mp_from_config
+        fields = list(defaults.deepspeed_config)
+        with mock.patch.dict(os.environ, {"ACCELERATE_CONFIG_DS_FIELDS": ",".join(fields)}):
+            from accelerate.utils import DeepSpeedPlugin
+
+            DeepSpeedPlugin(hf_ds_config=json.loads(bundle.files["ds_config.json"]))._deepspeed_config_checks()
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+        _, env = prepare_deepspeed_cmd_env(args)
+        assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == "ds_config.json"
+        return
     if not fsdp:
         return
     args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
@@ -115,9 +146,11 @@ def test_training_arguments_read_the_plan(plan, tmp_path):
     assert args.optim.value == {"adamw": "adamw_torch", "adam8bit": "adamw_bnb_8bit",
                                 "paged_adamw8bit": "paged_adamw_8bit", "sgd": "sgd"}[rs.workload.optimizer]
     assert args.bf16 == rs.gpu.supports_bf16 and args.fp16 == (not rs.gpu.supports_bf16)
-    assert bool(args.gradient_checkpointing) == (rs.layout.checkpointing == "full")
+    fsdp_ckpt = bool((args.fsdp_config or {}).get("activation_checkpointing"))
+    assert bool(args.gradient_checkpointing) or fsdp_ckpt == (rs.layout.checkpointing == "full")
+    assert not (args.gradient_checkpointing and fsdp_ckpt)  # the Trainer refuses both
     kwargs = _json(bundle, "model_kwargs.json")
-    assert kwargs["attn_implementation"] == ("eager" if rs.layout.attention == "eager" else "flash_attention_2")
+    assert kwargs["attn_implementation"] == ("eager" if rs.layout.attention == "eager" else "sdpa")
     assert kwargs["pretrained_model_name_or_path"] == rs.model.hf_repo
 
 
@@ -173,3 +206,195 @@ def test_skypilot_task_schema_reads_the_plan(plan):
     bad = dict(task, num_nodes="two")
     with pytest.raises(Exception, match="num_nodes|two"):
         common_utils.validate_schema(bad, schemas.get_task_schema(), "Invalid task YAML: ")
+
+
+# --- The exports RUN: two training steps, a DeepSpeed engine, torchtune's own parser -----------
+
+TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _tiny_llama(transformers, kwargs):
+    """A tiny random Llama built as the exported ``from_pretrained`` kwargs ask (no download)."""
+    import torch
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**TINY)
+    cfg._attn_implementation = kwargs["attn_implementation"]
+    return transformers.LlamaForCausalLM(cfg)
+
+
+class _Tokens:
+    def __init__(self, n=8, length=16):
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.rows = [torch.randint(0, TINY["vocab_size"], (length,), generator=g) for _ in range(n)]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": self.rows[i].clone()}
+
+
+def test_trainer_runs_two_steps_with_the_exported_arguments(plan, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    rs, bundle = plan
+    body = _json(bundle, "training_args.json")
+    said = []  # what a CPU run cannot take from the file, and why
+    if body.pop("deepspeed", None):
+        said.append("deepspeed: its engine is started below")
+    if body.pop("fsdp", None):
+        body.pop("fsdp_config", None)
+        said.append("fsdp: needs a process group of GPUs")
+    if body.get("fp16"):
+        body["fp16"] = False
+        said.append("fp16: CUDA only")
+    if body["optim"] in ("adamw_bnb_8bit", "paged_adamw_8bit"):
+        bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed")
+        try:
+            import torch
+
+            bnb.optim.AdamW8bit([torch.nn.Parameter(torch.zeros(4096))]).step()
+        except Exception:  # a build without CPU kernels: the rest of the file still runs
+            body["optim"] = "adamw_torch"
+            said.append("8-bit optimizer: this bitsandbytes has no CPU kernels")
+    args = transformers.TrainingArguments(**body, output_dir=str(tmp_path), use_cpu=True, max_steps=2,
+                                          report_to=[], save_strategy="no", logging_strategy="no",
+                                          dataloader_num_workers=0)
+    model = _tiny_llama(transformers, _json(bundle, "model_kwargs.json"))
+    if "lora_config.json" in bundle.files:
+        peft = pytest.importorskip("peft", reason="peft is not installed")
+        model = peft.get_peft_model(model, peft.LoraConfig(**_json(bundle, "lora_config.json")))
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        assert trainable and all("lora_" in n for n in trainable)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(n=body[
+        "per_device_train_batch_size"] * body["gradient_accumulation_steps"] * 2))
+    out = trainer.train()
+    assert out.global_step == 2, said
+    changed = [n for n, p in model.named_parameters() if p.requires_grad and not (p.detach() == before[n]).all()]
+    assert changed, said
+
+
+#: Run in a child process: DeepSpeed's engine patches torch globally (later tests would see it).
+_DS_CHILD = r"""
+import json, os, socket, sys, importlib
+from unittest import mock
+import torch, transformers, deepspeed
+ds, lora, tiny = (json.loads(a) for a in sys.argv[1:4])
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+ds_torch = importlib.import_module("deepspeed.comm.torch")
+# the shared-memory all-reduce is a compiled CPU op for many local ranks; one rank needs none
+with mock.patch.dict(os.environ, env), mock.patch.object(ds_torch, "build_shm_op", lambda: None):
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**tiny)
+    cfg._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(cfg)
+    if lora is not None:
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(**lora))
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(params, lr=1e-3), config=ds)
+    ids = torch.randint(0, tiny["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(engine.gradient_accumulation_steps()):  # one optimizer step
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+    print(json.dumps({"zero": engine.zero_optimization_stage(), "grad_accum": engine.gradient_accumulation_steps(),
+                      "micro_batch": engine.train_micro_batch_size_per_gpu(), "bf16": engine.bfloat16_enabled(),
+                      "steps": engine.global_steps}))
+"""
+
+
+def test_deepspeed_initialize_runs_the_exported_json_on_cpu(plan):
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    import subprocess
+    import sys
+
+    rs, bundle = plan
+    if "ds_config.json" not in bundle.files:
+        pytest.skip("an FSDP bundle has no DeepSpeed file")
+    ds = _json(bundle, "ds_config.json")
+    # one process stands for the plan's data-parallel world: the batch per step is its share
+    ds["train_batch_size"] = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
+    ds["zero_force_ds_cpu_optimizer"] = False  # a torch AdamW, not DeepSpeed's compiled CPU Adam
+    if ds.get("fp16", {}).get("enabled"):  # DeepSpeed's CPU accelerator has no fp16; the rest still runs
+        assert rs.workload.precision == "fp16" or not rs.gpu.supports_bf16, "fp16 exported for a bf16 GPU"
+        ds["fp16"]["enabled"] = False
+    lora = _json(bundle, "lora_config.json") if "lora_config.json" in bundle.files else None
+    if lora is not None:
+        pytest.importorskip("peft", reason="peft is not installed")
+    run = subprocess.run([sys.executable, "-c", _DS_CHILD, json.dumps(ds), json.dumps(lora), json.dumps(TINY)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "DS_BUILD_OPS": "0"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["zero"] == rs.layout.zero
+    assert got["grad_accum"] == rs.grad_accum
+    assert got["micro_batch"] == rs.workload.micro_batch
+    assert got["bf16"] == ds.get("bf16", {}).get("enabled", False)
+    assert got["steps"] == 1
+
+
+def _torchtune_base(name: str):
+    """A base config shipped with torchtune (its recipes/configs)."""
+    torchtune = pytest.importorskip("torchtune", reason="torchtune is not installed")
+    from pathlib import Path
+
+    path = Path(torchtune.__file__).parent.parent / "recipes" / "configs" / name
+    if not path.is_file():
+        pytest.skip(f"torchtune ships no {name}")
+    return path
+
+
+def _tune_overrides(bundle) -> list[str]:
+    """The key=value words `tune run` gets from torchtune_run.sh, as bash splits them."""
+    script = bundle.files["torchtune_run.sh"]
+    words = shlex.split(script.split("\n", 3)[3].replace("\\\n", " "))
+    assert words.count("--config") == 1
+    return words[words.index("--config") + 2:]
+
+
+def test_torchtune_parser_merges_the_overrides_over_the_base(plan):
+    pytest.importorskip("torchtune", reason="torchtune is not installed")
+    from torchtune.config._parse import TuneRecipeArgumentParser
+    from torchtune.config._utils import _merge_yaml_and_cli_args
+
+    rs, bundle = plan
+    if "torchtune_run.sh" not in bundle.files:
+        assert "torchtune" in bundle.skipped
+        return
+    wl = rs.workload
+    base = _torchtune_base("llama3_1/" + ("8B_full_single_device.yaml" if wl.method == "full" else
+                                          "8B_qlora_single_device.yaml" if wl.method == "qlora" else
+                                          "8B_lora_single_device.yaml"))
+    parser = TuneRecipeArgumentParser(description="")
+    yaml_args, cli_args = parser.parse_known_args(["--config", str(base), *_tune_overrides(bundle)])
+    cfg = _merge_yaml_and_cli_args(yaml_args, cli_args)
+    assert cfg.batch_size == wl.micro_batch and cfg.gradient_accumulation_steps == rs.grad_accum
+    assert cfg.tokenizer.max_seq_len == wl.seq_len
+    assert cfg.enable_activation_checkpointing == (rs.layout.checkpointing == "full")
+    # the base's kept (YAML 1.1 reads "2e-5" as text; OmegaConf as a number)
+    assert float(cfg.optimizer.lr) == float(yaml.safe_load(base.read_text())["optimizer"]["lr"])
+    assert cfg.model._component_ == yaml.safe_load(base.read_text())["model"]["_component_"]
+    if wl.method != "full":
+        assert cfg.model.lora_rank == wl.lora_rank
+        return
+    assert cfg.optimizer_in_bwd is False  # the base turns it on
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tt_full_single", base.parents[2] / "full_finetune_single_device.py")
+    recipes = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(recipes)
+    except ImportError as exc:  # torchtune's recipe imports APIs that newer torchao releases dropped
+        pytest.skip(f"torchtune's recipe does not import beside this torchao: {exc}")
+    cfg.device = "cpu"
+    recipes.FullFinetuneRecipeSingleDevice(cfg)  # its checks pass: no optimizer_in_bwd with accumulation
+    cfg.optimizer_in_bwd = True
+    with pytest.raises(RuntimeError, match="optimizer in bwd"):
+        recipes.FullFinetuneRecipeSingleDevice(cfg)
