@@ -45,6 +45,29 @@ from planner.scenario.resolve import resolve
         ("Qwen/Qwen3-8B-FP8", "qwen3-8b"),
         ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "tinyllama-1.1b"),
         ("  LLAMA_3.1_70B  ", "llama-3.1-70b"),
+        # Models added with this catalog: their hub ids and the usual re-packagings.
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "deepseek-r1-distill-llama-70b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "deepseek-r1-distill-llama-8b"),
+        ("unsloth/DeepSeek-R1-Distill-Llama-8B-bnb-4bit", "deepseek-r1-distill-llama-8b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-r1-distill-qwen-7b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "deepseek-r1-distill-qwen-14b"),
+        ("bartowski/DeepSeek-R1-Distill-Qwen-32B-GGUF", "deepseek-r1-distill-qwen-32b"),
+        ("mistralai/Mistral-7B-Instruct-v0.2", "mistral-7b-v0.2"),
+        ("TheBloke/Mistral-7B-Instruct-v0.2-GPTQ", "mistral-7b-v0.2"),
+        ("mistralai/Mistral-7B-v0.3", "mistral-7b-v0.3"),
+        ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3"),
+        ("Qwen/Qwen2-7B-Instruct", "qwen2-7b"),
+        ("Qwen/Qwen2-72B-Instruct-AWQ", "qwen2-72b"),
+        ("Qwen/Qwen2-0.5B", "qwen2-0.5b"),
+        ("Qwen/Qwen2.5-3B-Instruct", "qwen2.5-3b"),
+        ("01-ai/Yi-1.5-34B-Chat", "yi-1.5-34b"),
+        ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "smollm2-1.7b"),
+        ("allenai/OLMo-2-0325-32B-Instruct", "olmo-2-32b"),
+        ("microsoft/Phi-3.5-mini-instruct", "phi-3.5-mini"),
+        ("deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-v2-lite"),
+        ("codellama/CodeLlama-34b-Instruct-hf", "codellama-34b"),
+        ("openai/gpt-oss-20b", "gpt-oss-20b"),
+        ("openai-community/gpt2", "gpt2"),
     ],
 )
 def test_hub_style_names_resolve(typed, expected):
@@ -89,6 +112,38 @@ def test_suggestions_keep_the_family(typed, wanted, never):
     suggested = message.split("did you mean ", 1)[1].split("?", 1)[0].split(", ")
     assert suggested and all(catalog.get_model(s).family == wanted for s in suggested), message
     assert never not in message.split("did you mean", 1)[1].split("?")[0]
+
+
+@pytest.mark.parametrize("name", ["deepseek-r1-distill-llama-70b", "deepseek-r1-distill-llama-8b",
+                                  "deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-qwen-14b",
+                                  "deepseek-r1-distill-qwen-32b"])
+def test_r1_distills_are_their_base_architectures(name):
+    """The distills are Llama/Qwen2 dense models: no MoE, no MLA, never DeepSeek-V3's shapes."""
+    model = catalog.get_model(name)
+    assert model.family == ("llama" if "llama" in name else "qwen")
+    assert model.moe is None and model.mla is None
+    assert model.max_position == 131072
+
+
+def test_r1_distill_typos_never_suggest_deepseek_v3():
+    for typed in ("deepseek-r1-distill-llama-7b", "deepseek-r1-distill-lama-70b", "DeepSeek-R1-Distill-Qwen-72B",
+                  "deepseek-r1-distil-qwen-32b"):
+        with pytest.raises(UnknownName) as info:
+            catalog.get_model(typed)
+        assert "deepseek-v3" not in str(info.value), str(info.value)
+        assert "did you mean" in str(info.value)
+
+
+def test_mistral_versions_differ_where_they_should():
+    """v0.2+: 32K context, no sliding window; v0.3: vocabulary 32768."""
+    v1, v2, v3 = (catalog.get_model(f"mistral-7b-v0.{i}") for i in (1, 2, 3))
+    assert v2.vocab == v1.vocab == 32000 and v3.vocab == 32768
+    assert v2.max_position == v3.max_position == 32768
+    assert "sliding" in (v1.notes or "").lower()
+
+
+def test_every_model_has_a_context_length():
+    assert all(m.max_position for m in catalog.models())
 
 
 def test_unknown_model_says_how_to_pass_a_config_json():

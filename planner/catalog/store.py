@@ -97,8 +97,8 @@ _FAMILY_WORDS: tuple[tuple[str, str], ...] = (
     ("tinyllama", "tinyllama"), ("codellama", "llama"), ("llama", "llama"), ("qwq", "qwen"),
     ("qwen", "qwen"), ("mixtral", "mistral"), ("mistral", "mistral"), ("ministral", "mistral"),
     ("codestral", "mistral"), ("gemma", "gemma"), ("phi", "phi"), ("deepseek", "deepseek"),
-    ("yi", "yi"), ("falcon", "falcon"), ("smollm", "smollm"), ("olmo", "olmo"), ("gpt", "gpt"),
-    ("davinci", "gpt"),
+    ("yi", "yi"), ("falcon", "falcon"), ("smollm", "smollm"), ("olmo", "olmo"), ("opt", "opt"),
+    ("gpt", "gpt"), ("davinci", "gpt"), ("bloom", "bloom"),
 )
 
 
@@ -107,7 +107,7 @@ def name_family(name: str) -> str | None:
     text = "-".join(_name_tokens(name))
     best: tuple[int, str] | None = None
     for word, family in _FAMILY_WORDS:
-        # "yi" and "phi" only as whole words ("yi-34b", "phi-3"), not inside others.
+        # Short words only at a word's start ("yi-34b", "phi-3", "opt-125m"), not inside others.
         pattern = rf"(?<![a-z]){word}" if len(word) <= 3 else word
         for match in re.finditer(pattern, text):
             start = match.start()
@@ -207,9 +207,14 @@ class Catalog(Generic[T]):
         keys = self._keys(name)
         index = self._index
         family = name_family(name) if self.kind == "model" else None
-        if family is not None:
-            index = {k: v for k, v in index.items() if self.entries[v].family == family}
         ids: list[str] = []
+        if family is not None:
+            # A near-exact spelling (one or two letters off) is the model meant, whatever
+            # family word the typo left standing ("deepseek-r1-distill-lama-70b").
+            for match in difflib.get_close_matches(keys[-1], index, n=3, cutoff=0.9):
+                if index[match] not in ids:
+                    ids.append(index[match])
+            index = {k: v for k, v in index.items() if self.entries[v].family == family}
         for key in reversed(keys):  # the most stripped key is the model's own name
             for match in difflib.get_close_matches(key, index, n=8, cutoff=0.6):
                 entry_id = index[match]
