@@ -164,6 +164,7 @@ def plan(
     attention: o.SearchAttention = None,
     tp: o.SearchTp = None,
     pp: o.SearchPp = None,
+    stacks: o.Stacks = None,
     budget: o.Budget = None,
     deadline: o.Deadline = None,
     fleet: o.Fleet = None,
@@ -189,7 +190,7 @@ def plan(
     ).items() if v is not None}
     search = {k: v for k, v in dict(
         micro_batch=_split(micro_batch), offload=_split(offload), zero=_ints(zero), tp=_split(tp), pp=_split(pp),
-        checkpointing=_split(checkpointing), attention=_split(attention),
+        checkpointing=_split(checkpointing), attention=_split(attention), stacks=_split(stacks),
     ).items() if v is not None}
 
     def run(merged, source, base_dir, found):

@@ -93,6 +93,8 @@ SearchCheckpointing = Annotated[S, many("--checkpointing", metavar="KIND", help=
 SearchAttention = Annotated[S, many("--attention", metavar="KERNEL", help="Attention kernels.", values=ATTENTION)]
 SearchTp = Annotated[S, many("--tp", metavar="N", help="Tensor-parallel degrees.")]
 SearchPp = Annotated[S, many("--pp", metavar="N", help="Pipeline-parallel degrees.")]
+Stacks = Annotated[S, opt("--stacks", metavar="STACK[,STACK…]", help="Training stacks a plan may use, in order "
+                          "of preference (see catalogs/stacks.yaml).", default="every stack")]
 # files and output
 File = Annotated[Optional[Path], typer.Argument(metavar="SCENARIO.yaml",
                                                 help="Scenario file (one scenario, a list, or scenarios: + defaults:).")]

@@ -72,6 +72,8 @@ Attention = Literal["eager", "flash"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 Profile = Literal["seed", "detailed"]
 Objective = Literal["gpus", "hourly", "cost", "time"]
+Vendor = Literal["nvidia", "amd", "huawei", "intel", "google"]
+QuantType = Literal["nf4", "torchao-nf4", "gptq"]
 
 #: Linear layers LoRA can adapt, in PEFT's Llama naming (``all`` = every one of them).
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -90,7 +92,7 @@ class GpuSpec(StrictModel):
 
     id: str
     name: str
-    vendor: Literal["nvidia", "amd", "huawei", "intel", "google"]
+    vendor: Vendor
     aliases: list[str] = []
     architecture: str
     memory_mib: Annotated[int, Field(gt=0)]
@@ -259,7 +261,7 @@ class Workload(StrictModel):
     allow_relax: list[Literal["method", "seq_len"]] = []
     # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
-    quant_type: Literal["nf4", "torchao-nf4", "gptq"] = "nf4"
+    quant_type: QuantType = "nf4"
     # bitsandbytes before 0.43.2 (July 2024): each 4-bit matmul keeps its input on its autograd
     # context (``ctx.tensors = (A, B)``), alive for as long as the graph
     bnb_keeps_input: bool = False
@@ -345,6 +347,34 @@ class Overrides(StrictModel):
     reserve: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.10
 
 
+class StackSpec(StrictModel):
+    """A training stack (framework and launcher) and what it can run, each fact with its source
+    (``catalogs/stacks.yaml``). The search names, for every plan, a stack that runs all of it."""
+
+    id: str
+    name: str
+    versions: str
+    vendors: list[Vendor]
+    methods: list[Literal["full", "lora", "qlora"]]
+    #: 4-bit bases it trains QLoRA on, and the vendors where that quantisation runs.
+    quant_types: list[QuantType] = []
+    qlora_vendors: list[Vendor] = []
+    #: ZeRO stages (0 = DDP, 3 = FSDP full shard) in general, with QLoRA, and with pipelines.
+    zero: list[Literal[0, 1, 2, 3]]
+    zero_with_qlora: list[Literal[0, 1, 2, 3]] = []
+    zero_with_pp: list[Literal[0, 1, 2, 3]] = []
+    offload: list[Offload]
+    checkpointing: list[Checkpointing]
+    #: Model parallelism: which methods it runs with TP > 1 / PP > 1; CP, EP and SP at all.
+    tp_methods: list[Literal["full", "lora", "qlora"]] = []
+    pp_methods: list[Literal["full", "lora", "qlora"]] = []
+    cp: bool = False
+    ep: bool = False
+    sp: bool = False
+    sources: list[dict[str, str]] = []
+    notes: str | None = None
+
+
 class SearchSpace(StrictModel):
     """Candidate lists and limits for ``planner plan`` (None = the whole space)."""
 
@@ -364,6 +394,8 @@ class SearchSpace(StrictModel):
     optimizer: list[Optimizer] | None = None
     seq_len: list[Count] | None = None
     distinct: Literal["layout", "none"] = "layout"
+    #: Stacks a plan may use (catalogs/stacks.yaml ids), in order of preference; None = all.
+    stacks: list[str] | None = None
     utilization: Annotated[float | None, BeforeValidator(_parse_number), Field(gt=0, le=1)] = None
 
 

@@ -99,7 +99,7 @@ def _usd(x: float | None) -> str:
 def plans_table(result: Any, *, gib: bool = False) -> Table:
     table = Table(header_style="bold", title=f"{result.scenario}: {len(result.plans)} plans, "
                   f"objective {result.objective}, {result.status}")
-    for col in ("#", "GPU × n", "dp·tp·pp·cp", "zero/offload", "mb×ga", "ckpt/attn", "method/seq",
+    for col in ("#", "stack", "GPU × n", "dp·tp·pp·cp", "zero/offload", "mb×ga", "ckpt/attn", "method/seq",
                 "mem/GPU", "headroom", "time [band]", "cost [band]", "$/h"):
         table.add_column(col, justify="right" if col in ("#", "mem/GPU", "headroom", "$/h") else "left",
                          no_wrap=True)
@@ -108,7 +108,7 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
         unit = _unit_of(p.time_s) if p.time_s is not None else None
         t = _band(p.time_s, p.time_s_band.low, p.time_s_band.high, lambda v: _duration(v, unit))
         table.add_row(
-            str(p.rank), f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
+            str(p.rank), p.stack, f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
             f"{p.zero}/{p.offload}", f"{p.micro_batch}×{p.grad_accum}", f"{p.checkpointing}/{p.attention}",
             f"{p.method}/{p.seq_len}" + (" *" if p.relaxations else ""),
             format_bytes(mem["total_bytes"], gib=gib),

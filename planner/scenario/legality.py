@@ -10,10 +10,12 @@ from typing import Any, get_args
 
 import numpy as np
 
-from planner.core.specs import GpuSpec, ModelSpec, Offload
+from planner.core.specs import Checkpointing, GpuSpec, Method, ModelSpec, Offload, StackSpec
 
 #: Offload codes: the schema's values in order (none, optimizer, optimizer+params).
 OFFLOAD_CODES: tuple[str, ...] = get_args(Offload)
+METHOD_CODES: tuple[str, ...] = get_args(Method)
+CHECKPOINT_CODES: tuple[str, ...] = get_args(Checkpointing)
 
 
 def tp_model_fault(model: ModelSpec, tp: int) -> str | None:
@@ -54,3 +56,28 @@ def offload_fault(zero: int, offload: str) -> str | None:
     if zero == 0:
         return f"{offload!r} needs ZeRO/FSDP (layout.zero ≥ 1)"
     return f"{offload!r} needs layout.zero: 3 (parameters must be sharded)"
+
+
+def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, tp: Any, pp: Any, cp: Any,
+               ep: Any, sp: Any, zero: Any, offload: Any, checkpointing: Any) -> Any:
+    """Whether ``stack`` runs each layout (arrays broadcast; categorical values as codes into the
+    schema's value lists, or names). The one rule of the search, the checker and the estimate."""
+    def code(values: tuple[str, ...], x: Any) -> Any:
+        return values.index(x) if isinstance(x, str) else np.asarray(x)
+
+    def among(values: tuple[str, ...], x: Any, allowed: list) -> Any:
+        return np.isin(code(values, x), [values.index(v) for v in allowed])
+
+    m = code(METHOD_CODES, method)
+    qlora = m == METHOD_CODES.index("qlora")
+    ok = among(METHOD_CODES, m, stack.methods) & np.asarray(vendor in stack.vendors)
+    ok &= ~qlora | (np.asarray(quant_type in stack.quant_types and vendor in stack.qlora_vendors)
+                    & np.isin(zero, stack.zero_with_qlora))
+    ok &= np.isin(zero, stack.zero) & among(OFFLOAD_CODES, offload, stack.offload)
+    ok &= among(CHECKPOINT_CODES, checkpointing, stack.checkpointing)
+    ok &= (np.asarray(tp) == 1) | among(METHOD_CODES, m, stack.tp_methods)
+    ok &= (np.asarray(pp) == 1) | (among(METHOD_CODES, m, stack.pp_methods) & np.isin(zero, stack.zero_with_pp))
+    ok &= (np.asarray(cp) == 1) | stack.cp
+    ok &= (np.asarray(ep) == 1) | stack.ep
+    ok &= ~np.asarray(sp, dtype=bool) | stack.sp
+    return ok

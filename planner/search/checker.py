@@ -11,6 +11,8 @@ import math
 from typing import Any
 
 from planner import catalog
+from planner.catalog.stacks import get_stack, stacks
+from planner.scenario.legality import stack_runs
 from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
 from planner.core.errors import InputError
 from planner.memory.estimate import estimate_resolved
@@ -82,7 +84,18 @@ def _choice_problems(sc: Scenario, rs, est, p: dict[str, Any]) -> list[str]:
     gb = rs.workload.global_batch
     if gb and p["micro_batch"] * p["dp"] * p["grad_accum"] != gb:
         problems.append("micro_batch·dp·grad_accum ≠ global_batch")
-    return problems
+    return [*problems, *_stack_problems(sc, rs, p)]
+
+
+def _stack_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
+    """The plan names an allowed stack, and that stack runs every part of it."""
+    allowed = [get_stack(n).id for n in sc.search.stacks] if sc.search.stacks else [st.id for st in stacks()]
+    if p.get("stack") not in allowed:
+        return [f"stack {p.get('stack')!r} is not among the allowed stacks {allowed}"]
+    runs = stack_runs(get_stack(p["stack"]), vendor=rs.gpu.vendor, quant_type=rs.workload.quant_type,
+                      method=p["method"], tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], sp=p["sp"],
+                      zero=p["zero"], offload=p["offload"], checkpointing=p["checkpointing"])
+    return [] if bool(runs) else [f"stack {p['stack']} does not run this plan's combination"]
 
 
 def _workload_problems(sc: Scenario, rs_user, p: dict[str, Any]) -> list[str]:

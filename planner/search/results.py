@@ -30,6 +30,8 @@ class Plan(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     rank: int
+    #: The training stack that runs this plan (catalogs/stacks.yaml), the first that runs all of it.
+    stack: str
     gpu: str
     gpus: int
     nodes: int
@@ -113,7 +115,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
         ev = {k: v[j] for k, v in e.ev.items()}
         gpu = req.gpus[a["gpu"]]
         tier = req.tiers[a["tier"]]
-        fields = {"gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]),
+        fields = {"stack": req.stacks[a["stack"]].id, "gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]),
                   "grad_accum": int(ev["grad_accum"]), **decode_class(a)}
         pinned = plan_scenario(raw, fields)
         est = estimate_resolved(resolve(pinned))

@@ -26,9 +26,10 @@ from planner.core.errors import InputError
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
 from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
-from planner.scenario.legality import offload_illegal, pp_divides, tp_gpu_fault, tp_model_fault
+from planner.catalog.stacks import get_stack, stacks
+from planner.scenario.legality import offload_illegal, pp_divides, stack_runs, tp_gpu_fault, tp_model_fault
 from planner.scenario.resolve import ResolvedScenario
-from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec
+from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, StackSpec
 
 #: Candidate values when the scenario gives no list.
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -46,7 +47,7 @@ MIN_RELAXED_SEQ_LEN = 256
 METHOD_LADDER = ("full", "lora", "qlora")
 
 CLASS_KEYS = (
-    "gpu", "tier", "method", "precision", "optimizer", "seq_len", "micro_batch", "tp", "pp", "cp", "ep",
+    "gpu", "tier", "stack", "method", "precision", "optimizer", "seq_len", "micro_batch", "tp", "pp", "cp", "ep",
     "sp", "zero", "offload", "checkpointing", "attention",
 )
 
@@ -83,6 +84,8 @@ class SearchRequest:
     dp_pin: int | None
     gpus_pin: int | None
     pcie_model_parallel: bool
+    #: Stacks a plan may name, in order of preference (the first that runs a class names it).
+    stacks: list[StackSpec] = field(default_factory=list)
     #: Memory of layouts already evaluated (profiles without an array form), by layout row.
     memory_cache: dict = field(default_factory=dict)
 
@@ -121,20 +124,10 @@ def build_tiers(rs: ResolvedScenario) -> list[Tier]:
     return tiers
 
 
-def build_request(rs: ResolvedScenario) -> SearchRequest:
-    """Candidate lists from the scenario's ``search`` block and ``layout`` pins."""
-    sc, wl, model = rs.scenario, rs.workload, rs.model
-    problems: list[str] = []
-    objective = sc.objective or ("cost" if wl.tokens is not None else "gpus")
-    if wl.method == "inference":
-        problems.append("workload.method: plan searches training layouts; use `planner estimate` for inference")
-    if objective in ("cost", "time") and wl.tokens is None:
-        problems.append(f"workload.tokens: required for objective {objective!r} (the job's token budget)")
-    if (sc.constraints.budget_usd or sc.constraints.deadline_hours) and wl.tokens is None:
-        problems.append("workload.tokens: required with a budget or a deadline")
+def _gpu_choices(sc, problems: list[str]) -> tuple[list[GpuSpec], dict[str, int] | None]:
+    """The GPU types to search (pinned, listed, or the catalog's) and the fleet, by catalog id."""
     gpu_names = sc.search.gpu_types
-    pinned = sc.layout.model_fields_set
-    if "gpu" in pinned and sc.layout.gpu:
+    if "gpu" in sc.layout.model_fields_set and sc.layout.gpu:
         gpu_names = [sc.layout.gpu]
     fleet = None
     if sc.constraints.fleet:
@@ -152,8 +145,36 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
             problems.append(f"search.gpu_types: {exc}")
     if fleet is not None:
         gpus = [g for g in gpus if g.id in fleet]
+    return gpus, fleet
+
+
+def _stack_choices(sc, problems: list[str]) -> list[StackSpec]:
+    """The stacks a plan may name, in the scenario's order of preference (else the catalog's)."""
+    out: list[StackSpec] = []
+    for name in sc.search.stacks or [st.id for st in stacks()]:
+        try:
+            out.append(get_stack(name))
+        except catalog.UnknownName as exc:
+            problems.append(f"search.stacks: {exc}")
+    return out
+
+
+def build_request(rs: ResolvedScenario) -> SearchRequest:
+    """Candidate lists from the scenario's ``search`` block and ``layout`` pins."""
+    sc, wl, model = rs.scenario, rs.workload, rs.model
+    problems: list[str] = []
+    objective = sc.objective or ("cost" if wl.tokens is not None else "gpus")
+    if wl.method == "inference":
+        problems.append("workload.method: plan searches training layouts; use `planner estimate` for inference")
+    if objective in ("cost", "time") and wl.tokens is None:
+        problems.append(f"workload.tokens: required for objective {objective!r} (the job's token budget)")
+    if (sc.constraints.budget_usd or sc.constraints.deadline_hours) and wl.tokens is None:
+        problems.append("workload.tokens: required with a budget or a deadline")
+    gpus, fleet = _gpu_choices(sc, problems)
+    stack_list = _stack_choices(sc, problems)
     if problems:
         raise InputError(problems)
+    pinned = sc.layout.model_fields_set
 
     def pick(key: str, search_value, default) -> tuple:
         if key in pinned:
@@ -188,6 +209,7 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
         objective=objective, top=sc.top, distinct=s.distinct, utilization=s.utilization,
         tokens=wl.tokens, global_batch=wl.global_batch or _default_global_batch(rs), grad_accum=wl.grad_accum or 1,
         dp_pin=dp_pin, gpus_pin=gpus_pin, pcie_model_parallel=sc.constraints.pcie_model_parallel,
+        stacks=stack_list,
     )
 
 
@@ -223,9 +245,18 @@ def _gpu_max(req: SearchRequest, gpu: GpuSpec) -> int:
     return limit
 
 
+def first_stack(req: SearchRequest, gpu: GpuSpec, method: Any, **layout: Any) -> np.ndarray:
+    """Index (into ``req.stacks``) of the first stack that runs each layout; -1 where none does."""
+    shape = np.broadcast(*(np.asarray(v) for v in (method, *layout.values()))).shape
+    chosen = np.full(shape, -1, dtype=np.int64)
+    for i, st in enumerate(req.stacks):
+        runs = stack_runs(st, vendor=gpu.vendor, quant_type=req.rs.workload.quant_type, method=method, **layout)
+        chosen = np.where((chosen < 0) & runs, i, chosen)
+    return chosen
+
+
 def build_classes(req: SearchRequest) -> Classes:
     """Every legal class, as arrays; illegal combinations are counted by reason."""
-    model = req.model
     rejected: Counter = Counter()
     parts: list[dict[str, np.ndarray]] = []
     for gi, gpu in enumerate(req.gpus):
@@ -237,65 +268,80 @@ def build_classes(req: SearchRequest) -> Classes:
         if not precisions:
             rejected[f"{gpu.id}: no BF16"] += 1
             continue
-        # "flash" is any fused kernel that keeps no s×s matrix: FlashAttention-2 where the card
-        # has it, PyTorch SDPA's memory-efficient kernel elsewhere (V100, T4): same memory.
-        attentions = list(req.lists["attention"])
-        tps = []
-        for tp in req.lists["tp"]:
-            fault = tp_gpu_fault(gpu, tp, pcie_model_parallel=req.pcie_model_parallel) or tp_model_fault(model, tp)
-            if fault:
-                rejected[f"tp {fault}"] += 1
-            else:
-                tps.append(tp)
-        pps = [p for p in req.lists["pp"] if pp_divides(model, p)]
-        rejected["pp does not divide the layers"] += len(req.lists["pp"]) - len(pps)
-        if not req.pcie_model_parallel and gpu.nvlink_domain == 1:
-            rejected["pp over PCIe forbidden"] += len([p for p in pps if p > 1])
-            pps = [p for p in pps if p == 1]
+        tps, pps = _model_parallel_degrees(req, gpu, rejected)
         for tier in req.tiers:
-            cps = [c for c in req.lists["cp"] if tier.seq_len % c == 0
-                   and (c == 1 or tier.seq_len >= MIN_SEQ_LEN_FOR_CP or len(req.lists["cp"]) == 1)]
-            eps = [e for e in req.lists["ep"] if model.moe is None and e == 1
-                   or model.moe is not None and model.moe.experts % e == 0]
-            grid = np.meshgrid(
-                np.array([PRECISIONS.index(p) for p in precisions]),
-                np.array([OPTIMIZERS.index(o) for o in req.lists["optimizer"]]),
-                np.array(req.lists["micro_batch"]),
-                np.array(tps or [0]), np.array(pps or [0]), np.array(cps or [0]), np.array(eps or [0]),
-                np.array(req.lists["zero"]),
-                np.array([OFFLOADS.index(o) for o in req.lists["offload"]]),
-                np.array([CHECKPOINTING.index(c) for c in req.lists["checkpointing"]]),
-                np.array([ATTENTION.index(a) for a in attentions]),
-                indexing="ij",
-            )
-            prec, opt, mb, tp, pp, cp, ep, zero, off, ckpt, attn = (g.ravel() for g in grid)
-            n = len(prec)
-            ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
-            bad_offload = offload_illegal(zero, off)
-            rejected["offload needs ZeRO (params: ZeRO-3)"] += int((ok & bad_offload).sum())
-            ok &= ~bad_offload
-            too_many = tp * pp * cp * ep > limit  # dp is a multiple of ep
-            rejected["tp·pp·cp·ep exceeds the GPU limit"] += int((ok & too_many).sum())
-            ok &= ~too_many
-            if req.global_batch:
-                ragged = req.global_batch % np.maximum(mb, 1) != 0
-                rejected["micro-batch does not divide the global batch"] += int((ok & ragged).sum())
-                ok &= ~ragged
-            sp_pin = req.lists["sp"][0]
-            sp = (tp > 1) if sp_pin is None else np.full(n, bool(sp_pin))
-            part = {
-                "gpu": np.full(n, gi), "tier": np.full(n, tier.rank),
-                "method": np.full(n, METHODS.index(tier.method)), "precision": prec,
-                "optimizer": opt,
-                "seq_len": np.full(n, tier.seq_len), "micro_batch": mb, "tp": tp, "pp": pp, "cp": cp, "ep": ep,
-                "sp": sp.astype(np.int64), "zero": zero, "offload": off, "checkpointing": ckpt,
-                "attention": attn,
-            }
-            parts.append({k: v[ok] for k, v in part.items()})
+            parts.append(_tier_classes(req, gi, tier, precisions, tps, pps, limit, rejected))
     if not parts:
         return Classes({k: np.zeros(0, dtype=np.int64) for k in CLASS_KEYS}, rejected)
     merged = {k: np.concatenate([p[k] for p in parts]).astype(np.int64) for k in CLASS_KEYS}
     return Classes(merged, rejected)
+
+
+def _model_parallel_degrees(req: SearchRequest, gpu: GpuSpec, rejected: Counter) -> tuple[list, list]:
+    """The TP and PP degrees the model and this card allow (scenario/legality.py's rules)."""
+    tps = []
+    for tp in req.lists["tp"]:
+        fault = tp_gpu_fault(gpu, tp, pcie_model_parallel=req.pcie_model_parallel) or tp_model_fault(req.model, tp)
+        if fault:
+            rejected[f"tp {fault}"] += 1
+        else:
+            tps.append(tp)
+    pps = [p for p in req.lists["pp"] if pp_divides(req.model, p)]
+    rejected["pp does not divide the layers"] += len(req.lists["pp"]) - len(pps)
+    if not req.pcie_model_parallel and gpu.nvlink_domain == 1:
+        rejected["pp over PCIe forbidden"] += len([p for p in pps if p > 1])
+        pps = [p for p in pps if p == 1]
+    return tps, pps
+
+
+def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps: list, pps: list,
+                  limit: int, rejected: Counter) -> dict[str, np.ndarray]:
+    """The legal classes of one GPU type and relaxation tier: the grid of the remaining choices,
+    less what breaks a rule (offload without ZeRO, too many GPUs, a ragged global batch) or what
+    no stack runs."""
+    model, gpu = req.model, req.gpus[gi]
+    cps = [c for c in req.lists["cp"] if tier.seq_len % c == 0
+           and (c == 1 or tier.seq_len >= MIN_SEQ_LEN_FOR_CP or len(req.lists["cp"]) == 1)]
+    eps = [e for e in req.lists["ep"] if model.moe is None and e == 1
+           or model.moe is not None and model.moe.experts % e == 0]
+    # "flash" is any fused kernel that keeps no s×s matrix: FlashAttention-2 where the card has
+    # it, PyTorch SDPA's memory-efficient kernel elsewhere (V100, T4): same memory.
+    grid = np.meshgrid(
+        np.array([PRECISIONS.index(p) for p in precisions]),
+        np.array([OPTIMIZERS.index(o) for o in req.lists["optimizer"]]),
+        np.array(req.lists["micro_batch"]),
+        np.array(tps or [0]), np.array(pps or [0]), np.array(cps or [0]), np.array(eps or [0]),
+        np.array(req.lists["zero"]),
+        np.array([OFFLOADS.index(o) for o in req.lists["offload"]]),
+        np.array([CHECKPOINTING.index(c) for c in req.lists["checkpointing"]]),
+        np.array([ATTENTION.index(a) for a in req.lists["attention"]]),
+        indexing="ij",
+    )
+    prec, opt, mb, tp, pp, cp, ep, zero, off, ckpt, attn = (g.ravel() for g in grid)
+    n = len(prec)
+    sp_pin = req.lists["sp"][0]
+    sp = (tp > 1) if sp_pin is None else np.full(n, bool(sp_pin))
+    method = METHODS.index(tier.method)
+    stack = first_stack(req, gpu, method, tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, zero=zero, offload=off,
+                        checkpointing=ckpt)
+    ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
+    rules = {
+        "offload needs ZeRO (params: ZeRO-3)": offload_illegal(zero, off),
+        "tp·pp·cp·ep exceeds the GPU limit": tp * pp * cp * ep > limit,  # dp is a multiple of ep
+        "micro-batch does not divide the global batch":
+            (req.global_batch % np.maximum(mb, 1) != 0) if req.global_batch else np.zeros(n, dtype=bool),
+        "no stack runs this combination": stack < 0,
+    }
+    for reason, broken in rules.items():
+        rejected[reason] += int((ok & broken).sum())
+        ok &= ~broken
+    part = {
+        "gpu": np.full(n, gi), "tier": np.full(n, tier.rank), "stack": stack, "method": np.full(n, method),
+        "precision": prec, "optimizer": opt, "seq_len": np.full(n, tier.seq_len), "micro_batch": mb,
+        "tp": tp, "pp": pp, "cp": cp, "ep": ep, "sp": sp.astype(np.int64), "zero": zero, "offload": off,
+        "checkpointing": ckpt, "attention": attn,
+    }
+    return {k: v[ok] for k, v in part.items()}
 
 
 @dataclass
@@ -350,7 +396,7 @@ def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, g
     The seed profile is evaluated on the arrays directly. Other profiles evaluate each distinct
     layout once per search (the GPU type does not change memory, so rows repeat across types and
     across the bisection's probes): results are kept in ``req.memory_cache``."""
-    x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier") and (k != "ep" or req.model.moe is not None)}
+    x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

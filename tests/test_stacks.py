@@ -1,0 +1,109 @@
+"""Every plan names a training stack that runs all of it (catalogs/stacks.yaml)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from planner import catalog
+from planner.catalog.stacks import get_stack, stacks
+from planner.cli.main import app
+from planner.scenario.legality import stack_runs
+from planner.search.answer import plan_raw
+from planner.search.checker import check_plan
+
+runner = CliRunner()
+
+
+def _plans(raw):
+    return plan_raw(raw).plans
+
+
+def test_every_stack_entry_is_complete_and_has_sources():
+    ids = [s.id for s in stacks()]
+    assert len(ids) == len(set(ids)) >= 5
+    for s in stacks():
+        assert s.sources, f"{s.id}: no sources"
+        assert set(s.zero_with_qlora) <= set(s.zero) and set(s.zero_with_pp) <= set(s.zero)
+        assert ("qlora" in s.methods) == bool(s.quant_types), s.id
+
+
+def test_bitsandbytes_qlora_never_meets_tensor_or_pipeline_parallelism():
+    """No Hugging Face stack runs a bitsandbytes 4-bit base under TP or PP."""
+    raw = {"model": "llama-3.1-70b", "workload": {"method": "qlora", "seq_len": 4096, "global_batch": 16,
+                                                   "tokens": 1e8},
+           "search": {"gpu_types": ["a100-80gb", "rtx-4090"], "tp": [1, 2, 4], "pp": [1, 2, 4]}, "top": 10}
+    plans = _plans(raw)
+    assert plans
+    assert all(p.tp == 1 and p.pp == 1 for p in plans)
+    assert all("qlora" in get_stack(p.stack).methods for p in plans)
+
+
+def test_pipelines_only_with_the_zero_stages_their_stack_allows():
+    raw = {"model": "llama-3.1-70b", "workload": {"method": "full", "seq_len": 4096, "global_batch": 64,
+                                                   "tokens": 1e9},
+           "search": {"gpu_types": ["h100"], "pp": [2, 4, 8]}, "objective": "cost", "top": 10}
+    for p in _plans(raw):
+        assert p.zero in get_stack(p.stack).zero_with_pp, (p.stack, p.zero)
+
+
+def test_search_stacks_restricts_and_orders():
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "lora", "seq_len": 2048, "global_batch": 16},
+           "search": {"gpu_types": ["h100"], "stacks": ["torchtune"]}, "top": 5}
+    plans = _plans(raw)
+    assert plans and {p.stack for p in plans} == {"torchtune"}
+    assert all(p.zero in (2, 3) for p in plans)  # torchtune shards with FSDP2 only (no DDP)
+
+
+def test_unknown_stack_is_an_input_error_naming_the_field():
+    result = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--stacks", "nemo-turbo"])
+    assert result.exit_code == 2 and "search.stacks" in result.output and "Traceback" not in result.output
+
+
+def test_plan_json_names_the_stack():
+    result = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "lora", "--global-batch", "8",
+                                 "--gpu-types", "h100", "--top", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert all(p["stack"] in {s.id for s in stacks()} for p in json.loads(result.output)["plans"])
+
+
+def test_checker_rejects_a_stack_that_cannot_run_the_plan():
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "qlora", "seq_len": 2048, "global_batch": 16},
+           "search": {"gpu_types": ["h100"]}, "top": 1}
+    plan = _plans(raw)[0].model_dump()
+    assert check_plan(raw, plan) == []
+    wrong = next(s.id for s in stacks() if "qlora" not in s.methods)
+    assert any("does not run" in line for line in check_plan(raw, {**plan, "stack": wrong}))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(method=st.sampled_from(["full", "lora", "qlora"]), tp=st.sampled_from([1, 2, 4]),
+       pp=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 2, 3]),
+       offload=st.sampled_from(["none", "optimizer", "optimizer+params"]),
+       gpu=st.sampled_from(["h100", "mi300x", "rtx-4090"]))
+def test_a_combination_is_searchable_iff_some_stack_runs_it(method, tp, pp, zero, offload, gpu):
+    """The search's filter and the capability table agree on every combination."""
+    g = catalog.get_gpu(gpu)
+    any_runs = any(bool(stack_runs(s, vendor=g.vendor, quant_type="nf4", method=method, tp=tp, pp=pp, cp=1,
+                                   ep=1, sp=tp > 1, zero=zero, offload=offload, checkpointing="full"))
+                   for s in stacks())
+    raw = {"model": "llama-3.1-8b", "workload": {"method": method, "seq_len": 1024, "global_batch": 8},
+           "layout": {"gpu": gpu, "tp": tp, "pp": pp, "zero": zero, "offload": offload, "checkpointing": "full",
+                      "attention": "flash"},
+           "search": {"max_gpus": 16}, "top": 1}
+    from planner.scenario.resolve import resolve
+    from planner.search.space import build_classes, build_request
+
+    try:
+        cls = build_classes(build_request(resolve(raw)))
+    except Exception as exc:  # an illegal layout (offload without ZeRO…) is an input error
+        from planner.core.errors import InputError
+        assert isinstance(exc, InputError)
+        return
+    assert (len(cls) > 0) == any_runs
+    if not any_runs:
+        assert cls.rejected["no stack runs this combination"] > 0
