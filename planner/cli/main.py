@@ -273,41 +273,38 @@ app.command("export")(_export)
 @app.command()
 def validate(
     file: Annotated[Path, typer.Argument(help="Measured runs, CSV (columns of data/measured_calibration.csv, "
-                                              "or of data/measured_throughput.csv with --kind throughput).")],
+                                              "of data/measured_throughput.csv with --kind throughput, or of "
+                                              "data/verdicts.csv with --verdicts).")],
     kind: Annotated[str, typer.Option("--kind", help="memory (peak bytes) | throughput (tokens/s per GPU)")] = "memory",
     profile: Annotated[str, typer.Option(help="seed | detailed (memory)")] = "detailed",
     loso: Annotated[bool, typer.Option("--loso", help="throughput: predict each source with the time model's "
                                                       "parameters refitted without it (leave one source out)")] = False,
+    verdicts: Annotated[bool, typer.Option("--verdicts", help="FILE holds runs known to have run or to have run "
+                                                              "out of memory: score the fit verdicts")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Predict every measured run of a CSV and score the model: memory per row and method, or
-    throughput per source against the 6N-at-40 %-of-peak baseline."""
+    """Predict every measured run of a CSV and score the model: memory per row and method,
+    throughput per source against the 6N-at-40 %-of-peak baseline, or fit verdicts."""
     if kind not in ("memory", "throughput"):
         _fail([f"--kind: {kind!r} is not memory or throughput"])
-    if kind == "throughput":
-        from planner.validate.throughput import render_tables as render_throughput
-        from planner.validate.throughput import validate_file as validate_throughput
-
-        try:
-            result = validate_throughput(file, loso=loso)
-        except InputError as exc:
-            _fail(exc.problems)
-            return
-        if as_json:
-            typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
-            return
-        console = _console()
-        for table in render_throughput(result):
-            console.print(table)
-        return
-    if loso:
-        _fail(["--loso: only with --kind throughput (the memory model has no fitted parameters)"])
-    from planner.validate.score import render_tables, validate_file
-
     if profile not in ("seed", "detailed"):
         _fail([f"profile: {profile!r} is not seed or detailed"])
+    if loso and kind != "throughput":
+        _fail(["--loso: only with --kind throughput (the memory model has no fitted parameters)"])
+    if verdicts:
+        from planner.validate.verdicts import render_tables, validate_verdicts as run
+    elif kind == "throughput":
+        from planner.validate.throughput import render_tables, validate_file
+
+        def run(path: Path) -> dict:
+            return validate_file(path, loso=loso)
+    else:
+        from planner.validate.score import render_tables, validate_file
+
+        def run(path: Path) -> dict:
+            return validate_file(path, profile)
     try:
-        result = validate_file(file, profile)
+        result = run(file)
     except InputError as exc:
         _fail(exc.problems)
         return

@@ -69,7 +69,8 @@ Offload = Annotated[S, opt(metavar="WHAT", help="CPU offload.", values=OFFLOADS,
 Checkpointing = Annotated[S, opt(metavar="KIND", help="Activation checkpointing.", values=CHECKPOINTING,
                                  default=_LAY.checkpointing)]
 Attention = Annotated[S, opt(metavar="KERNEL", help="Attention kernel.", values=ATTENTION, default=_LAY.attention)]
-Reserve = Annotated[S, opt(metavar="SHARE", help="Share of capacity kept free.", default=0.10)]
+Reserve = Annotated[S, opt(metavar="SHARE", help="Share of capacity kept free (default: the profile's fit rule).",
+                           default="seed 0.10; detailed: 4 % fit margin")]
 Profile = Annotated[S, opt(metavar="PROFILE", help="Memory model.", values=tuple(PROFILES), default="detailed")]
 # search and constraints
 Objective = Annotated[S, opt(metavar="OBJECTIVE", help="What to minimise.", values=OBJECTIVES,

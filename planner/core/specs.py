@@ -344,7 +344,9 @@ class Overrides(StrictModel):
     lora_params: Annotated[NonNegCount | None, Field(le=MAX_PARAMS)] = None
     lora_bytes_per_param: Annotated[NonNegFloat | None, Field(le=MAX_BYTES_PER_PARAM)] = None
     base_bytes_per_param: Annotated[PosFloat | None, Field(le=MAX_BYTES_PER_PARAM)] = None
-    reserve: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.10
+    #: Share of the card kept free; unset: the profile's fit rule (seed: 10 % reserve; detailed:
+    #: predicted device bytes plus a fit margin within capacity, planner.memory.estimate).
+    reserve: Annotated[float | None, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = None
 
 
 class StackSpec(StrictModel):

@@ -41,7 +41,7 @@ def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
         table.add_row("offloaded to host (per GPU)", fmt(est.host_bytes))
     if est.capacity_bytes is not None:
         table.add_row("capacity", fmt(est.capacity_bytes))
-        table.add_row(f"usable (after {est.reserve:.0%} reserve)", fmt(est.usable_bytes))
+        table.add_row(f"usable ({est.fit_rule})", fmt(est.usable_bytes))
         headroom = est.headroom_bytes
         sign = "" if headroom >= 0 else "−"
         table.add_row("headroom", f"{sign}{fmt(abs(headroom))}")

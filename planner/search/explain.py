@@ -124,7 +124,7 @@ def explain(
                 f"memory: the closest layout ({closest['gpus']}× {closest['gpu']}, tp {closest['tp']}, "
                 f"pp {closest['pp']}, zero {closest['zero']}, offload {closest['offload']}) needs "
                 f"{format_bytes(closest['memory_bytes'], gib=True)} per GPU, has "
-                f"{format_bytes(closest['usable_bytes'], gib=True)} after the reserve "
+                f"{format_bytes(closest['usable_bytes'], gib=True)} usable "
                 f"(short by {format_bytes(short, gib=True)})")
             out["steps"] = document_steps(req, raw, closest)
         else:

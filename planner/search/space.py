@@ -370,7 +370,7 @@ def gpu_table(req: SearchRequest) -> GpuTable:
                          for f in GpuPerf.__dataclass_fields__))
 
     return GpuTable(
-        usable_bytes=np.array([usable_bytes(g.memory_bytes, reserve) for g in req.gpus], dtype=np.int64),
+        usable_bytes=np.array([usable_bytes(g.memory_bytes, req.rs.profile, reserve) for g in req.gpus], dtype=np.int64),
         host_bytes_per_node=np.array([g.host_ram_budget_bytes for g in req.gpus]),
         gpus_per_node=np.array([g.gpus_per_node for g in req.gpus], dtype=np.int64),
         whole_node=np.array([g.whole_node_only for g in req.gpus]),

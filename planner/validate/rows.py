@@ -178,6 +178,11 @@ def _litgpt_config(row: dict[str, str]) -> str | None:
     return found.group(1) if found and _is_litgpt(row) else None
 
 
+def lay_flash(row: dict[str, str]) -> bool:
+    """The row's attention is a FlashAttention kernel (FA2 named, or SDPA's flash path)."""
+    return (row.get("flash_attn") or "").strip().lower() in ("fa2", "fa3", "flash", "yes")
+
+
 def lora_targets(text: str) -> list[str]:
     """'q,v' -> [q, v]; 'mlp(...)' adds gate, up and down; 'all linear' -> all."""
     text = text.lower()
@@ -202,14 +207,24 @@ def _checkpointing(text: str) -> str:
 
 
 def _zero(text: str) -> int:
+    """ZeRO stage of a ``zero_or_fsdp`` cell: FSDP full/hybrid shard and Megatron's FSDP are
+    stage 3, Megatron's distributed optimizer stage 1; FSDP ``NO_SHARD`` is plain data parallel."""
     text = text.lower()
-    if "zero3" in text or "full_shard" in text:
+    if "no_shard" in text:
+        return 0
+    if "zero3" in text or "full_shard" in text or "fsdp=1" in text:
         return 3
-    if "zero2" in text:
+    if "zero2" in text or "shard_grad_op" in text:
         return 2
-    if "zero1" in text or "distributed optimizer" in text:
+    if "zero1" in text or "distributed optimizer" in text or "dist-opt" in text:
         return 1
     return 0
+
+
+#: ``framework`` column values (a documented recipe fact) on the Hugging Face stack, and those
+#: that run their own loop or patched kernels.
+HF_FRAMEWORKS = frozenset({"hf-trainer", "hf-accelerate", "trl", "axolotl", "llama-factory", "peft"})
+OWN_LOOP_FRAMEWORKS = frozenset({"litgpt", "torchtune", "torchtitan", "unsloth", "nemo", "megatron"})
 
 
 def scenario_of(row: dict[str, str]) -> dict[str, Any]:
@@ -217,6 +232,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     method = row["method"].strip()
     if method not in ("full", "lora", "qlora"):
         raise Unmodelable(f"method {method!r}: only full, lora and qlora runs are modelled")
+    if method == "lora" and (row.get("quant_bits") or "").strip() == "8":
+        raise Unmodelable("an 8-bit base (LLM.int8 LoRA): not modelled")
     notes = row.get("notes", "")
     opt_text = row["optimizer"].lower()
     prec_text = row["precision"].lower()
@@ -224,13 +241,18 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     every = " ".join((row.get("source", ""), opt_text, prec_text, low)).lower()
     # Frameworks with their own loops or kernels (Unsloth patches the model's layers) are not
     # the plain Hugging Face stack, whatever libraries their rows mention.
-    own_loop = re.search(r"lit-?gpt|torchtune|torchtitan|unsloth", row.get("source", "").lower())
-    hf_stack = any(word in every for word in HF_STACK_WORDS) and not own_loop
+    framework = (row.get("framework") or "").strip().lower()
+    own_loop = framework in OWN_LOOP_FRAMEWORKS or re.search(
+        r"lit-?gpt|torchtune|torchtitan|unsloth", row.get("source", "").lower())
+    hf_stack = framework in HF_FRAMEWORKS or any(word in every for word in HF_STACK_WORDS)
+    hf_stack = hf_stack and not own_loop
     wl: dict[str, Any] = {"method": method, "seq_len": int(_num(row, "seq_len")),
                           "micro_batch": int(_num(row, "micro_batch"))}
     # Precision: FP32 master weights ("mixed") only where the row says so.
     if "fp32 master" in prec_text or "deepspeed" in opt_text and method == "full":
         wl["precision"] = "mixed"
+    elif "-mixed" in prec_text and "fp16" not in prec_text:
+        wl["precision"] = "mixed"  # Lightning's "bf16-mixed": FP32 weights, 16-bit autocast
     elif "fp16" in prec_text:
         wl["precision"] = "fp16"
     elif method != "full" and hf_stack and "bf16" in prec_text:
@@ -269,7 +291,17 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         # Hugging Face QLoRA scripts cast the norms to FP32: peft's
         # prepare_model_for_kbit_training casts every 16-bit weight, and the QLoRA reference
         # script (qlora.py) and TRL cast embeddings and lm_head back to 16 bits.
-        if wl["quant_type"] == "nf4" and hf_stack:
+        sharded = _zero(row.get("zero_or_fsdp", "")) == 3 and int(_num(row, "gpus", 1)) > 1
+        if wl["quant_type"] == "nf4" and hf_stack and sharded:
+            # TRL skips prepare_model_for_kbit_training for a sharded QLoRA model (its 4-bit
+            # weights loaded on CPU/meta for FSDP or ZeRO-3, ``is_sharded_qlora``), and the
+            # FSDP/ZeRO-3 QLoRA guides keep every weight in the quant-storage dtype: no FP32 norms.
+            wl["kbit_prep"] = "none"
+        elif wl["quant_type"] == "nf4" and framework == "axolotl" and lay_flash(row):
+            # axolotl casts norms, embeddings and lm_head back to the training dtype after
+            # prepare_model_for_kbit_training when FlashAttention is on (its loader, since 2023-08).
+            wl["kbit_prep"] = "none"
+        elif wl["quant_type"] == "nf4" and hf_stack:
             wl["kbit_prep"] = _kbit_prep(every, dated)
             if wl["kbit_prep"] == "none":  # TRL since 0.26 casts the adapters to bf16 instead
                 wl["adapter_dtype"] = "compute"
@@ -279,7 +311,12 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     # the first batch" in the notes): the peak step has no earlier step's logits beside it.
     if _is_litgpt(row) and re.search(r"into (the )?first batch", low):
         wl["peak_at_first_step"] = True
-    if _torchtune_before_chunked_loss(row) and "chunk" not in low:
+    loss_impl = (row.get("loss_impl") or "").strip().lower()
+    if loss_impl in ("chunked", "chunked-ce"):
+        wl["loss"] = "chunked"
+    elif loss_impl in ("fused-linear-ce", "fused"):  # Liger / Cut Cross-Entropy: no full logits
+        wl["loss"] = "fused"
+    elif _torchtune_before_chunked_loss(row) and "chunk" not in low:
         wl["loss"] = "held_fp32"
     elif re.search(r"chunked_ce\s*=\s*(no|false)", low):
         pass
@@ -294,7 +331,9 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     wl["fp8"] = "float8" in prec_text
     accum = re.search(r"grad(?:ient)? accumulation (\d+)", low)
     micro = re.search(r"split into (\d+) micro-batches", low)
-    if micro:
+    if _num(row, "grad_accum") is not None:  # the column, where a file has it
+        wl["grad_accum"] = int(_num(row, "grad_accum"))
+    elif micro:
         wl["grad_accum"] = int(micro.group(1))
     elif accum:
         wl["grad_accum"] = int(accum.group(1))
@@ -312,13 +351,16 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         "zero": _zero(row.get("zero_or_fsdp", "")),
         "checkpointing": _checkpointing(row.get("grad_ckpt", "")),
         "attention": "eager" if row.get("flash_attn", "").strip() == "eager" else "flash",
-        "activation_offload": offload == "activations",
+        "activation_offload": "activations" in offload,
     }
-    if lay["gpus"] == 1 and lay["zero"]:
+    if lay["gpus"] == 1 and lay["zero"] and "optimizer" not in offload:
         lay["zero"] = 0 if lay["zero"] < 3 else 3
     if "params" in offload:
         lay["offload"] = "optimizer+params"
         lay["zero"] = 3
+    elif "optimizer" in offload and "paged" not in offload:  # ZeRO-Offload: states and step on CPU
+        lay["offload"] = "optimizer"
+        lay["zero"] = max(lay["zero"], 1)
     fsdp = row.get("zero_or_fsdp", "").lower()
     # Qwen's scripts run ZeRO-2 with ``finetune/ds_config_zero2.json`` (the only ZeRO-2 config).
     if _zero(fsdp) == 2 and row.get("source", "").lower().startswith("qwen"):

@@ -1,0 +1,111 @@
+"""Fit verdicts: one rule (device bytes plus the fit margin) in estimate, search and validation,
+and the published runs of data/verdicts.csv judged by it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import planner
+from planner import catalog
+from planner.cli.main import app
+from planner.memory.estimate import FIT_MARGIN, SEED_RESERVE, usable_bytes
+from planner.validate.rows import Unmodelable
+from planner.validate.verdicts import capacity_of, catalog_model, judge_row, read_rows, validate_verdicts
+
+ROOT = Path(__file__).resolve().parents[1]
+VERDICTS = ROOT / "data" / "verdicts.csv"
+LORA_8B = {"model": "llama-3.1-8b", "method": "lora", "seq_len": 2048, "micro_batch": 1,
+           "gpu": "a100-80gb", "gpus": 1, "checkpointing": "full"}
+
+
+def test_detailed_fit_rule_is_device_bytes_plus_the_margin():
+    """No flat reserve under the detailed profile: usable = capacity / (1 + margin)."""
+    cap = catalog.get_gpu("a100-80gb").memory_bytes
+    usable = usable_bytes(cap, "detailed")
+    assert usable * (1 + FIT_MARGIN) <= cap < (usable + 1) * (1 + FIT_MARGIN)
+    assert usable > cap * (1 - SEED_RESERVE)  # less withheld than the seed's 10 %
+    assert usable_bytes(cap, "seed") == int(cap * (1 - SEED_RESERVE))
+    assert usable_bytes(cap, "detailed", 0.2) == int(cap * 0.8)  # a reserve given wins
+
+
+def test_estimate_and_plan_use_the_same_fit_rule():
+    est = planner.estimate(**LORA_8B)
+    cap = est.capacity_bytes
+    assert est.usable_bytes == usable_bytes(cap, "detailed")
+    assert "fit margin" in est.fit_rule and est.reserve is None
+    seed = planner.estimate(**LORA_8B, profile="seed")
+    assert seed.usable_bytes == usable_bytes(cap, "seed") and "10%" in seed.fit_rule
+    given = planner.estimate(**LORA_8B, reserve=0.3)
+    assert given.usable_bytes == usable_bytes(cap, "detailed", 0.3) and given.reserve == 0.3
+
+
+@pytest.mark.parametrize("cell, gib", [
+    ("Tesla T4 (Colab, 14.75 GiB)", 14.75), ("139.72 GiB GPU (H200 class)", 139.72),
+    ("L20 (45G)", 45), ("A5000 24GB", 24), ("80GB GPU (README: '8 GPUs (80GB of VRAM)')", 80),
+])
+def test_capacity_stated_in_the_cell(cell, gib):
+    assert capacity_of(cell) == int(gib * 2**30)
+
+
+@pytest.mark.parametrize("cell, gpu", [
+    ("A100-80GB", "a100-sxm-80gb"), ("A100-SXM4-40GB ('A100 40GB SMX')", "a100-sxm-40gb"),
+    ("H100-SXM-80GB (DGX-H100)", "h100-sxm-80gb"), ("RTX 3090 (power-limited 280W, no NVLink)", "rtx-3090"),
+    ("B200 (DGX-B200)", "b200"), ("V100-SXM3-32GB", "v100-32gb"),
+])
+def test_capacity_of_a_named_card_is_the_catalog_s(cell, gpu):
+    assert capacity_of(cell) == catalog.get_gpu(gpu).memory_bytes
+
+
+def test_unknown_card_without_a_size_is_unmodelled():
+    with pytest.raises(Unmodelable, match="gpu_type"):
+        capacity_of("GB200 (DGX-GB200)")  # B200 must not match inside GB200
+
+
+def test_model_cell_resolves_through_its_hub_id_or_variant_tags():
+    assert catalog_model("Llama-2-70b-chat-hf (NousResearch)") == "llama-2-70b"
+    assert catalog_model("Meta-Llama-3.1-8B-Instruct-bnb-4bit") == "llama-3.1-8b"
+    with pytest.raises(Unmodelable, match="not in the catalog"):
+        catalog_model("GPT-2 10B (Megatron GPT-2: 50 layers, hidden 4096, 32 heads)")
+
+
+def test_unstated_checkpointing_is_read_as_the_least_memory():
+    """A run that ran fits under some reading of what its source left out."""
+    row = next(r for r in read_rows(VERDICTS) if r["id"] == "V016")  # checkpointing unstated
+    assert not row["grad_ckpt"].strip()
+    unstated = judge_row(row)
+    stated_none = judge_row({**row, "grad_ckpt": "no"})
+    assert unstated.predicted_bytes < stated_none.predicted_bytes
+
+
+def test_eight_bit_lora_is_not_passed_off_as_16_bit():
+    row = next(r for r in read_rows(VERDICTS) if r["id"] == "V051")
+    got = judge_row(row)
+    assert got.judged_fit is None and "8-bit" in got.reason and not got.right
+
+
+def test_verdicts_file_scores_at_least_the_published_figures():
+    """The figures the README quotes (a floor: physics that loses a verdict fails here)."""
+    result = validate_verdicts(VERDICTS)
+    ran, oom = result["ran"], result["oom"]
+    assert ran["rows"] >= 40 and oom["rows"] >= 15
+    assert ran["share_right_modelled"] >= 0.90
+    assert oom["share_right_modelled"] >= 0.60
+    for r in result["results"]:  # every modelled verdict is the estimate's own rule
+        if r["judged_fit"] is not None:
+            assert r["judged_fit"] == (r["predicted_bytes"] <= r["usable_bytes"])
+            assert r["usable_bytes"] == usable_bytes(r["capacity_bytes"], "detailed")
+
+
+def test_validate_verdicts_cli(tmp_path):
+    out = CliRunner().invoke(app, ["validate", "--verdicts", str(VERDICTS), "--json"])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert got["fit_margin"] == FIT_MARGIN and len(got["results"]) == got["ran"]["rows"] + got["oom"]["rows"]
+    bad = tmp_path / "v.csv"
+    bad.write_text("id,model\nx,llama-2-7b\n")
+    out = CliRunner().invoke(app, ["validate", "--verdicts", str(bad)])
+    assert out.exit_code == 2 and "missing column verdict" in out.output
