@@ -277,3 +277,17 @@ def test_optimizer_list_is_searched():
     assert {p.optimizer for p in plans} <= {"adamw", "adam8bit"}
     for p in plans:
         assert check_plan(raw, p) == []
+
+
+def test_equal_objective_ties_go_to_the_cheaper_hour():
+    """Fewest GPUs: one GPU of any of four types fits; the ranking among these equals is by
+    price per hour, cheapest first (not the catalog's order, which lists the H100 first)."""
+    raw = {"name": "tie", "model": "llama-3.2-1b",
+           "workload": {"method": "lora", "seq_len": 2048, "micro_batch": 1, "global_batch": 8},
+           "search": {"gpu_types": ["h100", "a100-80gb", "l40s", "rtx-4090"]}, "objective": "gpus", "top": 10}
+    got = planner.plan(raw)
+    assert got.plans and all(p.gpus == 1 for p in got.plans)
+    hourly = [p.hourly_usd for p in got.plans]
+    assert hourly == sorted(hourly) and hourly[0] < hourly[-1]
+    assert got.plans[0].gpu == "rtx-4090"
+    assert all(check_plan(raw, p) == [] for p in got.plans)

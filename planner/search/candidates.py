@@ -323,9 +323,14 @@ def solve_top_k(req, table, cls, e: Evaluated, best: np.ndarray, time_limit_s: f
     a = {k: cls.a[k][e.cls_index[best]] for k in ("offload", "zero", "tp", "pp", "cp", "ep")}
     zero_eff = np.where(ev["dp"] * a["cp"] > 1, a["zero"], 0)
     # The lexicographic order as ranks (small integers): relaxation tier and objective (the
-    # key), then, among equals, the simpler plan: no offload, a lower ZeRO stage, fewer
+    # key), then, among equals, the cheaper plan per hour (for fewest GPUs or shortest time; the
+    # faster for a cost objective), then the simpler plan: no offload, a lower ZeRO stage, fewer
     # model-parallel ranks, then the catalog's order.
-    order = np.lexsort((g, a["tp"] * a["pp"] * a["cp"] * a["ep"], zero_eff, a["offload"], e.key[best]))
+    if req.objective in ("gpus", "time"):
+        second = np.where(np.isfinite(ev["hourly_usd"]), ev["hourly_usd"], np.inf)
+    else:
+        second = ev["time_s"]
+    order = np.lexsort((g, a["tp"] * a["pp"] * a["cp"] * a["ep"], zero_eff, a["offload"], second, e.key[best]))
     rank = np.empty(len(best), dtype=np.int64)
     rank[order] = np.arange(len(best))
     cols = Columns(
