@@ -36,11 +36,16 @@ NF4_DQ_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 #: GPTQ int4 (AutoGPTQ, group size 128): packed int4 weights, an FP16 scale and a packed int4 zero
 #: point per group of 128 inputs; the int32 ``g_idx`` per input row is counted separately.
 GPTQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
-#: A bitsandbytes 4-bit base measures more than its tensors: the QLoRA paper (Dettmers et al.
-#: 2023, §2) reports 5,048 MB for LLaMA-7B's 4-bit base against 3.87 GB analytic (NF4 + DQ
-#: linears + 16-bit embeddings): 1.18 GB over 6.48e9 quantized weights = 0.18 bytes each.
-#: Unexplained there (CUDA/cuBLAS state, dequantization buffers); counted per quantized weight.
-BNB_4BIT_MEASURED_OVERHEAD = 0.18
+#: A bitsandbytes 4-bit base measures more than its tensors. The QLoRA paper's memory breakdown
+#: (Dettmers et al. 2023, Fig. 6; batch 1, 512 tokens, checkpointing) gives the 4-bit model part
+#: of LLaMA 7B/13B/33B/65B as 5,046 / 8,476 / 19,302 / 37,074 MB against 3.87 / 7.21 / 17.4 /
+#: 34.0 GB analytic (NF4 + DQ linears, 16-bit embeddings and head): excesses of 1.18 / 1.27 / 1.9 /
+#: 3.07 GB, which a fixed part plus a part per quantized weight fit within 0.13 GB:
+#: 0.97 GB + 0.033 bytes per weight. The fixed part holds the CUDA context the detailed profile
+#: counts on its own (``CUDA_CONTEXT_BYTES``, 0.47 GB): 0.5 GB is left per GPU (cuBLAS workspace,
+#: bitsandbytes' buffers); the per-weight part is counted on each quantized weight.
+BNB_4BIT_MEASURED_OVERHEAD = 0.033
+BNB_4BIT_FIXED_BYTES = 0.5e9
 #: LLM.int8 (bitsandbytes 8-bit): int8 weights plus an FP32 scale per output row (counted per row).
 INT8_BYTES = 1.0
 
@@ -194,6 +199,8 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
         frozen = n_local * e
         per_expert = e
     put("weights", spread(frozen - n_exp * per_expert, n_exp * per_expert, "weights"), on_host_w)
+    if workload.method == "qlora" and bnb:
+        put("weights", BNB_4BIT_FIXED_BYTES)  # per GPU, whatever the sharding
     shapes = adapter_shapes(model, workload)
     r = workload.lora_rank
     n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (tp * pp)
