@@ -189,3 +189,68 @@ def test_context_warning_reaches_the_estimate():
     assert result.exit_code in (0, 1), result.output  # 1: does not fit; the estimate still prints
     data = json.loads(result.output)
     assert any("max_position_embeddings" in w for w in data["warnings"])
+
+
+@pytest.mark.parametrize(
+    "typed, expected",
+    [
+        # The original LLaMA as converted by huggyllama, and the old decapoda spellings.
+        ("huggyllama/llama-65b", "llama-65b"),
+        ("huggyllama/llama-7b", "llama-7b"),
+        ("decapoda-research/llama-30b-hf", "llama-30b"),
+        ("LLaMA-33B", "llama-30b"),
+        # Yi: the original release and Yi-1.5 are different entries.
+        ("01-ai/Yi-34B", "yi-34b"),
+        ("01-ai/Yi-34B-Chat", "yi-34b"),
+        ("01-ai/Yi-1.5-34B", "yi-1.5-34b"),
+        # Falcon, BLOOM, Gemma 1, Phi, Qwen1.5, GPT-2, OLMo 2, Code Llama hub ids.
+        ("tiiuae/falcon-7b", "falcon-7b"),
+        ("tiiuae/falcon-40b-instruct", "falcon-40b"),
+        ("bigscience/bloom-7b1", "bloom-7b1"),
+        ("bigscience/bloom", "bloom-176b"),
+        ("google/gemma-2b", "gemma-2b"),
+        ("google/gemma-7b-it", "gemma-7b"),
+        ("microsoft/phi-1_5", "phi-1.5"),
+        ("microsoft/phi-2", "phi-2"),
+        ("Qwen/Qwen1.5-7B-Chat", "qwen1.5-7b"),
+        ("Qwen/Qwen1.5-72B-Chat-GPTQ-Int4", "qwen1.5-72b"),
+        ("openai-community/gpt2-xl", "gpt2-xl"),
+        ("allenai/OLMo-2-1124-13B-Instruct", "olmo-2-13b"),
+        ("codellama/CodeLlama-7b-Instruct-hf", "codellama-7b"),
+    ],
+)
+def test_more_hub_ids_resolve(typed, expected):
+    assert catalog.get_model(typed).id == expected
+
+
+def test_older_generations_are_not_their_successors():
+    """LLaMA 1, Gemma 1, Yi and Qwen1.5 share names with later releases but not their shapes."""
+    assert catalog.get_model("llama-7b").max_position == 2048
+    assert catalog.get_model("llama-2-7b").max_position == 4096
+    assert catalog.get_model("gemma-2b").norms_per_layer == 2
+    assert catalog.get_model("gemma-2-2b").norms_per_layer == 4
+    assert catalog.get_model("yi-34b").id != catalog.get_model("yi-1.5-34b").id
+    assert catalog.get_model("qwen1.5-7b").vocab == 151936
+
+
+@pytest.mark.parametrize(
+    "typed, wanted",
+    [("falcon-11b", "falcon"), ("bloom-3b", "bloom"), ("tiiuae/falcon-180b", "falcon"),
+     ("gemma-3b", "gemma"), ("olmo-2-9b", "olmo"), ("yi-9b", "yi")],
+)
+def test_new_families_keep_their_suggestions(typed, wanted):
+    with pytest.raises(UnknownName) as info:
+        catalog.get_model(typed)
+    message = str(info.value)
+    assert "did you mean" in message
+    suggested = message.split("did you mean ", 1)[1].split("?", 1)[0].split(", ")
+    assert suggested and all(catalog.get_model(s).family == wanted for s in suggested), message
+
+
+@pytest.mark.parametrize("name", ["falcon-7b", "falcon-40b", "bloom-7b1", "phi-1.5", "phi-2"])
+def test_layernorm_models_carry_their_layout(name):
+    """Falcon and Phi: parallel attention (Falcon-7B and Phi: one LayerNorm per layer); BLOOM: ALiBi."""
+    model = catalog.get_model(name)
+    assert model.norm == "layernorm" and not model.gated_mlp
+    assert model.norms_per_layer == (2 if name in ("falcon-40b", "bloom-7b1") else 1)
+    assert (model.position == "alibi") == name.startswith("bloom")
