@@ -73,12 +73,13 @@ def test_fsdp_qlora_70b_on_two_24gb_gpus():
     """PEFT docs, "FSDP with QLoRA" (``docs/source/accelerate/fsdp.md``): Llama-2-70B, QLoRA
     (NF4, bf16 quant storage, r=8 on all linear layers), FSDP full shard with CPU offload of
     parameters, 2 × 24 GB, micro-batch 2 × 2048 tokens, gradient checkpointing, flash attention,
-    TRL's SFTTrainer (norms FP32): "the memory consumed per GPU is 19.6 GB". A full state dict
+    TRL's SFTTrainer, which skips ``prepare_model_for_kbit_training`` for a sharded QLoRA model
+    (``is_sharded_qlora``: norms stay bf16): "the memory consumed per GPU is 19.6 GB". A full state dict
     at the save goes to the CPU unit by unit (``FullStateDictConfig(offload_to_cpu=True,
     rank0_only=True)``): the GPU never holds the whole 70B model (the old figure was 159 GB)."""
     raw = {"model": "llama-2-70b",
            "workload": {"method": "qlora", "precision": "mixed", "seq_len": 2048,
-                        "micro_batch": 2, "grad_accum": 2, "lora_rank": 8, "kbit_prep": "trl",
+                        "micro_batch": 2, "grad_accum": 2, "lora_rank": 8, "kbit_prep": "none",
                         "double_quant": False},
            "layout": {"gpu": "rtx-4090", "gpus": 2, "zero": 3, "offload": "optimizer+params",
                       "checkpointing": "full", "full_state_dict": True}}
@@ -173,7 +174,8 @@ def test_fsdp_and_zero3_lora_rows_of_the_calibration_set():
     """The ZeRO-3/FSDP LoRA rows of ``data/measured_calibration.csv`` (litgpt FSDP, max_allocated;
     Qwen-72B ZeRO-3, reported). With two units of the larger of layer and end as the gather they
     were −3 … −15 % (median −5.5 %); with the root kept unsharded beside two layer units,
-    −7.4 … +1.0 % (median −2.0 %)."""
+    −7.4 … +1.0 % (median −2.0 %); with DeepSpeed ZeRO-3's fragmentation of sharded gathers in
+    the reserved view, the Qwen-72B rows are −3.1 % and +5.1 % (litgpt rows are allocated)."""
     from pathlib import Path
 
     from planner.validate.score import read_rows, validate_rows
@@ -183,5 +185,41 @@ def test_fsdp_and_zero3_lora_rows_of_the_calibration_set():
             and any(k in r["zero_or_fsdp"].lower() for k in ("zero3", "fsdp_full_shard (lightning"))]
     assert len(rows) == 10
     errors = sorted(r.signed_error for r in validate_rows(rows, "detailed"))
-    assert all(-0.08 <= e <= 0.03 for e in errors), errors
+    assert all(-0.08 <= e <= 0.06 for e in errors), errors
     assert abs(errors[len(errors) // 2]) <= 0.03
+
+
+# --- Caching-allocator fragmentation under sharded gathers ------------------------------------
+
+def test_fsdp1_gathers_fragment_more_than_fsdp2():
+    """FSDP1/ZeRO-3 free gathered units through ``record_stream``; FSDP2 with stream waits. The
+    allocated bytes are the same; only the reserved (and device) view differs."""
+    raw = {"model": "llama-2-7b", "workload": {"method": "lora", "seq_len": 2048, "micro_batch": 4},
+           "layout": {"gpus": 2, "zero": 3, "checkpointing": "full"}}
+    one = _estimate(raw).predicted
+    two = _estimate({**raw, "layout": {**raw["layout"], "fsdp_version": 2}}).predicted
+    assert one["allocated_bytes"] == two["allocated_bytes"]
+    assert one["reserved_bytes"] > two["reserved_bytes"]
+    # replicated data parallelism gathers nothing: the version is moot
+    flat = {**raw, "layout": {"gpus": 2, "zero": 2, "checkpointing": "full"}}
+    assert (_estimate(flat).predicted
+            == _estimate({**flat, "layout": {**flat["layout"], "fsdp_version": 2}}).predicted)
+
+
+def test_sharded_reserved_rows_of_other_sources():
+    """max_reserved of FSDP1 runs (Answer.AI fsdp_qlora, Feb–Mar 2024, GiB, 2× RTX 3090/4090,
+    full shard, ``data/measured_calibration_more.csv``): with the 0.15 fragmentation of
+    unsharded runs the profile was 15–29 % low on every one of them (median −18 %); with
+    the sharded share, the median is within ±8 %."""
+    from pathlib import Path
+
+    from planner.validate.score import read_rows, validate_rows
+
+    csv = Path(__file__).resolve().parent.parent / "data" / "measured_calibration_more.csv"
+    rows = [r for r in read_rows(csv) if r["source"].startswith("Answer.AI")
+            and r["measure_kind"] == "max_reserved" and "full_shard" in r["zero_or_fsdp"]
+            and r["model"].lower().startswith(("llama-2-7b", "mistral"))]
+    assert len(rows) >= 10
+    errors = sorted(r.signed_error for r in validate_rows(rows, "detailed"))
+    assert abs(errors[len(errors) // 2]) <= 0.08, errors
+    assert sum(e < -0.15 for e in errors) <= 2, errors

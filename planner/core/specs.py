@@ -323,6 +323,11 @@ class Layout(StrictModel):
     #: DeepSpeed ZeRO-1/2 with contiguous_gradients: gradient buckets allocated at each backward,
     #: in elements of the compute dtype (reduce_bucket_size, twice with overlap_comm).
     zero_bucket_elements: NonNegCount = 0
+    #: How ZeRO-3 gathers are freed: 1 for FSDP1 and DeepSpeed ZeRO-3 (``record_stream``: a block
+    #: returns to the all-gather stream's pool once the GPU is done with it, which fragments the
+    #: caching allocator's segments), 2 for FSDP2 (``fully_shard``: stream-to-stream waits, the
+    #: frees deterministic). The detailed profile's reserved view.
+    fsdp_version: Literal[1, 2] = 1
 
 
 #: Bounds of the overrides: finite, non-negative and at most what one GPU could ever hold, so no

@@ -34,6 +34,19 @@ NCCL_COMMUNICATOR_BYTES = 500 * 10**6
 #: ``max_memory_allocated``. GMLake (ASPLOS'24): the PyTorch allocator wastes ~15 % on average
 #: (up to 33 %) on LLM training; persistent states, allocated once, fragment little.
 ALLOCATOR_FRAGMENTATION = 0.15
+#: The same share under ZeRO-3 / FSDP1 across GPUs: every layer's parameters are gathered into
+#: fresh blocks and freed again in the forward, the recomputation and the backward, on the
+#: all-gather stream (``record_stream``: a block returns to that stream's pool only once the GPU
+#: is done with it), interleaved with the activations' allocations of other sizes. GMLake
+#: (ASPLOS'24, Fig. 3) measures the caching allocator's fragmentation rising as ZeRO-3,
+#: recomputation and LoRA are combined. FSDP2 frees its gathers with stream waits instead
+#: (``Layout.fsdp_version``); torchtitan's FSDP2 rows of data/measured_calibration.csv keep the
+#: 0.15 above. Guess: 0.4. Sharded runs show 0.3–0.9 of their churning memory between
+#: max_reserved (or nvidia-smi) and max_allocated (Answer.AI fsdp_qlora, median 0.5; PEFT's
+#: FSDP/ZeRO-3 guides, 0.3–0.9; data/measured_calibration_more.csv); 0.4 and 0.5 score the same
+#: on those peaks (MdAPE 16.3 %) and 0.4 calls fewer of the published runs that ran on 24 GB
+#: cards out of memory (data/verdicts.csv).
+ALLOCATOR_FRAGMENTATION_SHARDED = 0.4
 #: FSDP / ZeRO-3 units gathered at once: the one computing and the one prefetched (FSDP
 #: ``BackwardPrefetch.BACKWARD_PRE`` and forward prefetch hold two units' unsharded parameters).
 ZERO3_LIVE_UNITS = 2
@@ -259,6 +272,8 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     end_grads = persistent.get("gradients", reduced) if wl.peak_at_first_step else reduced
     best: tuple[float, str, dict[str, float], float] | None = None
     reserved = 0.0
+    gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
+    frag = ALLOCATOR_FRAGMENTATION_SHARDED if gathers and layout.fsdp_version == 1 else ALLOCATOR_FRAGMENTATION
     stages = [True] if layout.pp == 1 else [False, True]
     for last in stages:
         a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
@@ -311,8 +326,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             # keeps them in that stream's pool once made, so phases that gather nothing (the
             # optimizer step, a save) still hold them reserved.
             cached = buf["gather"] if name in ("optimizer step", "full state dict") else 0.0
-            reserved = max(reserved, total + cached
-                           + ALLOCATOR_FRAGMENTATION * max(transient, 0.0))
+            reserved = max(reserved, total + cached + frag * max(transient, 0.0))
             if best is None or total > best[0]:
                 best = (total, name + (" (last stage)" if last and layout.pp > 1 else ""),
                         parts, a["host"])

@@ -380,6 +380,10 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         lay["fsdp_mixed_units"] = True
     if int(_num(row, "layers", 1)) % lay["pp"]:
         lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
+    # FSDP2 (``fully_shard``): torchtitan always, torchtune's distributed recipes since v0.3.
+    if lay["zero"] == 3 and ("fsdp2" in fsdp or framework in ("torchtitan", "torchtune")
+                             or re.match(r"torchtitan", row.get("source", "").lower())):
+        lay["fsdp_version"] = 2
     if lay["tp"] > 1:
         lay["sp"] = True  # torchtitan's TP shards norms and dropout regions (sequence parallel)
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
