@@ -278,8 +278,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     if method == "qlora":
         if "gptq" in prec_text or "gptq" in low:
             wl["quant_type"] = "gptq"
-        elif "nf4 base" in prec_text:  # torchtune: torchao's NF4Tensor
-            wl["quant_type"] = "torchao-nf4"
+        elif "nf4 base" in prec_text and not (hf_stack or framework == "unsloth"):
+            wl["quant_type"] = "torchao-nf4"  # torchtune: torchao's NF4Tensor
         else:
             wl["quant_type"] = "nf4"  # bitsandbytes
         # litgpt's QLoRA ran bitsandbytes before 0.43.2 for every row here (its pyproject pinned
@@ -306,7 +306,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
             if wl["kbit_prep"] == "none":  # TRL since 0.26 casts the adapters to bf16 instead
                 wl["adapter_dtype"] = "compute"
         # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
-        wl["double_quant"] = "nf4-dq" in low or "double quant)" in low or "nf4 base" in prec_text
+        wl["double_quant"] = ("nf4-dq" in low or "double quant)" in low
+                              or wl["quant_type"] == "torchao-nf4")
     # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into
     # the first batch" in the notes): the peak step has no earlier step's logits beside it.
     if _is_litgpt(row) and re.search(r"into (the )?first batch", low):
@@ -314,7 +315,10 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     loss_impl = (row.get("loss_impl") or "").strip().lower()
     if loss_impl in ("chunked", "chunked-ce"):
         wl["loss"] = "chunked"
-    elif loss_impl in ("fused-linear-ce", "fused"):  # Liger / Cut Cross-Entropy: no full logits
+    elif loss_impl in ("fused-linear-ce", "fused") or framework == "unsloth" and not loss_impl:
+        # Liger / Cut Cross-Entropy: no full logits. Unsloth computes its loss with Apple's Cut
+        # Cross-Entropy for every model since its Llama 3.3 release (Unsloth blog "llama3-3", Dec
+        # 2024) unless a cell says otherwise.
         wl["loss"] = "fused"
     elif _torchtune_before_chunked_loss(row) and "chunk" not in low:
         wl["loss"] = "held_fp32"
@@ -324,7 +328,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
         wl["loss"] = "chunked" if method != "full" else "standard"
     elif re.search(r"chunked[ _]ce|cewithchunkedoutputloss", low):
         wl["loss"] = "chunked"
-    if not re.search(r"compile\s*=\s*(no|false)", low) and re.search(r"\bcompile\b", low):
+    if not re.search(r"compile\s*=\s*(no|false)|\bno (torch\.)?compile\b", low) \
+            and re.search(r"\bcompile\b", low):
         wl["compile"] = True
         if any(c in notes for c in TORCHTITAN_COMPILED_LOSS_COMMITS) and "loss" not in wl:
             wl["loss"] = "compiled"
