@@ -272,39 +272,35 @@ app.command("export")(_export)
 
 @app.command()
 def validate(
-    file: Annotated[Path, typer.Argument(help="Measured runs, CSV (columns of data/measured_calibration.csv, "
-                                              "of data/measured_throughput.csv with --kind throughput, or of "
-                                              "data/verdicts.csv with --verdicts).")],
+    files: Annotated[list[Path], typer.Argument(help="Measured runs, CSV (columns of data/measured_calibration.csv, "
+                                                    "of data/measured_throughput.csv with --kind throughput, or of "
+                                                    "data/verdicts.csv with --verdicts); several memory files are "
+                                                    "scored together.", metavar="FILE...")],
     kind: Annotated[str, typer.Option("--kind", help="memory (peak bytes) | throughput (tokens/s per GPU)")] = "memory",
     profile: Annotated[str, typer.Option(help="seed | detailed (memory)")] = "detailed",
-    loso: Annotated[bool, typer.Option("--loso", help="throughput: predict each source with the time model's "
-                                                      "parameters refitted without it (leave one source out)")] = False,
+    loso: Annotated[bool, typer.Option("--loso", help="leave one source out: predict each source with the "
+                                                      "parameters fitted to measured rows refitted without it")] = False,
     verdicts: Annotated[bool, typer.Option("--verdicts", help="FILE holds runs known to have run or to have run "
                                                               "out of memory: score the fit verdicts")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Predict every measured run of a CSV and score the model: memory per row and method,
-    throughput per source against the 6N-at-40 %-of-peak baseline, or fit verdicts."""
+    """Predict every measured run of a CSV and score the model: memory per row and method (per
+    source with --loso), throughput per source against the 6N-at-40 %-of-peak baseline, or fit
+    verdicts."""
+    problems = []
     if kind not in ("memory", "throughput"):
-        _fail([f"--kind: {kind!r} is not memory or throughput"])
+        problems.append(f"--kind: {kind!r} is not memory or throughput")
     if profile not in ("seed", "detailed"):
-        _fail([f"profile: {profile!r} is not seed or detailed"])
-    if loso and kind != "throughput":
-        _fail(["--loso: only with --kind throughput (the memory model has no fitted parameters)"])
-    if verdicts:
-        from planner.validate.verdicts import render_tables, validate_verdicts as run
-    elif kind == "throughput":
-        from planner.validate.throughput import render_tables, validate_file
-
-        def run(path: Path) -> dict:
-            return validate_file(path, loso=loso)
-    else:
-        from planner.validate.score import render_tables, validate_file
-
-        def run(path: Path) -> dict:
-            return validate_file(path, profile)
+        problems.append(f"profile: {profile!r} is not seed or detailed")
+    if loso and (verdicts or profile != "detailed"):
+        problems.append("--loso: memory or throughput, with the detailed profile")
+    if len(files) > 1 and (verdicts or kind == "throughput" or not loso):
+        problems.append("FILE: several files only with --loso on memory")
+    if problems:
+        _fail(problems)
+    run, render_tables = _validator(kind, profile, loso, verdicts)
     try:
-        result = run(file)
+        result = run(files if len(files) > 1 or (loso and kind == "memory") else files[0])
     except InputError as exc:
         _fail(exc.problems)
         return
@@ -315,6 +311,24 @@ def validate(
     for table in render_tables(result):
         console.print(table)
 
+
+def _validator(kind: str, profile: str, loso: bool, verdicts: bool):
+    """(run(file or files) -> result, render_tables(result) -> tables) for ``validate``."""
+    if verdicts:
+        from planner.validate import verdicts as module
+
+        return module.validate_verdicts, module.render_tables
+    if kind == "throughput":
+        from planner.validate import throughput as module
+
+        return (lambda path: module.validate_file(path, loso=loso)), module.render_tables
+    if loso:
+        from planner.validate import memory_loso as module
+
+        return module.validate_loso, module.render_tables
+    from planner.validate import score as module
+
+    return (lambda path: module.validate_file(path, profile)), module.render_tables
 
 
 _register_commands(app)
