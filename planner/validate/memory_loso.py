@@ -15,7 +15,8 @@ import re
 import statistics
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from planner.memory import detailed
 from planner.validate.score import RowResult, read_rows, summarize, validate_rows

@@ -9,6 +9,7 @@ the named frameworks do by default when the row names the framework's setting.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from planner import catalog
@@ -227,95 +228,117 @@ HF_FRAMEWORKS = frozenset({"hf-trainer", "hf-accelerate", "trl", "axolotl", "lla
 OWN_LOOP_FRAMEWORKS = frozenset({"litgpt", "torchtune", "torchtitan", "unsloth", "nemo", "megatron"})
 
 
-def scenario_of(row: dict[str, str]) -> dict[str, Any]:
-    """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
+@dataclass(frozen=True)
+class RowText:
+    """The words of a row the readers below look at, lower-cased once."""
+
+    method: str
+    notes: str  # as written (commit hashes are matched case-sensitively)
+    low: str  # the notes, lower-cased
+    opt: str
+    prec: str
+    every: str  # source, optimizer, precision and notes
+    framework: str  # the ``framework`` column
+    hf_stack: bool  # the Hugging Face stack (Trainer, PEFT, TRL and the tools built on them)
+
+
+def _text_of(row: dict[str, str]) -> RowText:
     method = row["method"].strip()
     if method not in ("full", "lora", "qlora"):
         raise Unmodelable(f"method {method!r}: only full, lora and qlora runs are modelled")
     if method == "lora" and (row.get("quant_bits") or "").strip() == "8":
         raise Unmodelable("an 8-bit base (LLM.int8 LoRA): not modelled")
     notes = row.get("notes", "")
-    opt_text = row["optimizer"].lower()
-    prec_text = row["precision"].lower()
-    low = notes.lower()
-    every = " ".join((row.get("source", ""), opt_text, prec_text, low)).lower()
+    opt, prec, low = row["optimizer"].lower(), row["precision"].lower(), notes.lower()
+    every = " ".join((row.get("source", ""), opt, prec, low)).lower()
     # Frameworks with their own loops or kernels (Unsloth patches the model's layers) are not
     # the plain Hugging Face stack, whatever libraries their rows mention.
     framework = (row.get("framework") or "").strip().lower()
     own_loop = framework in OWN_LOOP_FRAMEWORKS or re.search(
         r"lit-?gpt|torchtune|torchtitan|unsloth", row.get("source", "").lower())
     hf_stack = framework in HF_FRAMEWORKS or any(word in every for word in HF_STACK_WORDS)
-    hf_stack = hf_stack and not own_loop
-    wl: dict[str, Any] = {"method": method, "seq_len": int(_num(row, "seq_len")),
-                          "micro_batch": int(_num(row, "micro_batch"))}
+    return RowText(method, notes, low, opt, prec, every, framework, bool(hf_stack and not own_loop))
+
+
+def _precision_and_optimizer(t: RowText) -> dict[str, Any]:
     # Precision: FP32 master weights ("mixed") only where the row says so.
-    if "fp32 master" in prec_text or "deepspeed" in opt_text and method == "full":
-        wl["precision"] = "mixed"
-    elif "-mixed" in prec_text and "fp16" not in prec_text:
-        wl["precision"] = "mixed"  # Lightning's "bf16-mixed": FP32 weights, 16-bit autocast
-    elif "fp16" in prec_text:
-        wl["precision"] = "fp16"
-    elif method != "full" and hf_stack and "bf16" in prec_text:
-        wl["precision"] = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
+    if "fp32 master" in t.prec or "deepspeed" in t.opt and t.method == "full":
+        precision = "mixed"
+    elif "-mixed" in t.prec and "fp16" not in t.prec:
+        precision = "mixed"  # Lightning's "bf16-mixed": FP32 weights, 16-bit autocast
+    elif "fp16" in t.prec:
+        precision = "fp16"
+    elif t.method != "full" and t.hf_stack and "bf16" in t.prec:
+        precision = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
     else:
-        wl["precision"] = "bf16"
-    wl["optimizer"] = "adam8bit" if "8bit" in opt_text or "8-bit" in opt_text else "adamw"
-    wl["optimizer_paged"] = "paged" in opt_text
-    if "optimizer_in_bwd" in opt_text or re.search(r"optimizer_in_bwd\s*=\s*(yes|true)", low):
+        precision = "bf16"
+    wl: dict[str, Any] = {"precision": precision,
+                          "optimizer": "adam8bit" if "8bit" in t.opt or "8-bit" in t.opt else "adamw",
+                          "optimizer_paged": "paged" in t.opt}
+    if "optimizer_in_bwd" in t.opt or re.search(r"optimizer_in_bwd\s*=\s*(yes|true)", t.low):
         wl["optimizer_step"] = "in_backward"
-    elif "fused" in opt_text or "deepspeed" in opt_text:
+    elif "fused" in t.opt or "deepspeed" in t.opt:
         wl["optimizer_step"] = "fused"  # torch fused AdamW; DeepSpeed's fused Adam kernels
-    # Adapters: FP32 under Hugging Face PEFT (its default) and with FP16 AMP; otherwise the
-    # framework keeps them in the parameter dtype ("states in param dtype", torchtune bf16).
-    if method != "full":
-        hf_peft = "hf trainer" in opt_text or "deepspeed" in opt_text or "fp16 amp" in prec_text
-        wl["adapter_dtype"] = "fp32" if hf_peft else "compute"
-        wl["lora_rank"] = int(_num(row, "lora_rank", 8))
-        wl["lora_targets"] = lora_targets(row.get("lora_targets", "")) or ["all"]
-        drop = re.search(r"dropout\s*=?\s*([0-9.]+)", low)
-        default = LITGPT_LORA_DROPOUT if _is_litgpt(row) else 0.0
-        wl["lora_dropout"] = float(drop.group(1)) if drop else default
-    if method == "qlora":
-        if "gptq" in prec_text or "gptq" in low:
-            wl["quant_type"] = "gptq"
-        elif "nf4 base" in prec_text and not (hf_stack or framework == "unsloth"):
-            wl["quant_type"] = "torchao-nf4"  # torchtune: torchao's NF4Tensor
-        else:
-            wl["quant_type"] = "nf4"  # bitsandbytes
-        # litgpt's QLoRA ran bitsandbytes before 0.43.2 for every row here (its pyproject pinned
-        # ``bitsandbytes==0.42.0`` from 2024-03 to 2024-12; the 2023 rows predate 0.43.2).
-        # Elsewhere a run dated before bitsandbytes 0.43.2 ran the old matmul too.
-        dated = _row_date(row)
-        wl["bnb_keeps_input"] = wl["quant_type"] == "nf4" and (
-            _is_litgpt(row) or dated is not None and dated < BNB_DROPPED_MATMUL_INPUT)
-        # Hugging Face QLoRA scripts cast the norms to FP32: peft's
-        # prepare_model_for_kbit_training casts every 16-bit weight, and the QLoRA reference
-        # script (qlora.py) and TRL cast embeddings and lm_head back to 16 bits.
-        sharded = _zero(row.get("zero_or_fsdp", "")) == 3 and int(_num(row, "gpus", 1)) > 1
-        if wl["quant_type"] == "nf4" and hf_stack and sharded:
-            # TRL skips prepare_model_for_kbit_training for a sharded QLoRA model (its 4-bit
-            # weights loaded on CPU/meta for FSDP or ZeRO-3, ``is_sharded_qlora``), and the
-            # FSDP/ZeRO-3 QLoRA guides keep every weight in the quant-storage dtype: no FP32 norms.
-            wl["kbit_prep"] = "none"
-        elif wl["quant_type"] == "nf4" and framework == "axolotl" and lay_flash(row):
-            # axolotl casts norms, embeddings and lm_head back to the training dtype after
-            # prepare_model_for_kbit_training when FlashAttention is on (its loader, since 2023-08).
-            wl["kbit_prep"] = "none"
-        elif wl["quant_type"] == "nf4" and hf_stack:
-            wl["kbit_prep"] = _kbit_prep(every, dated)
-            if wl["kbit_prep"] == "none":  # TRL since 0.26 casts the adapters to bf16 instead
-                wl["adapter_dtype"] = "compute"
-        # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
-        wl["double_quant"] = ("nf4-dq" in low or "double quant)" in low
-                              or wl["quant_type"] == "torchao-nf4")
-    # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into
-    # the first batch" in the notes): the peak step has no earlier step's logits beside it.
-    if _is_litgpt(row) and re.search(r"into (the )?first batch", low):
-        wl["peak_at_first_step"] = True
+    return wl
+
+
+def _adapters(t: RowText, row: dict[str, str]) -> dict[str, Any]:
+    """Adapters: FP32 under Hugging Face PEFT (its default) and with FP16 AMP; otherwise the
+    framework keeps them in the parameter dtype ("states in param dtype", torchtune bf16)."""
+    hf_peft = "hf trainer" in t.opt or "deepspeed" in t.opt or "fp16 amp" in t.prec
+    drop = re.search(r"dropout\s*=?\s*([0-9.]+)", t.low)
+    default = LITGPT_LORA_DROPOUT if _is_litgpt(row) else 0.0
+    return {"adapter_dtype": "fp32" if hf_peft else "compute",
+            "lora_rank": int(_num(row, "lora_rank", 8)),
+            "lora_targets": lora_targets(row.get("lora_targets", "")) or ["all"],
+            "lora_dropout": float(drop.group(1)) if drop else default}
+
+
+def _quantized_base(t: RowText, row: dict[str, str], adapter_dtype: str) -> dict[str, Any]:
+    """The 4-bit base of a QLoRA row and how its stack readied it."""
+    if "gptq" in t.prec or "gptq" in t.low:
+        quant = "gptq"
+    elif "nf4 base" in t.prec and not (t.hf_stack or t.framework == "unsloth"):
+        quant = "torchao-nf4"  # torchtune: torchao's NF4Tensor
+    else:
+        quant = "nf4"  # bitsandbytes
+    # litgpt's QLoRA ran bitsandbytes before 0.43.2 for every row here (its pyproject pinned
+    # ``bitsandbytes==0.42.0`` from 2024-03 to 2024-12; the 2023 rows predate 0.43.2).
+    # Elsewhere a run dated before bitsandbytes 0.43.2 ran the old matmul too.
+    dated = _row_date(row)
+    wl: dict[str, Any] = {"quant_type": quant, "bnb_keeps_input": quant == "nf4" and (
+        _is_litgpt(row) or dated is not None and dated < BNB_DROPPED_MATMUL_INPUT)}
+    # Hugging Face QLoRA scripts cast the norms to FP32: peft's
+    # prepare_model_for_kbit_training casts every 16-bit weight, and the QLoRA reference
+    # script (qlora.py) and TRL cast embeddings and lm_head back to 16 bits.
+    sharded = _zero(row.get("zero_or_fsdp", "")) == 3 and int(_num(row, "gpus", 1)) > 1
+    if quant == "nf4" and t.hf_stack and sharded:
+        # TRL skips prepare_model_for_kbit_training for a sharded QLoRA model (its 4-bit
+        # weights loaded on CPU/meta for FSDP or ZeRO-3, ``is_sharded_qlora``), and the
+        # FSDP/ZeRO-3 QLoRA guides keep every weight in the quant-storage dtype: no FP32 norms.
+        wl["kbit_prep"] = "none"
+    elif quant == "nf4" and t.framework == "axolotl" and lay_flash(row):
+        # axolotl casts norms, embeddings and lm_head back to the training dtype after
+        # prepare_model_for_kbit_training when FlashAttention is on (its loader, since 2023-08).
+        wl["kbit_prep"] = "none"
+    elif quant == "nf4" and t.hf_stack:
+        wl["kbit_prep"] = _kbit_prep(t.every, dated)
+        if wl["kbit_prep"] == "none":  # TRL since 0.26 casts the adapters to bf16 instead
+            adapter_dtype = "compute"
+    wl["adapter_dtype"] = adapter_dtype
+    # torchao NF4 (torchtune) always quantizes its scales; bitsandbytes only with "-dq".
+    wl["double_quant"] = "nf4-dq" in t.low or "double quant)" in t.low or quant == "torchao-nf4"
+    return wl
+
+
+def _loss(t: RowText, row: dict[str, str]) -> dict[str, Any]:
+    """The loss's implementation, and torch.compile, as the row states them."""
+    wl: dict[str, Any] = {}
+    low = t.low
     loss_impl = (row.get("loss_impl") or "").strip().lower()
     if loss_impl in ("chunked", "chunked-ce"):
         wl["loss"] = "chunked"
-    elif loss_impl in ("fused-linear-ce", "fused") or framework == "unsloth" and not loss_impl:
+    elif loss_impl in ("fused-linear-ce", "fused") or t.framework == "unsloth" and not loss_impl:
         # Liger / Cut Cross-Entropy: no full logits. Unsloth computes its loss with Apple's Cut
         # Cross-Entropy for every model since its Llama 3.3 release (Unsloth blog "llama3-3", Dec
         # 2024) unless a cell says otherwise.
@@ -325,30 +348,58 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     elif re.search(r"chunked_ce\s*=\s*(no|false)", low):
         pass
     elif "full-ft script does not chunk" in low:  # litgpt: only its LoRA script chunks
-        wl["loss"] = "chunked" if method != "full" else "standard"
+        wl["loss"] = "chunked" if t.method != "full" else "standard"
     elif re.search(r"chunked[ _]ce|cewithchunkedoutputloss", low):
         wl["loss"] = "chunked"
     if not re.search(r"compile\s*=\s*(no|false)|\bno (torch\.)?compile\b", low) \
             and re.search(r"\bcompile\b", low):
         wl["compile"] = True
-        if any(c in notes for c in TORCHTITAN_COMPILED_LOSS_COMMITS) and "loss" not in wl:
+        if any(c in t.notes for c in TORCHTITAN_COMPILED_LOSS_COMMITS) and "loss" not in wl:
             wl["loss"] = "compiled"
-    wl["fp8"] = "float8" in prec_text
-    accum = re.search(r"grad(?:ient)? accumulation (\d+)", low)
-    micro = re.search(r"split into (\d+) micro-batches", low)
+    return wl
+
+
+def _grad_accum(t: RowText, row: dict[str, str]) -> int | None:
+    """Micro-batches per optimizer step: the column, the notes, or the recipe the row names."""
+    accum = re.search(r"grad(?:ient)? accumulation (\d+)", t.low)
+    micro = re.search(r"split into (\d+) micro-batches", t.low)
     if _num(row, "grad_accum") is not None:  # the column, where a file has it
-        wl["grad_accum"] = int(_num(row, "grad_accum"))
-    elif micro:
-        wl["grad_accum"] = int(micro.group(1))
-    elif accum:
-        wl["grad_accum"] = int(accum.group(1))
-    elif "no grad accumulation" in low:
-        wl["grad_accum"] = 1
-    elif _litgpt_config(row) in LITGPT_CONFIG_GLOBAL_BATCH:
+        return int(_num(row, "grad_accum"))
+    if micro:
+        return int(micro.group(1))
+    if accum:
+        return int(accum.group(1))
+    if "no grad accumulation" in t.low:
+        return 1
+    if _litgpt_config(row) in LITGPT_CONFIG_GLOBAL_BATCH:
         per_step = int(_num(row, "micro_batch", 1)) * int(_num(row, "gpus", 1))
-        wl["grad_accum"] = max(1, LITGPT_CONFIG_GLOBAL_BATCH[_litgpt_config(row)] // per_step)
-    elif _is_litgpt(row) and any(c in notes for c in LITGPT_2023_COMMITS):
-        wl["grad_accum"] = max(1, LITGPT_2023_BATCH_SIZE // int(_num(row, "micro_batch", 1)))
+        return max(1, LITGPT_CONFIG_GLOBAL_BATCH[_litgpt_config(row)] // per_step)
+    if _is_litgpt(row) and any(c in t.notes for c in LITGPT_2023_COMMITS):
+        return max(1, LITGPT_2023_BATCH_SIZE // int(_num(row, "micro_batch", 1)))
+    return None
+
+
+def _workload(t: RowText, row: dict[str, str]) -> dict[str, Any]:
+    wl: dict[str, Any] = {"method": t.method, "seq_len": int(_num(row, "seq_len")),
+                          "micro_batch": int(_num(row, "micro_batch")), **_precision_and_optimizer(t)}
+    if t.method != "full":
+        wl.update(_adapters(t, row))
+    if t.method == "qlora":
+        wl.update(_quantized_base(t, row, wl["adapter_dtype"]))
+    # litgpt before 2024 put the longest training sample into the first batch ("forces [it] into
+    # the first batch" in the notes): the peak step has no earlier step's logits beside it.
+    if _is_litgpt(row) and re.search(r"into (the )?first batch", t.low):
+        wl["peak_at_first_step"] = True
+    wl.update(_loss(t, row))
+    wl["fp8"] = "float8" in t.prec
+    accum = _grad_accum(t, row)
+    if accum is not None:
+        wl["grad_accum"] = accum
+    return wl
+
+
+def _layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
+    """Degrees, sharding, offload, checkpointing and attention as the row states them."""
     offload = row.get("cpu_offload", "").lower()
     lay: dict[str, Any] = {
         "gpus": int(_num(row, "gpus", 1)), "tp": int(_num(row, "tp", 1)),
@@ -366,31 +417,46 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     elif "optimizer" in offload and "paged" not in offload:  # ZeRO-Offload: states and step on CPU
         lay["offload"] = "optimizer"
         lay["zero"] = max(lay["zero"], 1)
-    fsdp = row.get("zero_or_fsdp", "").lower()
-    # Qwen's scripts run ZeRO-2 with ``finetune/ds_config_zero2.json`` (the only ZeRO-2 config).
-    if _zero(fsdp) == 2 and row.get("source", "").lower().startswith("qwen"):
-        lay["zero_bucket_elements"] = QWEN_DS_ZERO2_BUCKET_ELEMENTS
-    # FSDP1 with a full state dict (litgpt's FSDPStrategy always uses state_dict_type="full")
-    # gathers it at saves, one unit at a time (the detailed profile's "full state dict" phase).
-    if lay["zero"] == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp
-                             or "lightning fsdpstrategy" in fsdp):
-        lay["full_state_dict"] = True
-    # Lightning Fabric's ``no_backward_sync`` (litgpt's loop between optimizer steps) is FSDP1's
-    # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU.
-    if _is_litgpt(row) and lay["zero"] == 3 and wl.get("grad_accum", 1) > 1:
-        lay["unsharded_grad_accumulation"] = True
-    # Lightning's FSDPStrategy sets ``use_orig_params=True`` (torch >= 2.0) and litgpt wraps each
-    # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
-    if _is_litgpt(row) and lay["zero"] == 3 and method == "lora":
-        lay["fsdp_mixed_units"] = True
+    lay.update(_sharding_recipe(t, row, lay, grad_accum))
     if int(_num(row, "layers", 1)) % lay["pp"]:
         lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
-    # FSDP2 (``fully_shard``): torchtitan always, torchtune's distributed recipes since v0.3.
-    if lay["zero"] == 3 and ("fsdp2" in fsdp or framework in ("torchtitan", "torchtune")
-                             or re.match(r"torchtitan", row.get("source", "").lower())):
-        lay["fsdp_version"] = 2
     if lay["tp"] > 1:
         lay["sp"] = True  # torchtitan's TP shards norms and dropout regions (sequence parallel)
+    return lay
+
+
+def _sharding_recipe(t: RowText, row: dict[str, str], lay: dict[str, Any], grad_accum: int) -> dict[str, Any]:
+    """What the row's ZeRO/FSDP implementation does beyond its stage."""
+    out: dict[str, Any] = {}
+    fsdp = row.get("zero_or_fsdp", "").lower()
+    zero = lay["zero"]
+    # Qwen's scripts run ZeRO-2 with ``finetune/ds_config_zero2.json`` (the only ZeRO-2 config).
+    if _zero(fsdp) == 2 and row.get("source", "").lower().startswith("qwen"):
+        out["zero_bucket_elements"] = QWEN_DS_ZERO2_BUCKET_ELEMENTS
+    # FSDP1 with a full state dict (litgpt's FSDPStrategy always uses state_dict_type="full")
+    # gathers it at saves, one unit at a time (the detailed profile's "full state dict" phase).
+    if zero == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp or "lightning fsdpstrategy" in fsdp):
+        out["full_state_dict"] = True
+    # Lightning Fabric's ``no_backward_sync`` (litgpt's loop between optimizer steps) is FSDP1's
+    # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU.
+    if _is_litgpt(row) and zero == 3 and grad_accum > 1:
+        out["unsharded_grad_accumulation"] = True
+    # Lightning's FSDPStrategy sets ``use_orig_params=True`` (torch >= 2.0) and litgpt wraps each
+    # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
+    if _is_litgpt(row) and zero == 3 and t.method == "lora":
+        out["fsdp_mixed_units"] = True
+    # FSDP2 (``fully_shard``): torchtitan always, torchtune's distributed recipes since v0.3.
+    if zero == 3 and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune")
+                      or re.match(r"torchtitan", row.get("source", "").lower())):
+        out["fsdp_version"] = 2
+    return out
+
+
+def scenario_of(row: dict[str, str]) -> dict[str, Any]:
+    """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
+    t = _text_of(row)
+    wl = _workload(t, row)
+    lay = _layout(t, row, wl.get("grad_accum", 1))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
             "workload": wl, "layout": lay}
 

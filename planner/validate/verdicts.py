@@ -85,7 +85,7 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
     from planner.scenario.resolve import resolve
 
     verdict = row["verdict"].strip().lower()
-    base = dict(id=row["id"], model=row["model"], method=row["method"], verdict=verdict)
+    base = {"id": row["id"], "model": row["model"], "method": row["method"], "verdict": verdict}
     try:
         if verdict not in VERDICTS:
             raise Unmodelable(f"verdict {verdict!r}: one of {', '.join(VERDICTS)}")
