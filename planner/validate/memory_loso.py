@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from planner.memory import detailed
