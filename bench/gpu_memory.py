@@ -36,7 +36,10 @@ LORA_RANK = 16
 
 COLUMNS = ("id,source,url_or_path,model,params_b,layers,hidden,heads,kv_heads,ffn,vocab,method,quant_bits,"
            "optimizer,precision,seq_len,micro_batch,grad_ckpt,flash_attn,gpus,gpu_type,dp,tp,pp,cp,"
-           "zero_or_fsdp,cpu_offload,lora_rank,lora_targets,measured_gb,measure_kind,notes").split(",")
+           "zero_or_fsdp,cpu_offload,lora_rank,lora_targets,measured_gb,measure_kind,notes,hf_model,framework,"
+           "framework_date,loss_impl,compile,grad_accum,lora_dropout,adapter_dtype,peak_at_first_step,quant_impl,"
+           "double_quant,kbit_prep,bitsandbytes,optimizer_in_bwd,norm_fp32,mqa_sdpa_math,zero_reduce_bucket,"
+           "measured_unit").split(",")
 
 
 def grid(quick: bool = False) -> list[dict]:
@@ -85,6 +88,16 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
         "notes": (f"random-init LlamaForCausalLM (untied), {STEPS} steps on random tokens, no padding; "
                   + ("quantize=bnb.nf4-dq (double quant) via BitsAndBytesConfig; " if run["method"] == "qlora" else "")
                   + "GB = 1e9 bytes; conf=high"),
+        # the recipe: a transformers model with PEFT adapters in FP32, no kbit preparation, one
+        # optimizer step per micro-batch, the standard loss
+        "hf_model": "yes", "framework": "other", "framework_date": "", "loss_impl": "standard",
+        "compile": "no", "grad_accum": "1", "lora_dropout": "" if full else "0",
+        "adapter_dtype": "" if full else "fp32", "peak_at_first_step": "no",
+        "quant_impl": "bnb-nf4" if run["method"] == "qlora" else "",
+        "double_quant": "yes" if run["method"] == "qlora" else "",
+        "kbit_prep": "none" if run["method"] == "qlora" else "", "bitsandbytes": "",
+        "optimizer_in_bwd": "no", "norm_fp32": "yes", "mqa_sdpa_math": "no", "zero_reduce_bucket": "",
+        "measured_unit": "GB",
     }
 
 

@@ -100,35 +100,44 @@ def test_cli_table_and_json(tmp_path):
     assert bad.exit_code == 2 and "no such file" in bad.output
 
 
-@pytest.mark.parametrize("source, notes, optimizer, prep", [
-    ("TRL SFTTrainer QLoRA blog (Jun 2024)", "bitsandbytes nf4", "paged_adamw_32bit", "trl"),
-    ("TRL SFTTrainer QLoRA blog (Oct 2023)", "bitsandbytes nf4", "paged_adamw_32bit", "peft"),
-    ("TRL SFTTrainer QLoRA blog (Jan 2026)", "bitsandbytes nf4", "paged_adamw_32bit", "none"),
-    ("PEFT QLoRA example", "prepare_model_for_kbit_training", "HF Trainer adamw_torch", "peft"),
-    ("litgpt resource-tables", "quantize=bnb.nf4", "bnb PagedAdamW", None),
-    ("torchtune QLoRA (Sep 2024)", "transformers tokenizer; nf4", "torch AdamW", None),
+@pytest.mark.parametrize("hf_model, kbit_prep, prep, precision", [
+    ("yes", "trl", "trl", "mixed"), ("yes", "peft", "peft", "mixed"), ("yes", "", "none", "mixed"),
+    ("no", "", "none", "bf16"),
 ])
-def test_rows_name_their_qlora_stack(source, notes, optimizer, prep):
-    """A Hugging Face bitsandbytes QLoRA row runs under AMP with the norms its tools cast to FP32
-    (peft's prepare_model_for_kbit_training; TRL from Dec 2023 casts embeddings and lm_head
-    back; TRL from Dec 2025 casts nothing); a litgpt or torchtune row with neither."""
+def test_rows_read_their_qlora_stack_from_columns(hf_model, kbit_prep, prep, precision):
+    """A Hugging Face QLoRA row (``hf_model``) runs its bf16 forward under autocast, with the norms
+    its script cast to FP32 (``kbit_prep``); a litgpt or torchtune row with neither. The prose
+    ``source`` and ``notes`` are not read: words there change nothing."""
     from planner.validate.rows import scenario_of
 
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))
-    row = {**row, "method": "qlora", "source": source, "notes": notes, "precision": "bf16",
-           "optimizer": optimizer}
+    row = {**row, "method": "qlora", "precision": "bf16", "optimizer": "torch AdamW",
+           "hf_model": hf_model, "kbit_prep": kbit_prep, "framework": "", "quant_impl": "bnb-nf4"}
     wl = scenario_of(row)["workload"]
-    assert wl.get("kbit_prep") == prep
-    assert wl["precision"] == ("bf16" if prep is None else "mixed")
+    assert wl["kbit_prep"] == prep and wl["precision"] == precision
+    worded = {**row, "source": "TRL SFTTrainer QLoRA blog (Oct 2023)", "notes": "prepare_model_for_kbit_training"}
+    assert scenario_of(worded)["workload"] == wl
 
 
-@pytest.mark.parametrize("dated, keeps", [("(Oct 2023)", True), ("(Mar 2025)", False), ("", False)])
-def test_rows_dated_before_bitsandbytes_0_43_2_keep_matmul_inputs(dated, keeps):
+@pytest.mark.parametrize("version, keeps", [("0.42.0", True), ("<0.43.2", True), ("0.43.2", False),
+                                            ("0.45.1", False), ("", False)])
+def test_bitsandbytes_before_0_43_2_keeps_matmul_inputs(version, keeps):
     from planner.validate.rows import scenario_of
 
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))
-    row = {**row, "method": "qlora", "source": f"HF QLoRA blog {dated}", "notes": "bitsandbytes nf4",
-           "precision": "bf16", "optimizer": "HF Trainer paged_adamw_32bit"}
+    row = {**row, "method": "qlora", "precision": "bf16", "optimizer": "paged_adamw_32bit",
+           "quant_impl": "bnb-nf4", "bitsandbytes": version}
     assert scenario_of(row)["workload"]["bnb_keeps_input"] is keeps
+
+
+def test_unknown_recipe_cells_are_unmodelled_not_guessed():
+    from planner.validate.rows import Unmodelable, scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    with pytest.raises(Unmodelable, match="loss_impl"):
+        scenario_of({**row, "loss_impl": "magic"})
+    with pytest.raises(Unmodelable, match="quant_impl"):
+        scenario_of({**row, "method": "qlora", "quant_impl": "awq"})
