@@ -346,3 +346,22 @@ def test_cli_batch_result_file_is_world_readable_under_umask_022(folder, tmp_pat
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
+def test_batch_from_a_plain_script_with_worker_processes(tmp_path):
+    """A script that calls planner.batch at top level, with no ``if __name__ == "__main__"``
+    guard: spawned workers must not re-run it (they would start the batch again, and Python
+    refuses with a bootstrapping error); every scenario is planned."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "plain.py"
+    script.write_text("import planner\n"
+                      f"frame = planner.batch({str(root / 'scenarios' / 'seed-000-cases.yaml')!r}, workers=2)\n"
+                      "print('ROWS', len(frame), sorted(set(frame['status'])))\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "bootstrapping" not in run.stderr and "Traceback" not in run.stderr
+    assert "ROWS 4 ['optimal']" in run.stdout

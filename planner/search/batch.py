@@ -11,13 +11,14 @@ import datetime as dt
 import json
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 
@@ -252,6 +253,30 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """While worker processes start, hide the caller's ``__main__`` from them.
+
+    A spawned worker re-runs the parent's main script (or module) before it unpickles its task,
+    so a plain script calling :func:`planner.batch` at top level would start the batch again in
+    every worker (Python refuses: "An attempt has been made to start a new process before the
+    current process has finished its bootstrapping phase"). The workers need nothing from
+    ``__main__``: their function lives in this module. Without ``__file__`` and ``__spec__`` on
+    ``__main__``, multiprocessing prepares no main module for them."""
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if main is not None and hasattr(main, k)}
+    try:
+        for k in saved:
+            if k == "__file__":
+                delattr(main, k)
+            else:
+                setattr(main, k, None)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
 def run_items(items: list[Item], *, top: int = 1, workers: int | None = None, prices: PriceOptions = PriceOptions(),
               progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """Plan every item; records in input order. ``progress(done, total)`` after each scenario."""
@@ -271,8 +296,8 @@ def run_items(items: list[Item], *, top: int = 1, workers: int | None = None, pr
             todo = [i for i in todo if results[i] is None]
             if not todo:
                 break
-            with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx,
-                                     initializer=_init_worker, initargs=(prices,)) as pool:
+            with _main_not_rerun(), ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx,
+                                                        initializer=_init_worker, initargs=(prices,)) as pool:
                 futures = {pool.submit(_run_in_worker, i, items[i], top, prices): i for i in todo}
                 try:
                     for fut in as_completed(futures):
