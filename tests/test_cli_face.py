@@ -65,3 +65,15 @@ def test_gpus_table_shows_one_memory_unit():
     gb, gib = run("gpus").output, run("gpus", "--gib").output
     assert re.search(r"\d GB", gb) and "GiB" not in gb and "MiB" not in gb
     assert re.search(r"\d GiB", gib) and not re.search(r"\d GB", gib) and "MiB" not in gib
+
+
+def test_no_fit_explanation_shows_one_memory_unit(tmp_path):
+    """The 'why nothing fits' lines use the table's unit: GB by default, GiB with --gib."""
+    path = tmp_path / "nofit.yaml"
+    path.write_text("name: nofit\nmodel: llama-3.1-70b\n"
+                    "workload: {method: full, seq_len: 4096, micro_batch: 1, global_batch: 8}\n"
+                    "layout: {gpu: rtx-4090, gpus: 1}\n")
+    gb, gib = run("plan", str(path)), run("plan", str(path), "--gib")
+    assert gb.exit_code == 1 and gib.exit_code == 1
+    assert "Why: memory" in gb.output and "GiB" not in gb.output and re.search(r"\d GB", gb.output)
+    assert "Why: memory" in gib.output and not re.search(r"\d GB\b", gib.output)

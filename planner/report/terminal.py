@@ -12,6 +12,7 @@ from rich.table import Table
 
 from planner.memory.estimate import Estimate
 from planner.core.units import format_bytes
+from planner.search.explain import memory_binding
 
 
 def estimate_heading(est: Estimate) -> tuple[str, str]:
@@ -168,7 +169,10 @@ def print_plans(console: Console, result: Any, *, gib: bool = False) -> None:
         console.print(f"[bold red]{result.scenario}: no feasible plan[/bold red] ({result.status})")
     ex = result.explanation or {}
     if ex.get("binding"):
-        console.print(f"[bold]Why:[/bold] {ex['binding']}")
+        closest = ex.get("closest") or {}
+        short = closest.get("memory_bytes", 0) - closest.get("usable_bytes", 0)
+        binding = memory_binding(closest, gib=gib) if short > 0 else ex["binding"]
+        console.print(f"[bold]Why:[/bold] {binding}")
     if ex.get("steps"):
         console.print("[bold]The documents' order, on the closest layout:[/bold]" if not result.plans
                       else "[bold]Why the request did not fit as asked (the documents' order):[/bold]")

@@ -105,6 +105,16 @@ def document_steps(req: SearchRequest, raw: dict[str, Any], layout: dict[str, An
     return steps
 
 
+def memory_binding(closest: dict[str, Any], *, gib: bool = False) -> str:
+    """Why memory binds, on the closest layout, in GB (or GiB): one unit per message."""
+    short = closest["memory_bytes"] - closest["usable_bytes"]
+    return (f"memory: the closest layout ({closest['gpus']}× {closest['gpu']}, tp {closest['tp']}, "
+            f"pp {closest['pp']}, zero {closest['zero']}, offload {closest['offload']}) needs "
+            f"{format_bytes(closest['memory_bytes'], gib=gib)} per GPU, has "
+            f"{format_bytes(closest['usable_bytes'], gib=gib)} usable "
+            f"(short by {format_bytes(short, gib=gib)})")
+
+
 def explain(
     req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome,
     research: Callable[[dict[str, Any]], Any],
@@ -120,12 +130,7 @@ def explain(
         short = closest["memory_bytes"] - closest["usable_bytes"]
         out["closest"] = closest
         if short > 0:
-            out["binding"] = (
-                f"memory: the closest layout ({closest['gpus']}× {closest['gpu']}, tp {closest['tp']}, "
-                f"pp {closest['pp']}, zero {closest['zero']}, offload {closest['offload']}) needs "
-                f"{format_bytes(closest['memory_bytes'], gib=True)} per GPU, has "
-                f"{format_bytes(closest['usable_bytes'], gib=True)} usable "
-                f"(short by {format_bytes(short, gib=True)})")
+            out["binding"] = memory_binding(closest)
             out["steps"] = document_steps(req, raw, closest)
         else:
             out["binding"] = ("memory fits on some layouts; a constraint rules them out: "
