@@ -253,3 +253,17 @@ def test_first_step_has_no_gradients_from_earlier_micro_batches():
     assert "peak phase: backward end" in first.assumptions
     assert first.components["gradients"] == steady.components["gradients"]  # unsharded, whole
     assert first.total_bytes < steady.total_bytes
+
+
+def test_inference_memory_with_the_data_parallel_degree_given_apart():
+    """The layout's dp may be unset (the search passes it beside the layout): NCCL groups are
+    counted with the degree given, and two replicas of a TP-2 layout need one more group."""
+    from planner import catalog
+    from planner.core.specs import Layout, Overrides, Workload
+    from planner.memory.detailed import NCCL_COMMUNICATOR_BYTES, detailed_memory
+
+    model = catalog.get_model("llama-3.1-8b")
+    wl = Workload(method="inference", seq_len=2048, micro_batch=1)
+    one = detailed_memory(model, wl, Layout(tp=2), Overrides(), dp=1).total_bytes
+    two = detailed_memory(model, wl, Layout(tp=2), Overrides(), dp=2).total_bytes
+    assert two - one == NCCL_COMMUNICATOR_BYTES

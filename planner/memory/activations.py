@@ -227,14 +227,22 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     """
     inv = Inventory()
     tokens = b * s
+    h1_rg = _attention_block(inv, model, rec, tokens, s)
+    _mlp_block(inv, model, rec, tokens, h1_rg)
+    if rec.autocast and rec.c != rec.e:
+        _autocast_weight_casts(inv, model, rec)
+    return inv
+
+
+def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
+                     s: int) -> bool:
+    """The attention block's saved tensors (see :func:`layer_saved`): norm1, the inputs of q, k,
+    v and o and what the attention kernel keeps. Returns: the block's output requires grad."""
     h, e = model.hidden, rec.e
-    a, d = model.heads, model.head_dim_eff
-    h_q, h_kv = a * d, model.kv_heads_eff * d
+    h_q = model.heads * model.head_dim_eff
     t = rec.lora_targets
     rg_in = rec.input_requires_grad
-    norm = model.norm
-    # --- attention block
-    _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, norm, tokens, model)
+    _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, model.norm, tokens, model)
     out1_rg = rg_in or rec.trainable_base
     qkv = ["qkv"] if model.fused_qkv else ["q", "k", "v"]
     _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg,
@@ -246,24 +254,42 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     if qkv_rg and model.impl == "litgpt" and not eager:
         _litgpt_attention(inv, model, rec, tokens, s)
     elif qkv_rg:
-        if eager:
-            inv.add("attn.q", tokens * e * h_q)
-            inv.add("attn.k_repeated", tokens * e * h_q)
-            inv.add("attn.v_repeated", tokens * e * h_q)
-            if model.attention_softcap:  # tanh(scores / cap) keeps its output
-                inv.add("attn.softcap_tanh", tokens * e * a * s)
-            inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
-            if e != FP32:
-                inv.add("attn.softmax_copy", tokens * e * a * s)
-        else:
-            inv.add("attn.q", tokens * e * h_q)
-            inv.add("attn.k", tokens * e * h_kv)
-            inv.add("attn.v", tokens * e * h_kv)
-            inv.add("attn.out", tokens * e * h_q)
-            inv.add("attn.lse", tokens * FP32 * a)
+        _attention_kernel(inv, model, rec, tokens, s, eager=eager)
     name_o = "attn.out" if not eager else "attn.out_contiguous"
     _linear_inputs(inv, name_o, h_q, ["o"], rec, tokens, split_input=True)
-    h1_rg = rg_in or qkv_rg or rec.trainable_base or "o" in t
+    return rg_in or qkv_rg or rec.trainable_base or "o" in t
+
+
+def _attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int, s: int,
+                      *, eager: bool) -> None:
+    """What Hugging Face attention keeps: eager, a contiguous q, K and V repeated to all heads,
+    the FP32 softmax and its e-byte copy when e ≠ 4 (and a soft-cap's tanh output); flash/SDPA,
+    q, k, v after RoPE, the output and the FP32 log-sum-exp (see :func:`layer_saved`)."""
+    e = rec.e
+    a, d = model.heads, model.head_dim_eff
+    h_q, h_kv = a * d, model.kv_heads_eff * d
+    if eager:
+        inv.add("attn.q", tokens * e * h_q)
+        inv.add("attn.k_repeated", tokens * e * h_q)
+        inv.add("attn.v_repeated", tokens * e * h_q)
+        if model.attention_softcap:  # tanh(scores / cap) keeps its output
+            inv.add("attn.softcap_tanh", tokens * e * a * s)
+        inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
+        if e != FP32:
+            inv.add("attn.softmax_copy", tokens * e * a * s)
+    else:
+        inv.add("attn.q", tokens * e * h_q)
+        inv.add("attn.k", tokens * e * h_kv)
+        inv.add("attn.v", tokens * e * h_kv)
+        inv.add("attn.out", tokens * e * h_q)
+        inv.add("attn.lse", tokens * FP32 * a)
+
+
+def _mlp_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
+               h1_rg: bool) -> None:
+    """The MLP block's saved tensors: its norms, then the dense MLP or the MoE layer. ``h1_rg``:
+    the attention block's output requires grad."""
+    h, norm = model.hidden, model.norm
     # --- MLP block (with one norm per layer, a parallel block: the MLP reads norm1's output)
     if model.norms_per_layer >= 2:
         _norm(inv, "norm2", h1_rg, rec.trainable_base, h, rec, norm, tokens, model)
@@ -276,9 +302,6 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
         _mlp(inv, model, model.ffn, mlp_rg_in, rec, tokens)
     else:
         _moe(inv, model, mlp_rg_in, rec, tokens)
-    if rec.autocast and rec.c != rec.e:
-        _autocast_weight_casts(inv, model, rec)
-    return inv
 
 
 def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -> None:

@@ -231,6 +231,18 @@ def _comm_groups(layout: Layout) -> int:
     return sum(1 for d in (layout.dp, layout.tp, layout.pp, layout.cp) if d > 1)
 
 
+@dataclass(frozen=True)
+class _StepStates:
+    """Model states through a step: ``persistent`` (gradients as they stand between
+    micro-batches), ``start`` at backward start, and the gradients at backward end
+    (``end_grads``) and once reduced (``reduced``: each GPU's shard only)."""
+
+    persistent: dict[str, float]
+    start: dict[str, float]
+    end_grads: float
+    reduced: float
+
+
 def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Overrides, *,
                   dp: int, grad_accum: int | None) -> Peak:
     """The peak over phases and stages, in the three views (see the module docstring)."""
@@ -240,10 +252,6 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
                       zero=layout.zero, offload=layout.offload, adapter_bytes=adapter_bytes, ep=layout.ep,
                       frozen_grads=layout.fsdp_mixed_units and layout.zero == 3)
     buf = buffer_terms(model, wl, layout, st)
-    dev = st.device
-    grads = dev.get("gradients", 0.0)
-    persistent = {k: v for k, v in dev.items() if k != "gradients"}
-    accumulating = (grad_accum or 1) > 1 or layout.pp > 1
     notes = []
     # FSDP under pipeline parallelism keeps each stage's parameters unsharded for the whole step
     # (torchtitan: reshard_after_forward = not pp_enabled) and syncs gradients on the last
@@ -253,6 +261,42 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         unsharded = st.trainable * compute_bytes(wl.precision)
         buf["gather"] = max(buf["gather"], unsharded)
         notes.append("FSDP with PP: stage parameters stay unsharded; gradients accumulate unsharded")
+    states = _step_states(wl, layout, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
+                          notes=notes)
+    best: tuple[float, str, dict[str, float], float] | None = None
+    reserved = 0.0
+    frag = _fragmentation(layout)
+    stages = [True] if layout.pp == 1 else [False, True]
+    for last in stages:
+        a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
+        for name, parts in _phases(model, wl, layout, st, buf, states, a).items():
+            total = sum(parts.values())
+            reserved = max(reserved, _reserved_view(name, parts, total, buf["gather"], frag))
+            if best is None or total > best[0]:
+                best = (total, name + (" (last stage)" if last and layout.pp > 1 else ""),
+                        parts, a["host"])
+    allocated, phase, parts, act_host = best
+    device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
+    notes.append(f"peak phase: {phase}")
+    return Peak(phase, parts, allocated, reserved, device, st.host + act_host, tuple(notes))
+
+
+def _fragmentation(layout: Layout) -> float:
+    """The allocator's fragmentation share: the sharded one where FSDP1 or DeepSpeed ZeRO-3
+    gathers units (``fsdp_version`` 1; see :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
+    gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
+    sharded = gathers and layout.fsdp_version == 1
+    return ALLOCATOR_FRAGMENTATION_SHARDED if sharded else ALLOCATOR_FRAGMENTATION
+
+
+def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_accum: int | None,
+                 fsdp_pp: bool, notes: list[str]) -> _StepStates:
+    """The gradients of each phase: accumulated between micro-batches (unsharded under FSDP
+    no_sync), and absent at backward start of a run's first micro-batch."""
+    dev = st.device
+    grads = dev.get("gradients", 0.0)
+    persistent = {k: v for k, v in dev.items() if k != "gradients"}
+    accumulating = (grad_accum or 1) > 1 or layout.pp > 1
     reduced = grads  # after the last micro-batch's reduce-scatter: each GPU's shard only
     if accumulating and grads:
         if (layout.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
@@ -270,70 +314,68 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     start = {k: v for k, v in persistent.items()
              if not (wl.peak_at_first_step and k == "gradients")}
     end_grads = persistent.get("gradients", reduced) if wl.peak_at_first_step else reduced
-    best: tuple[float, str, dict[str, float], float] | None = None
-    reserved = 0.0
-    gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
-    frag = ALLOCATOR_FRAGMENTATION_SHARDED if gathers and layout.fsdp_version == 1 else ALLOCATOR_FRAGMENTATION
-    stages = [True] if layout.pp == 1 else [False, True]
-    for last in stages:
-        a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
-        held = a["loss_held"]  # logits the training loop keeps until the next step's forward
-        # Inputs kept on autograd contexts (legacy bitsandbytes) outlive backward: until the
-        # graph is freed, and in a loop that holds the step's outputs, through the optimizer step.
-        kept, kept_after = a["on_context"], a["on_context"] if model.impl == "litgpt" else 0.0
-        if a["loss_peak"] >= a["working"] + held + buf["dequant"]:  # the loss's backward first
-            act_start, logits, dequant = a["saved"], a["loss_peak"], 0.0
-        else:  # the last layer's recomputation and its dequantized weight, after the loss
-            act_start, logits, dequant = a["saved"] + a["working"], held, buf["dequant"]
-        phases = {
-            "backward start": {**start, "activations": act_start, "logits": logits,
-                               "buffers": buf["gather"] + dequant + buf["zero_buckets"]},
-            "backward end": {**persistent, "gradients": end_grads,
-                             "activations": a["working_end"] + kept, "logits": held,
-                             "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
-                                         + buf["zero_buckets"])},
-        }
-        if wl.optimizer_step == "in_backward":
-            phases["backward end"]["gradients"] = st.largest_grad
-        else:
-            phases["optimizer step"] = {**persistent, "gradients": reduced, "logits": held,
-                                        "activations": kept_after,
-                                        "buffers": buf["optimizer_temp"]}
-        if layout.full_state_dict and layout.zero == 3:
-            # A full (unsharded) state dict at a checkpoint save, or an unsharded load with
-            # ``sync_module_states``: FSDP gathers it unit by unit. Each unit's pre-state-dict
-            # hook unshards it, its tensors are copied to the CPU (``FullStateDictConfig(
-            # offload_to_cpu=True, rank0_only=True)``, as accelerate, Lightning and torchtune
-            # configure it; FSDP2's ``get_model_state_dict(full_state_dict=True,
-            # cpu_offload=True)`` likewise) and the unit is resharded before the next: one
-            # unit is materialised on the GPU at a time, never the whole model. It happens
-            # outside a step: no gradients exist then (``zero_grad`` sets them to None).
-            at_rest = {k: v for k, v in persistent.items() if k != "gradients"}
-            phases["full state dict"] = {**at_rest, "logits": held, "activations": kept_after,
-                                         "buffers": buf["unit"]}
-        for name, parts in phases.items():
-            total = sum(parts.values())
-            # Model states (gradients included) are allocated in the same sizes every step, so
-            # the allocator hands the same blocks back: only the rest churns and fragments.
-            # Gradients count as states whether or not they outlive a micro-batch (with
-            # grad_accum 1 ``zero_grad`` frees them each step all the same), so the reserved
-            # view cannot jump when a larger dp brings grad_accum down to 1.
-            transient = total - sum(v for k, v in parts.items() if k in STATE_PARTS)
-            # ``max_memory_reserved`` is the largest the segments ever were: the maximum over
-            # phases of each phase's own reserved view, which need not be the phase with the
-            # most allocated (a phase of states and one of churning activations).
-            # ZeRO-3/FSDP gathers into blocks of its all-gather stream; the caching allocator
-            # keeps them in that stream's pool once made, so phases that gather nothing (the
-            # optimizer step, a save) still hold them reserved.
-            cached = buf["gather"] if name in ("optimizer step", "full state dict") else 0.0
-            reserved = max(reserved, total + cached + frag * max(transient, 0.0))
-            if best is None or total > best[0]:
-                best = (total, name + (" (last stage)" if last and layout.pp > 1 else ""),
-                        parts, a["host"])
-    allocated, phase, parts, act_host = best
-    device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
-    notes.append(f"peak phase: {phase}")
-    return Peak(phase, parts, allocated, reserved, device, st.host + act_host, tuple(notes))
+    return _StepStates(persistent, start, end_grads, reduced)
+
+
+def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf: dict[str, float],
+            states: _StepStates, a: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Components of each phase of a step on one pipeline stage (activation terms ``a``)."""
+    persistent = states.persistent
+    held = a["loss_held"]  # logits the training loop keeps until the next step's forward
+    # Inputs kept on autograd contexts (legacy bitsandbytes) outlive backward: until the
+    # graph is freed, and in a loop that holds the step's outputs, through the optimizer step.
+    kept, kept_after = a["on_context"], a["on_context"] if model.impl == "litgpt" else 0.0
+    if a["loss_peak"] >= a["working"] + held + buf["dequant"]:  # the loss's backward first
+        act_start, logits, dequant = a["saved"], a["loss_peak"], 0.0
+    else:  # the last layer's recomputation and its dequantized weight, after the loss
+        act_start, logits, dequant = a["saved"] + a["working"], held, buf["dequant"]
+    phases = {
+        "backward start": {**states.start, "activations": act_start, "logits": logits,
+                           "buffers": buf["gather"] + dequant + buf["zero_buckets"]},
+        "backward end": {**persistent, "gradients": states.end_grads,
+                         "activations": a["working_end"] + kept, "logits": held,
+                         "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
+                                     + buf["zero_buckets"])},
+    }
+    if wl.optimizer_step == "in_backward":
+        phases["backward end"]["gradients"] = st.largest_grad
+    else:
+        phases["optimizer step"] = {**persistent, "gradients": states.reduced, "logits": held,
+                                    "activations": kept_after,
+                                    "buffers": buf["optimizer_temp"]}
+    if layout.full_state_dict and layout.zero == 3:
+        # A full (unsharded) state dict at a checkpoint save, or an unsharded load with
+        # ``sync_module_states``: FSDP gathers it unit by unit. Each unit's pre-state-dict
+        # hook unshards it, its tensors are copied to the CPU (``FullStateDictConfig(
+        # offload_to_cpu=True, rank0_only=True)``, as accelerate, Lightning and torchtune
+        # configure it; FSDP2's ``get_model_state_dict(full_state_dict=True,
+        # cpu_offload=True)`` likewise) and the unit is resharded before the next: one
+        # unit is materialised on the GPU at a time, never the whole model. It happens
+        # outside a step: no gradients exist then (``zero_grad`` sets them to None).
+        at_rest = {k: v for k, v in persistent.items() if k != "gradients"}
+        phases["full state dict"] = {**at_rest, "logits": held, "activations": kept_after,
+                                     "buffers": buf["unit"]}
+    return phases
+
+
+def _reserved_view(name: str, parts: dict[str, float], total: float, gather: float,
+                   frag: float) -> float:
+    """One phase's reserved view: its ``total`` allocated, the gather blocks still cached and
+    the fragmentation of its churning memory."""
+    # Model states (gradients included) are allocated in the same sizes every step, so
+    # the allocator hands the same blocks back: only the rest churns and fragments.
+    # Gradients count as states whether or not they outlive a micro-batch (with
+    # grad_accum 1 ``zero_grad`` frees them each step all the same), so the reserved
+    # view cannot jump when a larger dp brings grad_accum down to 1.
+    transient = total - sum(v for k, v in parts.items() if k in STATE_PARTS)
+    # ``max_memory_reserved`` is the largest the segments ever were: the maximum over
+    # phases of each phase's own reserved view, which need not be the phase with the
+    # most allocated (a phase of states and one of churning activations).
+    # ZeRO-3/FSDP gathers into blocks of its all-gather stream; the caching allocator
+    # keeps them in that stream's pool once made, so phases that gather nothing (the
+    # optimizer step, a save) still hold them reserved.
+    cached = gather if name in ("optimizer step", "full state dict") else 0.0
+    return total + cached + frag * max(transient, 0.0)
 
 
 #: Error band per method: the 90th percentile of |predicted − measured| / measured that
@@ -370,10 +412,11 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     from planner.core.units import ceil_bytes
 
     if wl.method == "inference":
-        parts = inference_memory(model, wl, layout.model_copy(update={"dp": dp}))
+        served = layout.model_copy(update={"dp": dp})
+        parts = inference_memory(model, wl, served)
         allocated = sum(parts.values())
         reserved = allocated + ALLOCATOR_FRAGMENTATION * (allocated - parts["weights"])
-        device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
+        device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(served)
         peak = Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",))
     else:
         peak = detailed_peak(model, wl, layout, overrides, dp=dp, grad_accum=grad_accum)

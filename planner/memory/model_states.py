@@ -114,6 +114,63 @@ def _paged_share(tensor_elems: list[tuple[float, float]]) -> float:
     return big / total if total else 0.0
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """This GPU's share of the parameters (after TP/PP, before ZeRO) and how ZeRO and expert
+    parallelism divide each state (see :func:`model_states`)."""
+
+    counts: ParamCounts
+    tp: int
+    pp: int
+    zero_degree: int
+    zero: int
+    ep: int
+    layer_share: float  # decoder-layer parameters of this stage, before TP
+    n_matrix: float  # matrices (layers and the stage's end) on this GPU
+    n_norm: float
+    n_local: float
+    n_exp: float  # routed-expert parameters on this GPU
+
+    def shard(self, part: str) -> int:
+        need = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
+        return self.zero_degree if self.zero >= need else 1
+
+    def spread(self, dense_bytes: float, expert_bytes: float, part: str) -> float:
+        """Bytes on this GPU of a state split into dense and routed-expert bytes."""
+        s = self.shard(part)
+        return dense_bytes / s + expert_bytes / max(s, self.ep)
+
+
+def _placement(model: ModelSpec, *, tp: int, pp: int, zero_degree: int, zero: int,
+               ep: int) -> _Placement:
+    counts: ParamCounts = param_counts(model)
+    layer_share = (counts.attention + counts.mlp) * -(-model.layers // pp) / model.layers
+    end_share = max(counts.embedding + counts.positions, counts.lm_head)
+    if pp == 1:
+        end_share = counts.embedding + counts.positions + counts.lm_head
+    n_matrix = (layer_share + end_share) / tp
+    n_norm = counts.norms / pp
+    n_local = n_matrix + n_norm
+    n_exp = expert_params(model) * -(-model.layers // pp) / model.layers / tp  # routed experts here
+    return _Placement(counts, tp, pp, zero_degree, zero, ep, layer_share, n_matrix, n_norm,
+                      n_local, n_exp)
+
+
+class _Ledger:
+    """Device bytes by component, in the order first put, and host bytes."""
+
+    def __init__(self) -> None:
+        self.dev: dict[str, float] = {}
+        self.host = 0.0
+
+    def put(self, name: str, n_bytes: float, to_host: bool = False) -> None:
+        self.dev.setdefault(name, 0.0)
+        if to_host:
+            self.host += n_bytes
+        else:
+            self.dev[name] += n_bytes
+
+
 def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero_degree: int,
                  zero: int, offload: str, adapter_bytes: int, ep: int = 1,
                  frozen_grads: bool = False) -> StateParts:
@@ -128,60 +185,59 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
     them, a ZeRO-sharded part N_experts/max(D, ep) (ep divides D). ``frozen_grads``: LoRA under
     FSDP1 units that mix frozen and trainable weights, whose gradients cover the frozen layers.
     """
-    counts: ParamCounts = param_counts(model)
+    place = _placement(model, tp=tp, pp=pp, zero_degree=zero_degree, zero=zero, ep=ep)
+    if workload.method == "full":
+        return _full_states(model, workload, place, offload)
+    return _adapter_states(model, workload, place, offload, adapter_bytes, frozen_grads)
+
+
+def _full_states(model: ModelSpec, workload: Workload, place: _Placement,
+                 offload: str) -> StateParts:
+    """Full fine-tuning: every parameter's weight, gradient, optimizer states and master copy."""
     e = compute_bytes(workload.precision)
-    layer_share = (counts.attention + counts.mlp) * -(-model.layers // pp) / model.layers
-    end_share = max(counts.embedding + counts.positions, counts.lm_head)
-    if pp == 1:
-        end_share = counts.embedding + counts.positions + counts.lm_head
-    n_matrix = (layer_share + end_share) / tp
-    n_norm = counts.norms / pp
-    n_local = n_matrix + n_norm
-    n_exp = expert_params(model) * -(-model.layers // pp) / model.layers / tp  # routed experts here
-
-    def shard(part: str) -> int:
-        need = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
-        return zero_degree if zero >= need else 1
-
-    def spread(dense_bytes: float, expert_bytes: float, part: str) -> float:
-        """Bytes on this GPU of a state split into dense and routed-expert bytes."""
-        s = shard(part)
-        return dense_bytes / s + expert_bytes / max(s, ep)
-
+    n_local, n_exp = place.n_local, place.n_exp
     on_host_opt = offload in ("optimizer", "optimizer+params")
     on_host_w = offload == "optimizer+params"
-    dev: dict[str, float] = {}
-    host = 0.0
-
-    def put(name: str, n_bytes: float, to_host: bool = False) -> None:
-        nonlocal host
-        dev.setdefault(name, 0.0)
-        if to_host:
-            host += n_bytes
-        else:
-            dev[name] += n_bytes
-
+    ledger = _Ledger()
     mixed = workload.precision in ("mixed", "fp16")
     state_elem = 4 if (mixed or workload.precision == "fp32") else e
     paged = workload.optimizer_paged or workload.optimizer == "paged_adamw8bit"
-    if workload.method == "full":
-        grad_b = 4 if (workload.grad_dtype == "fp32" or workload.precision == "fp32") else e
-        opt_b = adam_bytes(workload.optimizer, state_elem, paged)
-        paged_share = n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
-        put("weights", spread((n_local - n_exp) * e, n_exp * e, "weights"), on_host_w)
-        # Offloading the optimizer moves the reduced gradients to the host too (ZeRO-Offload,
-        # FSDP CPUOffload): the GPU holds them only bucket by bucket.
-        put("gradients", spread((n_local - n_exp) * grad_b, n_exp * grad_b, "gradients"), on_host_opt)
-        opt = spread((n_local - n_exp) * opt_b, n_exp * opt_b, "optimizer")
-        put("optimizer_states", opt * (1 - paged_share), on_host_opt)
-        host += opt * paged_share
-        if mixed:
-            put("master_weights", spread((n_local - n_exp) * 4, n_exp * 4, "optimizer"), on_host_opt)
-        ffn = model.ffn if model.moe is None else model.moe.expert_ffn
-        largest = max(model.vocab * model.hidden, model.hidden * (ffn or model.hidden)) / tp * grad_b
-        return StateParts(dev, host, n_local, largest)
+    grad_b = 4 if (workload.grad_dtype == "fp32" or workload.precision == "fp32") else e
+    opt_b = adam_bytes(workload.optimizer, state_elem, paged)
+    paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
+    ledger.put("weights", place.spread((n_local - n_exp) * e, n_exp * e, "weights"), on_host_w)
+    # Offloading the optimizer moves the reduced gradients to the host too (ZeRO-Offload,
+    # FSDP CPUOffload): the GPU holds them only bucket by bucket.
+    ledger.put("gradients", place.spread((n_local - n_exp) * grad_b, n_exp * grad_b, "gradients"),
+               on_host_opt)
+    opt = place.spread((n_local - n_exp) * opt_b, n_exp * opt_b, "optimizer")
+    ledger.put("optimizer_states", opt * (1 - paged_share), on_host_opt)
+    ledger.host += opt * paged_share
+    if mixed:
+        ledger.put("master_weights", place.spread((n_local - n_exp) * 4, n_exp * 4, "optimizer"),
+                   on_host_opt)
+    ffn = model.ffn if model.moe is None else model.moe.expert_ffn
+    largest = max(model.vocab * model.hidden, model.hidden * (ffn or model.hidden)) / place.tp * grad_b
+    return StateParts(ledger.dev, ledger.host, n_local, largest)
 
-    # LoRA / QLoRA: a frozen base and trainable adapters.
+
+def _adapter_states(model: ModelSpec, workload: Workload, place: _Placement, offload: str,
+                    adapter_bytes: int, frozen_grads: bool) -> StateParts:
+    """LoRA / QLoRA: a frozen base and trainable adapters."""
+    ledger = _Ledger()
+    _frozen_base(model, workload, place, ledger, on_host_w=offload == "optimizer+params")
+    n_lora, largest = _adapters(model, workload, place, ledger, adapter_bytes)
+    if frozen_grads and workload.method == "lora":
+        e = compute_bytes(workload.precision)
+        ledger.put("gradients", place.layer_share / place.tp * e / place.shard("gradients"))
+    return StateParts(ledger.dev, ledger.host, n_lora, largest)
+
+
+def _frozen_base(model: ModelSpec, workload: Workload, place: _Placement, ledger: _Ledger, *,
+                 on_host_w: bool) -> None:
+    """The frozen base's weights: 16-bit, or quantized linears for QLoRA."""
+    e = compute_bytes(workload.precision)
+    bnb = False
     if workload.method == "qlora":
         q = quantized_linear_bytes(workload)
         bnb = workload.quant_type == "nf4" and workload.quant_bits == 4
@@ -190,31 +246,41 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
         # embeddings and lm_head back (``kbit_prep``); norms stay FP32 either way.
         e_end = 4 if bnb_prepared(workload) and workload.kbit_prep == "peft" else e
         e_norm = 4 if bnb_prepared(workload) else e
+        counts = place.counts
         emb = (counts.embedding + counts.positions) * e_end
         head = counts.lm_head * (q_total if quantized_head(model, workload) else e_end)
-        end_bytes = emb + head if pp == 1 else max(emb, head)
-        frozen = (layer_share * q_total + end_bytes) / tp + n_norm * e_norm
+        end_bytes = emb + head if place.pp == 1 else max(emb, head)
+        frozen = (place.layer_share * q_total + end_bytes) / place.tp + place.n_norm * e_norm
         per_expert = q_total
     else:
-        frozen = n_local * e
+        frozen = place.n_local * e
         per_expert = e
-    put("weights", spread(frozen - n_exp * per_expert, n_exp * per_expert, "weights"), on_host_w)
-    if workload.method == "qlora" and bnb:
-        put("weights", BNB_4BIT_FIXED_BYTES)  # per GPU, whatever the sharding
+    n_exp = place.n_exp
+    ledger.put("weights", place.spread(frozen - n_exp * per_expert, n_exp * per_expert, "weights"),
+               on_host_w)
+    if bnb:
+        ledger.put("weights", BNB_4BIT_FIXED_BYTES)  # per GPU, whatever the sharding
+
+
+def _adapters(model: ModelSpec, workload: Workload, place: _Placement, ledger: _Ledger,
+              adapter_bytes: int) -> tuple[float, float]:
+    """The trainable adapters' weights, gradients, optimizer states and master copies (paged
+    states on the host). Returns: adapter parameters on this GPU, bytes of the largest gradient."""
+    mixed = workload.precision in ("mixed", "fp16")
+    paged = workload.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     shapes = adapter_shapes(model, workload)
     r = workload.lora_rank
-    n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (tp * pp)
+    n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (place.tp * place.pp)
     c = adapter_bytes
     master = 4 if (mixed and c < 4) else 0
     opt_b = adam_bytes(workload.optimizer, 4 if mixed else c, paged)
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
     ) if paged else 0.0
+    shard = place.shard
     per = (c / shard("weights") + c / shard("gradients")
            + (opt_b * (1 - paged_share) + master) / shard("optimizer"))
-    put("adapter_states", n_lora * per)
-    if frozen_grads and workload.method == "lora":
-        put("gradients", layer_share / tp * e / shard("gradients"))
-    host += n_lora * opt_b * paged_share / shard("optimizer")
+    ledger.put("adapter_states", n_lora * per)
+    ledger.host += n_lora * opt_b * paged_share / shard("optimizer")
     largest = max((r * max(d_in, d_out) for _, d_in, d_out in shapes), default=0) * c
-    return StateParts(dev, host, n_lora, largest)
+    return n_lora, largest

@@ -123,26 +123,11 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
     (:func:`seed_activation_factor`). Inference: weights + KV cache B·L·2·T·H·b (§四). No
     logits, buffers or allocator overhead: the reserve on the card's capacity (§一.3) covers them.
     """
-    method, prec, opt = x["method"], x["precision"], x["optimizer"]
-    tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
-    n = float(total_params(model))
-    # Expert parallelism: routed experts are split over ep ranks, and ZeRO shards them over
-    # the remaining D/ep replicas, so a ZeRO-sharded part is N/D either way, an unsharded one
-    # (N_dense + N_experts/ep).
-    ep = x.get("ep", 1)
-    n_exp = float(expert_params(model))
-    n_dense = n - n_exp
+    method, prec, opt, offload = x["method"], x["precision"], x["optimizer"], x["offload"]
+    sh = _shards(model, x)
     w_b = _COMPUTE_BYTES[prec]
     opt_b = _OPTIMIZER_BYTES[prec, opt]
     master_b = _MASTER_BYTES[prec]
-    mp = tp * pp
-    d = dp * cp
-    s_w, s_g, s_o = (np.where(zero >= stage, d, 1) for stage in (3, 2, 1))
-    div_w, div_g, div_o = mp * s_w, mp * s_g, mp * s_o
-
-    def spread(per_param: Any, shard: Any) -> Any:
-        """Bytes per GPU of ``per_param`` bytes for each model parameter, sharded ``shard`` ways."""
-        return n_dense * per_param / (mp * shard) + n_exp * per_param / (mp * np.maximum(shard, ep))
     keep_o = np.where(offload >= 1, 0.0, 1.0)  # optimizer states stay on the GPU
     keep_w = np.where(offload >= 2, 0.0, 1.0)  # weights stay on the GPU
     is_full = method == 0
@@ -152,7 +137,73 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
     qlora_base = overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM
     inference_base = overrides.base_bytes_per_param or w_b
     base_b = np.where(method == 1, w_b, np.where(method == 2, qlora_base, np.where(is_full, w_b, 0.0)))
-    weights = spread(base_b, s_w)
+    weights = sh.spread(base_b, sh.s_w)
+    adapter_dev, adapter_host = _seed_adapters(model, overrides, x, sh, w_b, opt_b + master_b,
+                                               keep_w, keep_o)
+
+    zero_arr = 0.0 * weights
+    out = {
+        "weights": np.where(is_train, weights * keep_w, sh.spread(inference_base, 1)),
+        "gradients": np.where(is_full, sh.spread(w_b, sh.s_g), zero_arr),
+        "optimizer_states": np.where(is_full, sh.spread(opt_b, sh.s_o) * keep_o, zero_arr),
+        "master_weights": np.where(is_full, sh.spread(master_b, sh.s_o) * keep_o, zero_arr),
+        "adapter_states": np.where(is_adapter, adapter_dev, zero_arr),
+    }
+    host = np.where(is_train, weights * (1 - keep_w), zero_arr)
+    host = host + np.where(is_full, sh.spread(opt_b + master_b, sh.s_o) * (1 - keep_o), zero_arr)
+    out["host"] = host + np.where(is_adapter, adapter_host, zero_arr)
+
+    out["activations"] = np.where(is_train, _seed_activations(model, overrides, x, w_b, zero_arr),
+                                  zero_arr)
+    b = w_b
+    kv = x["micro_batch"] * model.layers * 2 * x["seq_len"] * model.hidden * b / (sh.tp * sh.pp * sh.cp)
+    out["kv_cache"] = np.where(is_train, zero_arr, kv)
+    return out
+
+
+@dataclass(frozen=True)
+class _Shards:
+    """How the parallel layout divides the model states: TP·PP (``mp``) divides all of them;
+    ZeRO shards weights, gradients and optimizer states ``s_w``, ``s_g``, ``s_o`` ways."""
+
+    tp: Any
+    pp: Any
+    cp: Any
+    ep: Any
+    n_dense: float
+    n_exp: float
+    mp: Any
+    s_w: Any
+    s_g: Any
+    s_o: Any
+
+    def spread(self, per_param: Any, shard: Any) -> Any:
+        """Bytes per GPU of ``per_param`` bytes for each model parameter, sharded ``shard`` ways."""
+        return (self.n_dense * per_param / (self.mp * shard)
+                + self.n_exp * per_param / (self.mp * np.maximum(shard, self.ep)))
+
+
+def _shards(model: ModelSpec, x: dict[str, Any]) -> _Shards:
+    tp, pp, cp, dp, zero = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"]
+    n = float(total_params(model))
+    # Expert parallelism: routed experts are split over ep ranks, and ZeRO shards them over
+    # the remaining D/ep replicas, so a ZeRO-sharded part is N/D either way, an unsharded one
+    # (N_dense + N_experts/ep).
+    ep = x.get("ep", 1)
+    n_exp = float(expert_params(model))
+    n_dense = n - n_exp
+    mp = tp * pp
+    d = dp * cp
+    s_w, s_g, s_o = (np.where(zero >= stage, d, 1) for stage in (3, 2, 1))
+    return _Shards(tp, pp, cp, ep, n_dense, n_exp, mp, s_w, s_g, s_o)
+
+
+def _seed_adapters(model: ModelSpec, overrides: Overrides, x: dict[str, Any], sh: _Shards,
+                   w_b: Any, opt_master_b: Any, keep_w: Any, keep_o: Any) -> tuple[Any, Any]:
+    """(device, host) bytes of the LoRA adapters' states: N_lora = L·18·r·H parameters of
+    w_b-byte weights and gradients and ``opt_master_b`` bytes of optimizer states and master
+    copy each, or an override's opaque bytes per parameter."""
+    div_w, div_g, div_o = sh.mp * sh.s_w, sh.mp * sh.s_g, sh.mp * sh.s_o
     if overrides.lora_params is not None:
         n_lora = float(overrides.lora_params)
     else:
@@ -162,32 +213,21 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
         adapter_dev = n_lora * overrides.lora_bytes_per_param / div_w
         adapter_host = 0.0
     else:
-        adapter_dev = n_lora * (w_b / div_w * keep_w + w_b / div_g + (opt_b + master_b) / div_o * keep_o)
-        adapter_host = n_lora * (w_b / div_w * (1 - keep_w) + (opt_b + master_b) / div_o * (1 - keep_o))
+        adapter_dev = n_lora * (w_b / div_w * keep_w + w_b / div_g + opt_master_b / div_o * keep_o)
+        adapter_host = n_lora * (w_b / div_w * (1 - keep_w) + opt_master_b / div_o * (1 - keep_o))
+    return adapter_dev, adapter_host
 
-    zero_arr = 0.0 * weights
-    out = {
-        "weights": np.where(is_train, weights * keep_w, spread(inference_base, 1)),
-        "gradients": np.where(is_full, spread(w_b, s_g), zero_arr),
-        "optimizer_states": np.where(is_full, spread(opt_b, s_o) * keep_o, zero_arr),
-        "master_weights": np.where(is_full, spread(master_b, s_o) * keep_o, zero_arr),
-        "adapter_states": np.where(is_adapter, adapter_dev, zero_arr),
-    }
-    host = np.where(is_train, weights * (1 - keep_w), zero_arr)
-    host = host + np.where(is_full, spread(opt_b + master_b, s_o) * (1 - keep_o), zero_arr)
-    out["host"] = host + np.where(is_adapter, adapter_host, zero_arr)
 
-    b = w_b
+def _seed_activations(model: ModelSpec, overrides: Overrides, x: dict[str, Any], b: Any,
+                      zero_arr: Any) -> Any:
+    """Activations B·T·H·L·K·b with the parallel layout's share (:func:`seed_activation_factor`),
+    or an override's figure."""
     if overrides.activation_bytes is not None:
-        act = overrides.activation_bytes + zero_arr
-    else:
-        k = overrides.k_factor or _K_FACTOR[x["checkpointing"], x["attention"]]
-        act = x["micro_batch"] * x["seq_len"] * model.hidden * model.layers * k * b
-        act = act * seed_activation_factor(tp=tp, pp=pp, cp=cp, sp=x["sp"], grad_accum=x["grad_accum"])
-    out["activations"] = np.where(is_train, act, zero_arr)
-    kv = x["micro_batch"] * model.layers * 2 * x["seq_len"] * model.hidden * b / (tp * pp * cp)
-    out["kv_cache"] = np.where(is_train, zero_arr, kv)
-    return out
+        return overrides.activation_bytes + zero_arr
+    k = overrides.k_factor or _K_FACTOR[x["checkpointing"], x["attention"]]
+    act = x["micro_batch"] * x["seq_len"] * model.hidden * model.layers * k * b
+    return act * seed_activation_factor(tp=x["tp"], pp=x["pp"], cp=x["cp"], sp=x["sp"],
+                                        grad_accum=x["grad_accum"])
 
 
 def seed_activation_factor(*, tp: Any, pp: Any, cp: Any, sp: Any, grad_accum: Any) -> Any:
