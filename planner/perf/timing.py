@@ -322,15 +322,26 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     hierarchical (:func:`group_collective_s`).
     """
     p = FITTED if params is None else params
-    method, ckpt = x["method"], x["checkpointing"]
-    seq, mb, ga = x["seq_len"], x["micro_batch"], x["grad_accum"]
-    tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
-    n_lora = x.get("n_lora", 0.0)
-    vp = x.get("vp", 1)
-    fp8 = np.asarray(x.get("fp8", 0)) > 0
-    quant = x.get("quant", np.where(method == 2, 1, 0))
     # intra_only: price every group at the in-node link, no optimizer step (the search's bound).
     node = np.inf if x.get("intra_only") else perf.gpus_per_node
+    tokens_gpu = x["micro_batch"] * x["seq_len"] / x["cp"]  # tokens of one micro-batch this GPU processes
+    compute, t_att = _microbatch_compute_s(mf, perf, p, x)
+    tp_comm, pp_comm, cp_comm, ep_comm = _model_parallel_comm_s(mf, perf, x, tokens_gpu, t_att, node)
+    t_microbatch = compute + tp_comm + pp_comm + cp_comm + ep_comm
+    pipeline = (x["grad_accum"] + (x["pp"] - 1) / np.maximum(x.get("vp", 1), 1)) * t_microbatch
+    dp_comm, optimizer, offload_opt, offload_params = _data_parallel_and_optimizer_s(mf, perf, x, compute, node)
+    return pipeline + dp_comm + optimizer + offload_opt + offload_params
+
+
+def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> tuple[Any, Any]:
+    """One micro-batch's compute on one GPU (GEMMs and attention, memory-bound element-wise
+    traffic and QLoRA dequantisation), and its attention part."""
+    method, ckpt = x["method"], x["checkpointing"]
+    seq, mb = x["seq_len"], x["micro_batch"]
+    tp, pp, cp = x["tp"], x["pp"], x["cp"]
+    n_lora = x.get("n_lora", 0.0)
+    fp8 = np.asarray(x.get("fp8", 0)) > 0
+    quant = x.get("quant", np.where(method == 2, 1, 0))
     tokens_mb = mb * seq
     tokens_gpu = tokens_mb / cp  # tokens of one micro-batch this GPU processes
     mp = tp * pp * cp
@@ -363,8 +374,14 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     frozen = np.where(method == 0, 0.0, mf.params) / (tp * pp)
     passes = np.where(ckpt == 2, 3.0, 2.0)
     t_dequant = np.where(quant > 0, passes * frozen * DEQUANT_BYTES_PER_PARAM / perf.memory_bps, 0.0)
-    compute = t_gemm + (t_elem + t_dequant) / perf.kernel_speed
+    return t_gemm + (t_elem + t_dequant) / perf.kernel_speed, t_att
 
+
+def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tokens_gpu: Any, t_att: Any,
+                           node: Any) -> tuple[Any, Any, Any, Any]:
+    """One micro-batch's TP all-reduces, PP sends, the ring-CP K/V exchange not hidden behind
+    attention, and EP all-to-alls."""
+    tp, pp, cp, dp, ckpt = x["tp"], x["pp"], x["cp"], x["dp"], x["checkpointing"]
     act_bytes = tokens_gpu * mf.hidden * 2.0  # one layer's 16-bit activations
     tp_bps = np.where(tp <= node, perf.intra_bps, perf.inter_bps)
     tp_collectives = np.where(ckpt == 2, 6.0, 4.0) * mf.layers / pp
@@ -381,9 +398,16 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU.
     a2a_bytes = tokens_gpu * mf.hidden * 2.0 * mf.experts_per_token * (ep - 1) / np.maximum(ep, 1)
     ep_comm = np.where(ep > 1, 4.0 * a2a_bytes * mf.moe_layers / pp / ep_bps, 0.0)
-    t_microbatch = compute + tp_comm + pp_comm + cp_comm + ep_comm
-    pipeline = (ga + (pp - 1) / np.maximum(vp, 1)) * t_microbatch
+    return tp_comm, pp_comm, cp_comm, ep_comm
 
+
+def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], compute: Any,
+                                   node: Any) -> tuple[Any, Any, Any, Any]:
+    """Data-parallel traffic not hidden behind compute, the optimizer step and offload."""
+    method, ga = x["method"], x["grad_accum"]
+    tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
+    n_lora = x.get("n_lora", 0.0)
+    ep = x.get("ep", 1)
     d = dp * cp
     # Parameters on this GPU: expert parallelism shards the routed experts over ep ranks.
     local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(ep, 1))
@@ -404,7 +428,7 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     offload_opt = np.where(offload >= 1, shard * 4.0 / (PCIE_HOST_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S, 0.0)
     optimizer = np.where(offload >= 1, 0.0, optimizer)
     offload_params = np.where(offload >= 2, 2.0 * ga * weight_bytes / np.maximum(d, 1) / (PCIE_HOST_GBPS * 1e9), 0.0)
-    return pipeline + dp_comm + optimizer + offload_opt + offload_params
+    return dp_comm, optimizer, offload_opt, offload_params
 
 
 def job_time_s(step_s: Any, *, tokens: float, seq_len: Any, micro_batch: Any, dp: Any, grad_accum: Any,
