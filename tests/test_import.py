@@ -208,3 +208,202 @@ def test_bad_configs_are_one_line_each(tmp_path, content, field):
     path.write_text(content)
     res = runner.invoke(app, ["estimate", "--config", str(path), "--model", "llama-3.1-8b"])
     assert res.exit_code == 2 and field in res.output and "Traceback" not in res.output
+
+
+# --- the defects of reading real configs, one test each (the corpus in tests/fixtures/configs
+# --- reads whole real files: tests/test_import_corpus.py)
+
+def _found(tmp_path, name, data, header: str = ""):
+    from planner.launch.importing import read_configs
+    path = tmp_path / name
+    text = json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data)
+    path.write_text(header + text)
+    return read_configs([path])
+
+
+def _warned(found, key):
+    return [w for w in found.warnings if key in w]
+
+
+TT = {"model": {"_component_": "torchtune.models.llama3_1.llama3_1_8b"}, "batch_size": 2, "dtype": "bf16",
+      "optimizer": {"_component_": "torch.optim.AdamW"}, "tokenizer": {"max_seq_len": 2048},
+      "enable_activation_checkpointing": True}
+
+
+def test_torchtune_distributed_recipe_is_sharded_on_its_gpus(tmp_path):
+    header = ("# To launch on 4 devices, run the following command from root:\n"
+              "#   tune run --nproc_per_node 4 full_finetune_distributed --config llama3_1/8B_full\n")
+    f = _found(tmp_path, "8B_full.yaml", TT, header)
+    assert (f.values["zero"], f.values["offload"], f.values["gpus"]) == (3, "none", 4)
+    f = _found(tmp_path, "8B_full.yaml", {**TT, "fsdp_reshard_after_forward": False})  # no header: the key says
+    assert f.values["zero"] == 2 and "gpus" not in f.values
+    single = "# tune run full_finetune_single_device --config llama3_1/8B_full_single_device\n"
+    f = _found(tmp_path, "8B_full_single_device.yaml", TT, single)
+    assert f.values["zero"] == 0
+
+
+def test_torchtune_nested_fsdp_cpu_offload(tmp_path):
+    f = _found(tmp_path, "7B_qlora.yaml", {**TT, "fsdp": {"cpu_offload": True}})
+    assert (f.values["zero"], f.values["offload"]) == (3, "optimizer+params")
+    assert any("fsdp.cpu_offload" in n for n in f.notes)
+    assert _found(tmp_path, "7B_qlora.yaml", {**TT, "fsdp": {"cpu_offload": False}}).values["offload"] == "none"
+
+
+def test_torchtune_linear_cross_entropy_and_optimizer_in_bwd(tmp_path):
+    f = _found(tmp_path, "tt.yaml", {**TT, "optimizer_in_bwd": True, "compile": True, "loss": {
+        "_component_": "torchtune.modules.loss.LinearCrossEntropyLoss"}})
+    assert (f.values["loss"], f.values["optimizer_step"], f.values["compile"]) == ("fused", "in_backward", True)
+    # the detailed profile's figure is lower: no logits, no gradients held until the step
+    est = _estimate("--config", str(tmp_path / "tt.yaml"), "--gpu", "h100", "--profile", "detailed")
+    plain = _write(tmp_path, "plain.yaml", TT)
+    assert est["total_bytes"] < _estimate("--config", plain, "--gpu", "h100", "--profile", "detailed")["total_bytes"]
+    chunked = _found(tmp_path, "ce.yaml", {**TT, "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"}})
+    assert chunked.values["loss"] == "chunked"
+    dpo = _found(tmp_path, "dpo.yaml", {**TT, "loss": {"_component_": "torchtune.rlhf.loss.DPOLoss", "beta": 0.1}})
+    assert "loss" not in dpo.values and _warned(dpo, "loss._component_")
+
+
+def test_axolotl_liger_and_cut_cross_entropy_are_the_fused_loss(tmp_path):
+    base = {**AXOLOTL, "plugins": ["axolotl.integrations.liger.LigerPlugin"]}
+    assert _found(tmp_path, "ax.yaml", {**base, "liger_fused_linear_cross_entropy": True}).values["loss"] == "fused"
+    cce = {**AXOLOTL, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
+    assert _found(tmp_path, "ax.yaml", cce).values["loss"] == "fused"  # the plugin's default is on
+    assert _found(tmp_path, "ax.yaml", {**AXOLOTL, "chunked_cross_entropy": True}).values["loss"] == "chunked"
+
+
+def test_attn_implementation_is_read(tmp_path):
+    ax = {k: v for k, v in AXOLOTL.items() if k != "flash_attention"}
+    assert _found(tmp_path, "ax.yaml", {**ax, "attn_implementation": "eager"}).values["attention"] == "eager"
+    f = _found(tmp_path, "ax.yaml", {**ax, "attn_implementation": "flash_attention_2"})
+    assert f.values["attention"] == "flash" and f.facts["asks_fa2"].endswith("attn_implementation")
+    trl = _found(tmp_path, "sft.yaml", {"model_name_or_path": "x", "attn_implementation": "eager"})
+    assert trl.values["attention"] == "eager"
+
+
+def test_transformers5_activation_checkpointing(tmp_path):
+    f = _found(tmp_path, "args.json", {"output_dir": "x", "activation_checkpointing": True,
+                                       "activation_checkpointing_kwargs": {"offload": True}})
+    assert f.values["checkpointing"] == "full" and f.values["activation_offload"] is True
+    # the new name wins over its deprecated alias, as in TrainingArguments.__post_init__
+    f = _found(tmp_path, "args.json", {"output_dir": "x", "activation_checkpointing": False,
+                                       "gradient_checkpointing": True})
+    assert f.values["checkpointing"] == "none"
+    f = _found(tmp_path, "args.json", {"output_dir": "x", "activation_checkpointing": True,
+                                       "activation_checkpointing_kwargs": {"every_n_layers": 2}})
+    assert _warned(f, "every_n_layers")
+
+
+def test_axolotl_bf16_full_finetune_is_pure_bf16(tmp_path):
+    full = {k: v for k, v in AXOLOTL.items() if k not in ("adapter", "load_in_4bit", "lora_r", "lora_alpha",
+                                                          "lora_target_linear")}
+    assert _found(tmp_path, "ax.yaml", {**full, "bf16": True}).values["precision"] == "bf16"
+    # DeepSpeed keeps FP32 masters of the BF16 model: mixed
+    (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2}}))
+    f = _found(tmp_path, "ax.yaml", {**full, "bf16": True, "deepspeed": str(tmp_path / "ds.json")})
+    assert f.values["precision"] == "mixed"
+    assert _found(tmp_path, "ax.yaml", {**AXOLOTL, "bf16": True}).values["precision"] == "mixed"  # QLoRA adapters
+
+
+def test_trained_modules_the_planner_cannot_count_are_warned(tmp_path):
+    f = _found(tmp_path, "ax.yaml", {**AXOLOTL, "lora_modules_to_save": ["embed_tokens", "lm_head"],
+                                     "peft_layers_to_transform": [0, 1]})
+    assert _warned(f, "lora_modules_to_save") and _warned(f, "peft_layers_to_transform")
+    full = {k: v for k, v in AXOLOTL.items() if k not in ("adapter", "load_in_4bit")}
+    assert _warned(_found(tmp_path, "ax.yaml", {**full, "unfrozen_parameters": ["^lm_head.weight$"]}),
+                   "unfrozen_parameters")
+    peft = _found(tmp_path, "adapter_config.json", {"r": 8, "peft_type": "LORA", "modules_to_save": ["score"],
+                                                    "target_modules": ["model.layers.0.self_attn.q_proj"]})
+    assert _warned(peft, "modules_to_save") and _warned(peft, "layers.0")
+    regex = _found(tmp_path, "adapter_config.json", {"r": 8, "target_modules": r".*\.layers\.(0|1)\..*(q_proj|v_proj)"})
+    assert regex.values["lora_targets"] == ["q", "v"] and _warned(regex, "target_modules")
+    lf = _found(tmp_path, "lf.yaml", {"stage": "sft", "finetuning_type": "lora", "additional_target": "embed_tokens"})
+    assert _warned(lf, "additional_target")
+
+
+def test_deepspeed_param_offload_alone_is_not_optimizer_offload(tmp_path):
+    f = _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
+    assert f.values["offload"] == "none" and _warned(f, "offload_param")
+    both = {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
+    assert _found(tmp_path, "ds.json", {"zero_optimization": both}).values["offload"] == "optimizer+params"
+
+
+def test_relative_deepspeed_path_is_read_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "z.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    (tmp_path / "cfg" / "ds").mkdir(parents=True)
+    (tmp_path / "cfg" / "ds" / "z.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    monkeypatch.chdir(tmp_path)
+    from planner.launch.importing import read_configs
+    for name, data in (("ax.yaml", {**AXOLOTL, "deepspeed": "ds/z.json"}),
+                       ("args.json", {"output_dir": "x", "deepspeed": "ds/z.json"}),
+                       ("acc.yaml", {"distributed_type": "DEEPSPEED", "deepspeed_config": {
+                           "deepspeed_config_file": "ds/z.json"}})):
+        path = tmp_path / "cfg" / name
+        path.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+        f = read_configs([path])
+        assert f.values["zero"] == 2, name  # the working directory's, not the one beside the config
+        assert not f.warnings, f.warnings
+    (tmp_path / "ds" / "z.json").unlink()  # only beside the config: read, and said
+    f = read_configs([tmp_path / "cfg" / "ax.yaml"])
+    assert f.values["zero"] == 1 and _warned(f, "working directory")
+    (tmp_path / "cfg" / "ds" / "z.json").unlink()
+    res = runner.invoke(app, ["estimate", "--config", str(tmp_path / "cfg" / "ax.yaml"), "--gpu", "a10g"])
+    assert res.exit_code == 2 and "working directory" in res.output
+
+
+def test_trl_and_llamafactory_keys_are_read(tmp_path):
+    trl = _found(tmp_path, "config_qlora.yaml", {
+        "model_name_or_path": "mistralai/Mistral-7B-v0.1", "torch_dtype": "bfloat16", "use_peft": True,
+        "load_in_4bit": True, "lora_r": 16, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj"],
+        "bf16": True, "max_length": 2048, "per_device_train_batch_size": 4, "use_liger_kernel": True})
+    v = trl.values
+    assert (v["method"], v["quant_bits"], v["lora_rank"], v["lora_targets"], v["seq_len"], v["loss"]) == \
+        ("qlora", 4, 16, ["q", "v"], 2048, "fused")
+    assert v["checkpointing"] == "full"  # TRL's default gradient_checkpointing=True
+    lf = _found(tmp_path, "lf.yaml", {
+        "model_name_or_path": "Qwen/Qwen3-4B", "stage": "sft", "finetuning_type": "lora", "lora_rank": 8,
+        "lora_target": "q_proj,v_proj", "quantization_bit": 4, "cutoff_len": 4096, "enable_liger_kernel": True,
+        "flash_attn": "fa2", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True})
+    v = lf.values
+    assert (v["method"], v["quant_bits"], v["lora_alpha"], v["lora_targets"], v["seq_len"], v["loss"]) == \
+        ("qlora", 4, 16, ["q", "v"], 4096, "fused")
+    assert (v["checkpointing"], v["attention"]) == ("full", "flash") and "asks_fa2" in lf.facts
+    dpo = _found(tmp_path, "dpo.yaml", {"model_name_or_path": "x", "beta": 0.1, "max_length": 1024})
+    assert _warned(dpo, "beta")
+
+
+def test_eight_bit_lora_is_said_not_labelled_qlora_silently(tmp_path):
+    for name, data in (("ax.yaml", {**AXOLOTL, "adapter": "lora", "load_in_4bit": False, "load_in_8bit": True}),
+                       ("bnb.json", {"load_in_8bit": True}),
+                       ("lf.yaml", {"stage": "sft", "finetuning_type": "lora", "quantization_bit": 8}),
+                       ("trl.yaml", {"model_name_or_path": "x", "use_peft": True, "load_in_8bit": True})):
+        f = _found(tmp_path, name, data)
+        assert f.values["quant_bits"] == 8 and _warned(f, "8-bit"), name
+    assert not _warned(_found(tmp_path, "ax.yaml", AXOLOTL), "8-bit")
+
+
+def test_unknown_keys_are_warned_not_dropped(tmp_path):
+    f = _found(tmp_path, "ax.yaml", {**AXOLOTL, "learning_rate": 2e-4, "my_new_memory_saver": True,
+                                     "fsdp_config": {"fsdp_some_future_knob": 3}})
+    assert _warned(f, "my_new_memory_saver")
+    assert any("learning_rate" in n and "no bearing on memory" in n for n in f.notes)
+    keys = f.keys["ax.yaml"]
+    assert "my_new_memory_saver" in keys["unknown"] and "learning_rate" in keys["ignored"]
+    assert "sequence_len" in keys["read"]
+    ds = _found(tmp_path, "ds.json", {**DS, "zero_optimization": {**DS["zero_optimization"], "new_feature": {"x": 1}}})
+    assert _warned(ds, "zero_optimization.new_feature.x")
+
+
+def test_what_was_read_is_listed_with_where_it_came_from(tmp_path):
+    f = _found(tmp_path, "ax.yaml", AXOLOTL)
+    read = {r["key"]: r for r in f.read()}
+    assert read["seq_len"] == {"key": "seq_len", "value": 4096, "from": "ax.yaml.sequence_len"}
+    assert read["method"]["from"] == "ax.yaml.adapter"
+
+
+def test_an_optimizer_without_a_rule_can_be_replaced_by_the_flag(tmp_path):
+    args = _write(tmp_path, "args.json", {"output_dir": "x", "optim": "lion_32bit", "max_length": 1024})
+    flags = ["--model", "llama-3.1-8b", "--method", "full", "--attention", "flash", "--gpu", "h100", "--profile", "seed"]
+    res = runner.invoke(app, ["estimate", "--config", args, *flags])
+    assert res.exit_code == 2 and "args.json.optim: 'lion_32bit'" in res.output
+    assert _estimate("--config", args, *flags, "--optimizer", "adamw")["method"] == "full"

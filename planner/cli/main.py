@@ -194,9 +194,15 @@ def plan(
     ).items() if v is not None}
 
     def run(merged, source, base_dir, found):
-        for note in found.notes if found is not None else ():
+        if found is None:
+            return plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto)
+        for note in found.notes:
             typer.echo(f"note: {note}", err=True)
-        return plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto)
+        for warning in found.warnings:
+            typer.echo(f"warning: {warning}", err=True)
+        result = plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto)
+        return result.model_copy(update={"read_from_configs": found.read(),
+                                         "config_warnings": list(found.warnings)})
 
     results = _run_each(file, flags, config, run, for_plan=True, extra={"search": search} if search else None)
     if as_json:

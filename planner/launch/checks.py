@@ -51,4 +51,5 @@ def config_warnings(f: Found, est: Estimate) -> list[str]:
 def annotate(est: Estimate, f: Found) -> Estimate:
     """The estimate with the configs' defaults among its assumptions and their mistakes as warnings."""
     return est.model_copy(update={"assumptions": [*est.assumptions, *f.notes],
-                                  "warnings": [*est.warnings, *config_warnings(f, est)]})
+                                  "warnings": [*est.warnings, *f.warnings, *config_warnings(f, est)],
+                                  "read_from_configs": f.read()})

@@ -50,6 +50,8 @@ class Estimate(BaseModel):
     #: The relative error validation measured for this method; tight: headroom inside it.
     error_band: float | None = None
     tight: bool | None = None
+    #: What ``--config`` read: each scenario key, its value and the config key it came from.
+    read_from_configs: list[dict[str, Any]] | None = None
 
 
 def memory_of(rs: ResolvedScenario) -> MemoryBreakdown:

@@ -56,6 +56,7 @@ def print_estimate(console: Console, est: Estimate, *, gib: bool = False) -> Non
     console.print(f"[bold]{title}[/bold]")
     console.print(setup)
     console.print(estimate_table(est, gib=gib))
+    print_read(console, est.read_from_configs)
     for note in est.assumptions:
         console.print(f"  [dim]· {note}[/dim]")
     for warning in est.warnings:
@@ -159,7 +160,18 @@ def price_notes(result: Any, as_of: dt.date | None = None) -> list[tuple[str, bo
     return out
 
 
+def print_read(console: Console, read: list[dict[str, Any]] | None) -> None:
+    """What ``--config`` read: each scenario key, its value and the config key it came from."""
+    if not read:
+        return
+    console.print("[bold]Read from your configs:[/bold]")
+    width = max(len(r["key"]) for r in read)
+    for r in read:
+        console.print(f"  {r['key']:<{width}}  {r['value']!s:<16} [dim]{r['from']}[/dim]", highlight=False)
+
+
 def print_plans(console: Console, result: Any, *, gib: bool = False) -> None:
+    print_read(console, getattr(result, "read_from_configs", None))
     if result.plans:
         console.print(plans_table(result, gib=gib))
         console.print("[bold]Prices used:[/bold]")

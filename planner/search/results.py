@@ -74,6 +74,9 @@ class PlanResult(BaseModel):
     stats: dict[str, float] = {}
     #: Problems the independent checker found in plans the search returned; such plans are dropped.
     checker_rejected: list[str] = []
+    #: What ``--config`` read (key, value, the config key it came from) and what it warned about.
+    read_from_configs: list[dict[str, Any]] | None = None
+    config_warnings: list[str] = []
 
 
 def _num(x: Any) -> float | None:
