@@ -55,6 +55,15 @@ CAUSAL_SHARE = 0.5
 #: recomputed forward. Memory-bound, so charged over the card's bandwidth (bitsandbytes
 #: ``dequantize_4bit``, torchao NF4, GPTQ's dequantising kernels all move these bytes).
 DEQUANT_BYTES_PER_PARAM = 4.5
+#: Bytes per parameter of the stored weights that ZeRO-3 gathers and parameter offload move: 16
+#: bits, or the 4-bit base of QLoRA (method code 2; its quantization scales, under 13 % more, are
+#: left out of the traffic).
+WEIGHT_BYTES_16BIT, WEIGHT_BYTES_4BIT = 2.0, 0.5
+
+
+def stored_weight_bytes(method: Any) -> Any:
+    """Bytes per parameter of the weights a ZeRO-3 gather or an offload moves, by method code."""
+    return np.where(np.asarray(method) == 2, WEIGHT_BYTES_4BIT, WEIGHT_BYTES_16BIT)
 #: Eager (unfused) attention materialises the s×s scores: bytes moved per score element, forward
 #: and backward: the scores written (2) and read by softmax (2), probabilities written (2) and read
 #: by the AV GEMM (2); backward reads them (2), writes and reads dP (4) and dS (4) and the
@@ -295,9 +304,9 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
 
     Arguments: ``method``, ``checkpointing``, ``offload``, ``zero`` (codes as in
     planner.memory.seed), ``seq_len``, ``micro_batch``, ``grad_accum``, ``tp``, ``pp``, ``cp``, ``dp``,
-    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``, ``weight_bytes`` (bytes per
-    parameter of the stored weights); optional ``vp`` (virtual pipeline stages of an interleaved
-    1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
+    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``; optional ``weight_bytes``
+    (bytes per parameter of the stored weights; default :func:`stored_weight_bytes`), ``vp``
+    (virtual pipeline stages of an interleaved 1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
     1 a 4-bit base; default: QLoRA has one), ``attention`` (0 eager, 1 fused; default fused),
     ``fused`` (the stack fuses element-wise ops: torch.compile, Transformer Engine; default off).
 
@@ -413,7 +422,7 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
     local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(ep, 1))
     trainable = np.where(method == 0, local, n_lora)
     grad_bytes = trainable * 2.0 / (tp * pp)
-    weight_bytes = local * x.get("weight_bytes", 2.0) / (tp * pp)
+    weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
 
     def dp_collective(n_bytes: Any, factor: float) -> Any:
         return group_collective_s(n_bytes, d, tp, node, perf.intra_bps, perf.inter_bps, factor)

@@ -78,7 +78,6 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
                            checkpointing=a["checkpointing"], offload=np.zeros_like(g), zero=np.zeros_like(g),
                            seq_len=a["seq_len"], micro_batch=a["micro_batch"], grad_accum=ga, tp=a["tp"],
                            pp=a["pp"], cp=a["cp"], ep=a["ep"], dp=np.ones_like(g), n_lora=n_lora,
-                           weight_bytes=np.where(a["method"] == 2, 0.5, 2.0),
                            attention=a["attention"], fp8=int(bool(req.rs.workload.fp8)), intra_only=True,
                            vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
         per_token_s = step / (a["micro_batch"] * ga * a["seq_len"])  # seconds per token per pipeline

@@ -127,7 +127,7 @@ def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[st
         checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
         zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
         tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),
-        weight_bytes=0.5 if p["method"] == "qlora" else 2.0, attention=ATTENTION.index(p["attention"]),
+        attention=ATTENTION.index(p["attention"]),
         fp8=int(bool(rs.workload.fp8)),
         vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],

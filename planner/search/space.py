@@ -462,11 +462,10 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
         mem, host = memory_total(req, c, dp, ga)
     mf = model_flops(req.model)
     n_lora = n_lora_of(req.rs)
-    weight_bytes = np.where(c["method"] == 2, 0.5, 2.0)
     x = dict(method=c["method"], checkpointing=c["checkpointing"], offload=c["offload"], zero=c["zero"],
              seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
-             weight_bytes=weight_bytes, attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
+             attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
              vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
