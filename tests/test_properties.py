@@ -175,9 +175,10 @@ def test_detailed_higher_zero_stage_never_needs_more(workload, layout, dp, grad_
     """Without pipeline parallelism. Under PP, FSDP keeps each stage's parameters unsharded for
     the whole step and accumulates unsharded gradients in its FP32 reduce dtype (torchtitan,
     FSDP2 ``to_accumulated_grad_if_needed``): there ZeRO-3 holds more than ZeRO-1, as it does
-    on real runs. With FSDP1/DeepSpeed gathers (``fsdp_version`` 1) the reserved view of stage 3
-    adds the fragmentation of its ``record_stream`` frees and may exceed stage 2's; its allocated
-    bytes never do, nor does FSDP2's device view."""
+    on real runs. Stage 3 is compared with stage 0 for full fine-tuning only: it keeps the root
+    unit (embeddings and head, 16-bit) and two layer units gathered, which a 4-bit or frozen base
+    sharded over two GPUs need not repay; and with FSDP1/DeepSpeed gathers (``fsdp_version`` 1)
+    its reserved view adds the fragmentation of ``record_stream`` frees."""
     def views(z: int, version: int) -> dict[str, int]:
         lay = layout.model_copy(update={"zero": z, "offload": "none", "fsdp_version": version})
         return detailed_memory(DETAILED_MODEL, workload, lay, Overrides(), dp=dp,
@@ -185,10 +186,11 @@ def test_detailed_higher_zero_stage_never_needs_more(workload, layout, dp, grad_
 
     for version in (1, 2):
         stages = [views(z, version) for z in range(4)]
-        allocated = [v["allocated_bytes"] for v in stages]
-        assert allocated == sorted(allocated, reverse=True)
-        device = [v["device_bytes"] for v in stages[:3 if version == 1 else 4]]
-        assert device == sorted(device, reverse=True)
+        for view in ("allocated_bytes", "device_bytes"):
+            upto2 = [v[view] for v in stages[:3]]
+            assert upto2 == sorted(upto2, reverse=True)
+        if workload.method == "full":
+            assert stages[3]["allocated_bytes"] <= stages[0]["allocated_bytes"]
 
 
 @settings(max_examples=150, deadline=None)

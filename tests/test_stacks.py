@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+import planner
 from planner import catalog
 from planner.catalog.stacks import get_stack, stacks
 from planner.cli.main import app
@@ -107,3 +108,27 @@ def test_a_combination_is_searchable_iff_some_stack_runs_it(method, tp, pp, zero
     assert (len(cls) > 0) == any_runs
     if not any_runs:
         assert cls.rejected["no stack runs this combination"] > 0
+
+
+def test_an_fsdp2_stack_is_chosen_where_only_its_frees_fit():
+    """Llama 3.1 8B LoRA at 5,120 tokens on two RTX 4090s, FSDP full shard: with FSDP1's
+    record_stream frees (Hugging Face via accelerate, the first stack) the reserved memory is
+    26.5 GB of 24.8 usable; with FSDP2's (torchtune) 23.5 GB. The search offers the layout with
+    the FSDP2 stack, the plan names it, and its memory is the estimate with that stack's recipe."""
+    from planner.search.checker import check_plan
+
+    raw = {"name": "fsdp2", "model": "llama-3.1-8b",
+           "workload": {"method": "lora", "seq_len": 5120, "micro_batch": 1, "global_batch": 2},
+           "layout": {"gpu": "rtx-4090", "gpus": 2, "tp": 1, "zero": 3, "checkpointing": "full"}}
+    got = planner.plan(raw)
+    assert got.plans, got.explanation
+    plan = got.plans[0]
+    assert get_stack(plan.stack).fsdp_version == 2
+    assert check_plan(raw, plan) == []
+    pinned = planner.estimate({**{k: v for k, v in raw.items() if k != "name"},
+                               "layout": {**raw["layout"], "fsdp_version": 2}})
+    assert plan.memory["total_bytes"] == pinned.total_bytes
+    assert plan.offload == "none"
+    # the user's stack list decides: without an FSDP2 stack only offloading layouts fit
+    only_hf = planner.plan({**raw, "search": {"stacks": ["hf-fsdp", "hf-deepspeed"]}})
+    assert only_hf.plans and all(p.offload != "none" and p.stack.startswith("hf-") for p in only_hf.plans)

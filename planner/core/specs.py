@@ -378,6 +378,9 @@ class StackSpec(StrictModel):
     cp: bool = False
     ep: bool = False
     sp: bool = False
+    #: Its recipe where memory depends on it: how its ZeRO-3/FSDP frees gathered parameters
+    #: (``Layout.fsdp_version``: 1 for FSDP1 and DeepSpeed's record_stream frees, 2 for FSDP2).
+    fsdp_version: Literal[1, 2] = 1
     sources: list[dict[str, str]] = []
     notes: str | None = None
 

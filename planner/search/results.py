@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.catalog.stacks import get_stack
 from planner.memory.breakdown import decode_class
 from planner.memory.estimate import estimate_resolved
 from planner.search.candidates import SearchOutcome
@@ -100,6 +101,8 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
     lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
+    if "stack" in fields and "fsdp_version" not in raw.get("layout", {}):
+        lay["fsdp_version"] = get_stack(fields["stack"]).fsdp_version  # the stack's recipe
     out = deep_merge(out, {"workload": wl, "layout": lay})
     if out["workload"].get("global_batch") is None:
         out["workload"].pop("global_batch", None)

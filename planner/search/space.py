@@ -341,7 +341,30 @@ def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps
         "tp": tp, "pp": pp, "cp": cp, "ep": ep, "sp": sp.astype(np.int64), "zero": zero, "offload": off,
         "checkpointing": ckpt, "attention": attn,
     }
-    return {k: v[ok] for k, v in part.items()}
+    return _with_fsdp2_stacks(req, gpu, {k: v[ok] for k, v in part.items()})
+
+
+def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The stack is a decision where it changes memory: a ZeRO-3 class whose first stack frees
+    gathers FSDP1-style is offered again with the first FSDP2 stack that runs it (less reserved
+    memory; ``StackSpec.fsdp_version``). Where both fit, the earlier row (the preferred stack)
+    wins the tie."""
+    if req.rs.profile == "seed" or "fsdp_version" in req.rs.scenario.layout.model_fields_set:
+        return part
+    versions = np.array([st.fsdp_version for st in req.stacks], dtype=np.int64)
+    if not len(part["zero"]) or not (versions == 2).any():
+        return part
+    wanted = (part["zero"] == 3) & (versions[part["stack"]] == 1)
+    alt = np.full(len(wanted), -1, dtype=np.int64)
+    layout = {k: part[k] for k in ("tp", "pp", "cp", "ep", "zero", "offload", "checkpointing")}
+    for i in np.flatnonzero(versions == 2):
+        runs = stack_runs(req.stacks[i], vendor=gpu.vendor, quant_type=req.rs.workload.quant_type,
+                          method=part["method"], sp=part["sp"].astype(bool), **layout)
+        alt = np.where((alt < 0) & wanted & runs, i, alt)
+    extra = alt >= 0
+    if not extra.any():
+        return part
+    return {k: np.concatenate([v, alt[extra] if k == "stack" else v[extra]]) for k, v in part.items()}
 
 
 @dataclass
@@ -398,6 +421,9 @@ def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, g
     across the bisection's probes): results are kept in ``req.memory_cache``."""
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
+    if req.rs.profile != "seed" and "fsdp_version" not in req.rs.scenario.layout.model_fields_set:
+        # the stack's recipe: how its ZeRO-3/FSDP frees gathers (the reserved view)
+        x["fsdp_version"] = np.array([st.fsdp_version for st in req.stacks], dtype=np.int64)[c["stack"]]
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return memory_components(req.rs.profile, req.model, req.rs.overrides,
