@@ -55,9 +55,14 @@ def batch(
     Exit code 0 when every scenario got a plan, 1 when some were infeasible or invalid (all
     results still written), 2 when nothing could be read.
     """
-    from planner.search.batch import PriceOptions, run_batch
-    from planner.report.files import (TABLE_FORMATS, batch_document, batch_summary, check_writable,
-                                      write_frame_or_fallback)
+    _check_batch_outputs(out, plot)
+    run = _plan_batch(paths, top, workers, prices, price_date, max_price_age)
+    _write_batch_results(run, out, plot)
+
+
+def _check_batch_outputs(out: Path, plot: Path | None) -> None:
+    """``--out``'s format, and that ``--out`` and ``--plot`` can be written (exit 2 if not)."""
+    from planner.report.files import TABLE_FORMATS, check_writable
 
     if out.suffix.lower() not in TABLE_FORMATS:
         _fail([f"--out: {out}: unknown format {out.suffix or '(none)'}; use one of {', '.join(TABLE_FORMATS)}"])
@@ -66,6 +71,13 @@ def batch(
                   for why in [check_writable(path)] if why]
     if unwritable:
         _fail(unwritable)
+
+
+def _plan_batch(paths: list[Path], top: int, workers: int | None, prices: list[Path] | None,
+                price_date: str | None, max_price_age: float):
+    """The batch run (a progress bar on a terminal); exit 2 on unreadable input."""
+    from planner.search.batch import PriceOptions, run_batch
+
     opts = PriceOptions(tuple(str(p) for p in prices or ()), price_date, max_price_age)
     try:
         if opts.files:  # read them once here, so a bad price file is one clear error
@@ -75,21 +87,22 @@ def batch(
         bar, update = _progress_bar("planning")
         if bar:
             with bar:
-                run = run_batch(paths, top=top, workers=workers, prices=opts, progress=update)
-        else:
-            run = run_batch(paths, top=top, workers=workers, prices=opts)
+                return run_batch(paths, top=top, workers=workers, prices=opts, progress=update)
+        return run_batch(paths, top=top, workers=workers, prices=opts)
     except InputError as exc:
         _fail(exc.problems)
-        return
+        raise  # not reached: _fail exits
+
+
+def _write_batch_results(run, out: Path, plot: Path | None) -> None:
+    """The plot and the results written (the results as CSV on stdout where the file cannot be),
+    the summary and the errors printed; exits with the run's code, or 2 where an output was not
+    written where asked."""
+    from planner.report.files import batch_document, batch_summary, write_frame_or_fallback
+
     failed = []  # outputs not written where asked: the results are kept all the same
     if plot is not None and not run.scenarios.empty:
-        from planner.report.plot import plot_batch_memory
-
-        try:
-            plot_batch_memory(run.scenarios, plot)
-        except Exception as exc:  # noqa: BLE001 - a picture never costs the results
-            failed.append(f"--plot: could not write {plot}: {getattr(exc, 'strerror', None) or exc}")
-            plot = None
+        plot = _write_batch_plot(run, plot, failed)
     written, why = write_frame_or_fallback(run.frame, out,
                                            document=lambda fmt: batch_document(run, fmt, out.parent, plot))
     typer.echo(batch_summary(run))
@@ -105,6 +118,18 @@ def batch(
     if failed:
         _fail(failed)
     raise typer.Exit(run.exit_code)
+
+
+def _write_batch_plot(run, plot: Path, failed: list[str]) -> Path | None:
+    """``plot`` once the memory picture is written there; None (and why, in ``failed``) if not."""
+    from planner.report.plot import plot_batch_memory
+
+    try:
+        plot_batch_memory(run.scenarios, plot)
+    except Exception as exc:  # noqa: BLE001 - a picture never costs the results
+        failed.append(f"--plot: could not write {plot}: {getattr(exc, 'strerror', None) or exc}")
+        return None
+    return plot
 
 
 def _rich_table(title: str, frame, columns: list[str] | None = None):
@@ -143,67 +168,96 @@ def procure(
     its window at any known price (each such job named, with why); 2 invalid input (one line per
     problem); 3 internal error: no answer passed the independent check.
     """
-    from planner.fleet.procure import procure as run_procure
-    from planner.report.procurement import FLEET_COLUMNS, SCHEDULE_COLUMNS, document, summary_text, tables
-    from planner.report.files import atomic_write_text
+    from planner.report.procurement import tables
 
     if fmt not in ("table", "json", "md", "html"):
         _fail([f"--format: must be table, json, md or html (got {fmt!r})"])
+    result = _solve_portfolio(portfolio, time_limit, workers)
+    t = tables(result)
+    pictures = _procurement_pictures(result, t, plot) if plot is not None and t.plans else []
+    text = _procurement_text(t, fmt, out, pictures)
+    if text is not None:
+        _emit_procurement_text(t, text, out)
+    else:
+        _print_procurement_tables(t, out)
+    raise typer.Exit(1 if result.status == "infeasible" else 0)
+
+
+def _solve_portfolio(portfolio: Path, time_limit: float | None, workers: int | None):
+    """The procurement answer; exit 2 on invalid input, 3 when no answer passed the check."""
     from planner.fleet.procure import CheckFailed
+    from planner.fleet.procure import procure as run_procure
 
     try:
-        result = run_procure(portfolio, time_limit_s=time_limit, workers=workers)
+        return run_procure(portfolio, time_limit_s=time_limit, workers=workers)
     except InputError as exc:
         _fail(exc.problems)
-        return
+        raise  # not reached: _fail exits
     except CheckFailed as exc:
         typer.echo(f"internal error: {exc}", err=True)
         raise typer.Exit(3) from None
-    t = tables(result)
-    pictures = []
-    if plot is not None and t.plans:
-        from planner.report.plot import memory_bars, plot_schedule
 
-        slots = [{**r, "lane": f"{r['gpu']} ({'bought' if r['mode'] == 'buy' else 'rented'})"}
-                 for r in t.schedule.to_dict(orient="records")]
-        plot_schedule(slots, result.problem.portfolio.horizon_h, plot, title=f"Fleet schedule: {t.summary['portfolio']}")
-        mem_png = plot.with_name(plot.stem + "-memory.png")
-        first = {}
-        for row, plan in zip(t.schedule.itertuples(), t.plans):
-            first.setdefault(row.job, plan)
-        memory_bars([f"{j}\n{p.gpu}×{p.gpus}" for j, p in first.items()],
-                    [p.memory["components"] for p in first.values()],
-                    [p.memory["usable_bytes"] for p in first.values()], mem_png)
-        pictures = [("fleet schedule", plot), ("memory per GPU", mem_png)]
+
+def _procurement_pictures(result, t, plot: Path) -> list[tuple[str, Path]]:
+    """The fleet schedule at ``plot`` and each job's memory per GPU beside it, named for the report."""
+    from planner.report.plot import memory_bars, plot_schedule
+
+    slots = [{**r, "lane": f"{r['gpu']} ({'bought' if r['mode'] == 'buy' else 'rented'})"}
+             for r in t.schedule.to_dict(orient="records")]
+    plot_schedule(slots, result.problem.portfolio.horizon_h, plot, title=f"Fleet schedule: {t.summary['portfolio']}")
+    mem_png = plot.with_name(plot.stem + "-memory.png")
+    first = {}
+    for row, plan in zip(t.schedule.itertuples(), t.plans):
+        first.setdefault(row.job, plan)
+    memory_bars([f"{j}\n{p.gpu}×{p.gpus}" for j, p in first.items()],
+                [p.memory["components"] for p in first.values()],
+                [p.memory["usable_bytes"] for p in first.values()], mem_png)
+    return [("fleet schedule", plot), ("memory per GPU", mem_png)]
+
+
+def _procurement_text(t, fmt: str, out: Path | None, pictures) -> str | None:
+    """The report as JSON, Markdown or HTML; None for the terminal tables."""
+    from planner.report.procurement import document
+
     if fmt == "json":
         from planner.report.terminal import to_json
 
-        text = to_json(t.to_dict())
-    elif fmt in ("md", "html"):
-        text = document(t, fmt, (out or Path(".")).parent if out else Path("."), pictures)
-    else:
-        text = None
-    if text is not None and out is not None:
+        return to_json(t.to_dict())
+    if fmt in ("md", "html"):
+        return document(t, fmt, out.parent if out else Path("."), pictures)
+    return None
+
+
+def _emit_procurement_text(t, text: str, out: Path | None) -> None:
+    """The report to ``out`` (and the summary on stdout), or to stdout."""
+    from planner.report.files import atomic_write_text
+    from planner.report.procurement import summary_text
+
+    if out is not None:
         atomic_write_text(out, text)
         typer.echo(summary_text(t))
         typer.echo(f"report: {out}")
-    elif text is not None:
-        typer.echo(text)
     else:
-        from planner.cli.app import console as _console
+        typer.echo(text)
 
-        console = _console()
-        console.print(summary_text(t), markup=False)
-        if not t.fleet.empty:
-            console.print(_rich_table("Fleet to buy", t.fleet, FLEET_COLUMNS))
-        if not t.schedule.empty:
-            console.print(_rich_table("Jobs: plan and time slot", t.schedule,
-                                      [c for c in SCHEDULE_COLUMNS if t.schedule[c].notna().any()]))
-            console.print(_rich_table("Cost breakdown", t.costs))
-            console.print(_rich_table("Buy against rent", t.compare))
-        if out is not None:
-            atomic_write_text(out, summary_text(t) + "\n")
-    raise typer.Exit(1 if result.status == "infeasible" else 0)
+
+def _print_procurement_tables(t, out: Path | None) -> None:
+    """The summary and the tables on the terminal; the summary to ``out`` too, if given."""
+    from planner.cli.app import console as _console
+    from planner.report.files import atomic_write_text
+    from planner.report.procurement import FLEET_COLUMNS, SCHEDULE_COLUMNS, summary_text
+
+    console = _console()
+    console.print(summary_text(t), markup=False)
+    if not t.fleet.empty:
+        console.print(_rich_table("Fleet to buy", t.fleet, FLEET_COLUMNS))
+    if not t.schedule.empty:
+        console.print(_rich_table("Jobs: plan and time slot", t.schedule,
+                                  [c for c in SCHEDULE_COLUMNS if t.schedule[c].notna().any()]))
+        console.print(_rich_table("Cost breakdown", t.costs))
+        console.print(_rich_table("Buy against rent", t.compare))
+    if out is not None:
+        atomic_write_text(out, summary_text(t) + "\n")
 
 
 def register(app: typer.Typer) -> None:

@@ -349,6 +349,29 @@ def greedy_solution(inst: FleetInstance, naive: FleetSolution, *, deadline: floa
     (most saving per GPU-hour first, each at its earliest start, with its cheapest option that fits)
     and the (type, k) that saves most is bought; until nothing saves or ``deadline``
     (``time.perf_counter()``) passes."""
+    usage, choices, units = _unrentable_as_naive(inst, naive)
+    rented = {i for i, r in enumerate(inst.runs) if r.rent is not None}
+    while rented and (deadline is None or time.perf_counter() < deadline):
+        best = None  # (net saving, t, k, placed, use)
+        for t in range(len(inst.unit_gpus)):
+            best = _best_extra_units(inst, t, rented, units, usage, best, deadline)
+        if best is None or best[0] <= 0:
+            break
+        _, t, k, placed, use = best
+        units[t] += k
+        usage[t] = use
+        choices.update(placed)
+        rented -= set(placed)
+    for i in rented:
+        choices[i] = Choice(i, inst.runs[i].release, None, inst.runs[i].rent)
+    sol = FleetSolution("feasible", None, None, units, [choices[i] for i in range(len(inst.runs))], 0.0)
+    return trim(inst, sol)
+
+
+def _unrentable_as_naive(inst: FleetInstance,
+                         naive: FleetSolution) -> tuple[np.ndarray, dict[int, Choice], list[int]]:
+    """The runs that cannot be rented, placed as the naive answer placed them: the GPUs they use
+    per type and time unit, their choices, and the units of each type they need."""
     H = max(1, inst.horizon)
     n_types = len(inst.unit_gpus)
     usage = np.zeros((n_types, H + 1), dtype=np.int64)
@@ -361,74 +384,78 @@ def greedy_solution(inst: FleetInstance, naive: FleetSolution, *, deadline: floa
                 usage[c.own.gpu_type, c.start:c.start + c.own.duration] += c.own.gpus
     for t in range(n_types):
         units[t] = -(-int(usage[t].max()) // inst.unit_gpus[t])
-    rented = {i for i, r in enumerate(inst.runs) if r.rent is not None}
+    return usage, choices, units
 
-    def unit_cost(t: int, n: int) -> int:
-        return n * inst.unit_cost_cents[t] + inst.host_cost_cents[t] * inst.hosts_for(t, n)
 
-    def pack(t: int, cap: int, order: list[int]) -> tuple[int, dict[int, Choice], np.ndarray]:
-        use = usage[t].copy()
-        placed: dict[int, Choice] = {}
-        saving = 0
-        for i in order:
-            r = inst.runs[i]
-            best = None
-            for o in r.own:
-                if o.gpu_type != t or o.cost_cents >= r.rent.cost_cents or o.gpus > cap:
-                    continue
-                if best is not None and o.cost_cents >= best[0].cost_cents:
-                    continue
-                s = _earliest_start(cap - use, r.release, r.deadline, o.gpus, o.duration)
-                if s is not None:
-                    best = (o, s)
-            if best is not None:
-                o, s = best
-                use[s:s + o.duration] += o.gpus
-                placed[i] = Choice(i, s, o, None)
-                saving += inst.runs[i].rent.cost_cents - o.cost_cents
-        return saving, placed, use
+def _units_cost(inst: FleetInstance, t: int, n: int) -> int:
+    """``n`` units of type ``t`` with their hosts, in cents."""
+    return n * inst.unit_cost_cents[t] + inst.host_cost_cents[t] * inst.hosts_for(t, n)
 
-    while rented and (deadline is None or time.perf_counter() < deadline):
-        best = None  # (net saving, t, k, placed, use)
-        for t in range(n_types):
-            cands = [i for i in rented if any(o.gpu_type == t for o in inst.runs[i].own)]
-            if not cands:
+
+def _pack(inst: FleetInstance, used: np.ndarray, t: int, cap: int,
+          order: list[int]) -> tuple[int, dict[int, Choice], np.ndarray]:
+    """The runs of ``order`` placed in turn on type ``t``'s ``cap`` GPUs (``used`` already taken),
+    each at its earliest start with its cheapest option that fits and saves against renting: the
+    saving, the placements, and the GPUs in use afterwards."""
+    use = used.copy()
+    placed: dict[int, Choice] = {}
+    saving = 0
+    for i in order:
+        r = inst.runs[i]
+        best = None
+        for o in r.own:
+            if o.gpu_type != t or o.cost_cents >= r.rent.cost_cents or o.gpus > cap:
                 continue
+            if best is not None and o.cost_cents >= best[0].cost_cents:
+                continue
+            s = _earliest_start(cap - use, r.release, r.deadline, o.gpus, o.duration)
+            if s is not None:
+                best = (o, s)
+        if best is not None:
+            o, s = best
+            use[s:s + o.duration] += o.gpus
+            placed[i] = Choice(i, s, o, None)
+            saving += inst.runs[i].rent.cost_cents - o.cost_cents
+    return saving, placed, use
 
-            def density(i: int, t: int = t) -> float:
-                r = inst.runs[i]
-                return max((r.rent.cost_cents - o.cost_cents) / (o.gpus * o.duration)
-                           for o in r.own if o.gpu_type == t)
 
-            order = sorted(cands, key=lambda i: (-density(i), i))
+def _by_saving_density(inst: FleetInstance, t: int, cands: list[int]) -> list[int]:
+    """The runs, most saving per GPU-hour on type ``t`` first."""
+    def density(i: int) -> float:
+        r = inst.runs[i]
+        return max((r.rent.cost_cents - o.cost_cents) / (o.gpus * o.duration)
+                   for o in r.own if o.gpu_type == t)
+
+    return sorted(cands, key=lambda i: (-density(i), i))
+
+
+def _best_extra_units(inst: FleetInstance, t: int, rented: set[int], units: list[int], usage: np.ndarray,
+                      best: tuple | None, deadline: float | None) -> tuple | None:
+    """``best`` (net saving, t, k, placed, use) of the round so far, or k more units of type ``t``
+    where they save more: k grows while it places more runs, until two in a row save no more than
+    the best."""
+    cands = [i for i in rented if any(o.gpu_type == t for o in inst.runs[i].own)]
+    if not cands:
+        return best
+    order = _by_saving_density(inst, t, cands)
+    worse = 0
+    k = 1
+    last_placed = -1
+    while k <= inst.max_units[t] - units[t] and worse < 2:
+        saving, placed, use = _pack(inst, usage[t], t, (units[t] + k) * inst.unit_gpus[t], order)
+        net = saving - (_units_cost(inst, t, units[t] + k) - _units_cost(inst, t, units[t]))
+        if best is None or net > best[0]:
+            best = (net, t, k, placed, use)
             worse = 0
-            k = 1
-            last_placed = -1
-            while k <= inst.max_units[t] - units[t] and worse < 2:
-                saving, placed, use = pack(t, (units[t] + k) * inst.unit_gpus[t], order)
-                net = saving - (unit_cost(t, units[t] + k) - unit_cost(t, units[t]))
-                if best is None or net > best[0]:
-                    best = (net, t, k, placed, use)
-                    worse = 0
-                else:
-                    worse += 1
-                if len(placed) == len(cands) or len(placed) == last_placed:
-                    break
-                last_placed = len(placed)
-                k += 1
-                if deadline is not None and time.perf_counter() >= deadline:
-                    break
-        if best is None or best[0] <= 0:
+        else:
+            worse += 1
+        if len(placed) == len(cands) or len(placed) == last_placed:
             break
-        _, t, k, placed, use = best
-        units[t] += k
-        usage[t] = use
-        choices.update(placed)
-        rented -= set(placed)
-    for i in rented:
-        choices[i] = Choice(i, inst.runs[i].release, None, inst.runs[i].rent)
-    sol = FleetSolution("feasible", None, None, units, [choices[i] for i in range(len(inst.runs))], 0.0)
-    return trim(inst, sol)
+        last_placed = len(placed)
+        k += 1
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+    return best
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,6 +115,29 @@ def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS, *,
 
     The DeepSpeed, accelerate and Hugging Face files shard with one back-end, ``backend``
     (``deepspeed`` or ``fsdp``; by default the plan's ``stack``'s, else DeepSpeed)."""
+    _check_export_request(rs, formats, backend)
+    ctx, out = Ctx(rs, asked_backend=backend, stack=stack), Bundle()
+    _add_sharded_files(ctx, out, formats, backend, stack)
+    run = torchrun_command(ctx, out, []) if ("torchrun" in formats or "skypilot" in formats) else None
+    if run is not None and "torchrun" in formats:
+        out.files["launch.sh"] = _launch_script(run, ctx)
+    if "torchtune" in formats:
+        _add_torchtune_files(ctx, out)
+    if "megatron" in formats:
+        margs = megatron_args(ctx, out)
+        if margs is not None:
+            out.files["megatron_args.txt"] = "\n".join(margs) + "\n"
+    if "skypilot" in formats:
+        task = skypilot_task(ctx, out, run)
+        if task is not None:
+            out.files["sky_task.yaml"] = dump_yaml(task)
+    out.files["PLAN.md"] = out.readme(f"{rs.name}: {rs.model.id} {rs.workload.method} on "
+                                      f"{rs.layout.gpus}× {rs.gpu.name}", decided(ctx))
+    return out
+
+
+def _check_export_request(rs: ResolvedScenario, formats: tuple[str, ...], backend: str | None) -> None:
+    """Known formats and back-end, and a plan that names its GPU; InputError if not."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise InputError([f"format: {f!r} is not one of {', '.join(FORMATS)}" for f in unknown])
@@ -122,7 +145,11 @@ def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS, *,
         raise InputError([f"backend: {backend!r} is not one of {', '.join(BACKENDS)}"])
     if rs.gpu is None:
         raise InputError(["layout.gpu: a plan to export names its GPU"])
-    ctx, out = Ctx(rs, asked_backend=backend, stack=stack), Bundle()
+
+
+def _add_sharded_files(ctx: Ctx, out: Bundle, formats: tuple[str, ...], backend: str | None,
+                       stack: str | None) -> None:
+    """ds_config.json, accelerate_config.yaml and the Hugging Face files: one back-end for all."""
     if backend is not None and ctx.backend not in (None, backend):
         out.note("sharding", f"{backend} was asked, but FSDP has no "
                  + ("optimizer-only sharding (ZeRO-1)" if ctx.lay.zero == 1 else "optimizer-only offload")
@@ -147,30 +174,20 @@ def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS, *,
         # The Trainer reads a DeepSpeed config only for ZeRO; without it none is named.
         for name, body in hf_files(ctx, out, ds_name if uses_ds else None).items():
             out.files[name] = dump_json(body)
-    run = torchrun_command(ctx, out, []) if ("torchrun" in formats or "skypilot" in formats) else None
-    if run is not None and "torchrun" in formats:
-        out.files["launch.sh"] = _launch_script(run, ctx)
-    if "torchtune" in formats:
-        tt = torchtune_override(ctx, out)
-        if tt is not None:
-            cfg, command = tt
-            out.files["torchtune_override.yaml"] = (
-                "# The plan's settings for torchtune. `tune run` takes one --config (a second replaces\n"
-                "# the first), so they go on the command line as key=value overrides of your base\n"
-                "# config: run torchtune_run.sh, which is:\n"
-                + "".join(f"#   {line}\n" for line in command.splitlines()) + dump_yaml(cfg))
-            out.files["torchtune_run.sh"] = _torchtune_script(command, ctx)
-    if "megatron" in formats:
-        margs = megatron_args(ctx, out)
-        if margs is not None:
-            out.files["megatron_args.txt"] = "\n".join(margs) + "\n"
-    if "skypilot" in formats:
-        task = skypilot_task(ctx, out, run)
-        if task is not None:
-            out.files["sky_task.yaml"] = dump_yaml(task)
-    out.files["PLAN.md"] = out.readme(f"{rs.name}: {rs.model.id} {rs.workload.method} on "
-                                      f"{rs.layout.gpus}× {rs.gpu.name}", decided(ctx))
-    return out
+
+
+def _add_torchtune_files(ctx: Ctx, out: Bundle) -> None:
+    """torchtune_override.yaml (the overrides, the command in its header) and torchtune_run.sh."""
+    tt = torchtune_override(ctx, out)
+    if tt is None:
+        return
+    cfg, command = tt
+    out.files["torchtune_override.yaml"] = (
+        "# The plan's settings for torchtune. `tune run` takes one --config (a second replaces\n"
+        "# the first), so they go on the command line as key=value overrides of your base\n"
+        "# config: run torchtune_run.sh, which is:\n"
+        + "".join(f"#   {line}\n" for line in command.splitlines()) + dump_yaml(cfg))
+    out.files["torchtune_run.sh"] = _torchtune_script(command, ctx)
 
 
 def _torchtune_script(command: str, ctx: Ctx) -> str:

@@ -113,17 +113,9 @@ def torchtune_override(ctx: Ctx, out: Bundle) -> tuple[dict, str] | None:
     """A torchtune config override and the ``tune run`` command, or None (reason in skipped)."""
     fmt = "torchtune"
     wl, lay = ctx.wl, ctx.lay
-    if wl.method == "inference":
-        out.skipped[fmt] = "an inference plan has no torchtune training recipe"
-        return None
-    if ctx.half == "fp16":
-        out.skipped[fmt] = "torchtune trains in bf16 or fp32 only; the plan needs FP16 (no BF16 on this GPU)"
-        return None
-    if lay.pp > 1 or lay.cp > 1:
-        out.skipped[fmt] = f"torchtune's recipes have no pipeline/context parallelism (pp={lay.pp} cp={lay.cp})"
-        return None
-    if lay.tp > 1 and ctx.lora:
-        out.skipped[fmt] = "torchtune's LoRA recipes have no tensor parallelism"
+    reason = _torchtune_unsupported(ctx)
+    if reason is not None:
+        out.skipped[fmt] = reason
         return None
     cfg: dict = {
         "batch_size": wl.micro_batch,
@@ -135,50 +127,87 @@ def torchtune_override(ctx: Ctx, out: Bundle) -> tuple[dict, str] | None:
         "optimizer": {"_component_": TORCHTUNE_OPTIMIZERS[wl.optimizer]},
     }
     if not ctx.lora:
-        # torchtune refuses optimizer_in_bwd with gradient accumulation; base configs turn it on
-        in_bwd = ctx.grad_accum == 1 and ctx.detail("optimizer_step", "foreach") == "in_backward"
-        cfg["optimizer_in_bwd"] = in_bwd
-        if ctx.grad_accum > 1:
-            out.note(fmt, f"optimizer_in_bwd is off: torchtune refuses it with gradient accumulation "
-                          f"({ctx.grad_accum} steps)")
+        _torchtune_optimizer_in_bwd(ctx, out, cfg)
     if wl.precision == "mixed":
         out.note(fmt, "torchtune's dtype bf16 keeps no FP32 master copy: it needs less memory than "
                       "the plan's mixed precision")
     distributed = lay.gpus > 1
+    _torchtune_sharding(ctx, out, cfg, distributed)
+    if ctx.lora:
+        cfg["model"] = _torchtune_lora_model(ctx, out)
+    return cfg, _torchtune_command(ctx, out, cfg, distributed)
+
+
+def _torchtune_unsupported(ctx: Ctx) -> str | None:
+    """Why torchtune cannot run the plan, or None."""
+    wl, lay = ctx.wl, ctx.lay
+    if wl.method == "inference":
+        return "an inference plan has no torchtune training recipe"
+    if ctx.half == "fp16":
+        return "torchtune trains in bf16 or fp32 only; the plan needs FP16 (no BF16 on this GPU)"
+    if lay.pp > 1 or lay.cp > 1:
+        return f"torchtune's recipes have no pipeline/context parallelism (pp={lay.pp} cp={lay.cp})"
+    if lay.tp > 1 and ctx.lora:
+        return "torchtune's LoRA recipes have no tensor parallelism"
+    return None
+
+
+def _torchtune_optimizer_in_bwd(ctx: Ctx, out: Bundle, cfg: dict) -> None:
+    """``optimizer_in_bwd`` of a full fine-tune."""
+    # torchtune refuses optimizer_in_bwd with gradient accumulation; base configs turn it on
+    in_bwd = ctx.grad_accum == 1 and ctx.detail("optimizer_step", "foreach") == "in_backward"
+    cfg["optimizer_in_bwd"] = in_bwd
+    if ctx.grad_accum > 1:
+        out.note("torchtune", f"optimizer_in_bwd is off: torchtune refuses it with gradient accumulation "
+                              f"({ctx.grad_accum} steps)")
+
+
+def _torchtune_sharding(ctx: Ctx, out: Bundle, cfg: dict, distributed: bool) -> None:
+    """FSDP2 offload and tensor parallelism of the distributed recipes; what the plan loses."""
+    lay = ctx.lay
     if distributed:
         cfg["fsdp_cpu_offload"] = lay.offload != "none"
         if lay.zero < 3:
-            out.note(fmt, f"torchtune's distributed recipes shard fully (FSDP2): ZeRO {lay.zero} "
-                          "becomes full sharding, no more memory than planned")
+            out.note("torchtune", f"torchtune's distributed recipes shard fully (FSDP2): ZeRO {lay.zero} "
+                                  "becomes full sharding, no more memory than planned")
         if lay.tp > 1:
             cfg["tensor_parallel_dim"] = lay.tp
     elif lay.offload != "none":
-        out.note(fmt, "single-device recipes offload nothing: the plan's offload has no equivalent")
-    if ctx.lora:
-        attn = [TORCHTUNE_ATTN[t] for t in ctx.targets if t in TORCHTUNE_ATTN]
-        mlp = {t for t in ctx.targets if t in ("gate", "up", "down")}
-        if mlp and mlp != {"gate", "up", "down"}:
-            out.note(fmt, "torchtune adapts the whole MLP or none of it: apply_lora_to_mlp is on")
-        model = {"lora_attn_modules": attn, "apply_lora_to_mlp": bool(mlp),
-                 "apply_lora_to_output": "lm_head" in wl.lora_targets, "lora_rank": wl.lora_rank}
-        if wl.lora_alpha is not None:
-            model["lora_alpha"] = wl.lora_alpha
-        else:
-            out.need(fmt, "model.lora_alpha (the plan did not set it)")
-        cfg["model"] = model
-        if wl.method == "qlora":
-            out.need(fmt, "model._component_: the qlora_* builder of your model (e.g. "
-                          "torchtune.models.llama3_1.qlora_llama3_1_8b)")
+        out.note("torchtune", "single-device recipes offload nothing: the plan's offload has no equivalent")
+
+
+def _torchtune_lora_model(ctx: Ctx, out: Bundle) -> dict:
+    """The ``model`` overrides of a LoRA recipe: adapted modules, rank and alpha."""
+    fmt = "torchtune"
+    wl = ctx.wl
+    attn = [TORCHTUNE_ATTN[t] for t in ctx.targets if t in TORCHTUNE_ATTN]
+    mlp = {t for t in ctx.targets if t in ("gate", "up", "down")}
+    if mlp and mlp != {"gate", "up", "down"}:
+        out.note(fmt, "torchtune adapts the whole MLP or none of it: apply_lora_to_mlp is on")
+    model = {"lora_attn_modules": attn, "apply_lora_to_mlp": bool(mlp),
+             "apply_lora_to_output": "lm_head" in wl.lora_targets, "lora_rank": wl.lora_rank}
+    if wl.lora_alpha is not None:
+        model["lora_alpha"] = wl.lora_alpha
+    else:
+        out.need(fmt, "model.lora_alpha (the plan did not set it)")
+    if wl.method == "qlora":
+        out.need(fmt, "model._component_: the qlora_* builder of your model (e.g. "
+                      "torchtune.models.llama3_1.qlora_llama3_1_8b)")
+    return model
+
+
+def _torchtune_command(ctx: Ctx, out: Bundle, cfg: dict, distributed: bool) -> str:
+    """The ``tune run`` command of the recipe, with ``cfg`` as overrides of the user's base config."""
     recipe = ("lora" if ctx.lora else "full") + "_finetune_" + ("distributed" if distributed else "single_device")
     head = ["tune", "run"]
     if distributed:
-        head += [f"--nnodes={ctx.nodes}", f"--nproc_per_node={ctx.per_node or lay.gpus}"]
+        head += [f"--nnodes={ctx.nodes}", f"--nproc_per_node={ctx.per_node or ctx.lay.gpus}"]
     # One --config (a second would replace the first): the plan's settings as key=value overrides
     command = " \\\n    ".join([" ".join([*head, recipe, "--config", '"${BASE_CONFIG}"']),
                                  *(shlex.quote(o) for o in torchtune_cli_overrides(cfg))])
-    out.need(fmt, f"BASE_CONFIG: the {recipe} config of your model (tune ls), which holds the "
-                  "checkpointer, dataset and learning rate")
-    return cfg, command
+    out.need("torchtune", f"BASE_CONFIG: the {recipe} config of your model (tune ls), which holds the "
+                          "checkpointer, dataset and learning rate")
+    return command
 
 
 def torchtune_cli_overrides(cfg: dict, prefix: str = "") -> list[str]:

@@ -80,9 +80,31 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
     pr, sol = res.problem, res.solution
     p = pr.portfolio
     as_of = as_of or dt.date.today()
-    unit_h = p.time_unit_hours
-    H = p.horizon_h
-    fleet_rows, sched_rows, plans = [], [], []
+    sched_rows, plans, busy = _schedule_rows(res)
+    from planner.fleet.ownership import load_ownership
+
+    own = load_ownership()
+    months = p.horizon_h / HOURS_PER_MONTH
+    resale = own.resale_fraction(months)
+    fleet_rows, stale_units = _fleet_rows(res, as_of, busy, resale)
+    costs = _usd_of_solution(res, sol) if sol.choices else {}
+    naive = _usd_of_solution(res, res.naive) if res.naive.choices else {}
+    compare = _compare_rows(res, costs, naive)
+    used = {(s["gpu"], k) for s in sched_rows for k in ("purchase", "on_demand", "spot")}
+    price_rows = [r for r in pr.prices.rows(as_of, p.max_price_age_days) if (r["gpu"], r["kind"]) in used]
+    stale = sorted({f"{r['gpu']} {r['kind']}" for r in price_rows if r["stale"]} | set(stale_units))
+    resale_assumption = {"fraction": resale, "after_months": months, "source": own.resale_source}
+    summary = _summary(res, costs, naive, resale_assumption, stale)
+    return ProcureTables(summary, pd.DataFrame(fleet_rows), pd.DataFrame(sched_rows),
+                         pd.DataFrame([{"item": k, "usd": v} for k, v in costs.items()]),
+                         pd.DataFrame(compare), pd.DataFrame(price_rows), plans)
+
+
+def _schedule_rows(res: ProcureResult) -> tuple[list[dict[str, Any]], list[Any], dict[str, float]]:
+    """One row per scheduled run, its plan, and the GPU-hours each bought GPU type is busy."""
+    pr, sol = res.problem, res.solution
+    unit_h = pr.portfolio.time_unit_hours
+    sched_rows, plans = [], []
     busy: dict[str, float] = {}
     for c in sol.choices:
         run = pr.inst.runs[c.run]
@@ -104,12 +126,16 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
             "start_date": as_date(pr, start_h), "end_date": as_date(pr, start_h + hours),
             "window_hours": f"{job.release_hours:g}–{job.deadline_hours:g}",
         })
-    from planner.fleet.ownership import load_ownership
+    return sched_rows, plans, busy
 
-    own = load_ownership()
-    months = H / HOURS_PER_MONTH
-    resale = own.resale_fraction(months)
-    stale_units = []
+
+def _fleet_rows(res: ProcureResult, as_of: dt.date, busy: dict[str, float],
+                resale: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per GPU type bought, and the servers whose price is stale."""
+    pr, sol = res.problem, res.solution
+    p = pr.portfolio
+    H = p.horizon_h
+    fleet_rows, stale_units = [], []
     for t, n in enumerate(sol.units):
         if n == 0:
             continue
@@ -133,27 +159,39 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
             "unamortised_at_end_usd": outlay - amortised, "resale_at_end_usd": outlay * resale,
             "busy_gpu_hours": busy.get(gid, 0.0), "utilisation": busy.get(gid, 0.0) / (gpus * H),
         })
-    costs = _usd_of_solution(res, sol) if sol.choices else {}
-    naive = _usd_of_solution(res, res.naive) if res.naive.choices else {}
-    rent_all = None if res.rent_all_cents is None else res.rent_all_cents / 100.0
+    return fleet_rows, stale_units
+
+
+def _rent_all_usd(res: ProcureResult) -> float | None:
+    return None if res.rent_all_cents is None else res.rent_all_cents / 100.0
+
+
+def _compare_rows(res: ProcureResult, costs: dict[str, float],
+                  naive: dict[str, float]) -> list[dict[str, Any]]:
+    """Buy against rent: this answer, the naive one and renting everything, each against this answer."""
     answer = res.answer
     label = "this answer" + ("" if answer is None else f": {SOURCES[answer.source]}")
     compare = [{"answer": label, "total_usd": costs.get("total_usd"),
                 "cash_outlay_usd": costs.get("cash_outlay_usd")},
                {"answer": "naive: each job's cheapest setup bought separately", "total_usd": naive.get("total_usd"),
                 "cash_outlay_usd": naive.get("cash_outlay_usd")},
-               {"answer": "rent everything (cheapest rental per run)", "total_usd": rent_all, "cash_outlay_usd": 0.0}]
+               {"answer": "rent everything (cheapest rental per run)", "total_usd": _rent_all_usd(res),
+                "cash_outlay_usd": 0.0}]
     for row in compare:
         tot = row["total_usd"]
         row["vs_answer_usd"] = None if tot is None or not costs else tot - costs["total_usd"]
+    return compare
+
+
+def _summary(res: ProcureResult, costs: dict[str, float], naive: dict[str, float],
+             resale_assumption: dict[str, Any], stale_prices: list[str]) -> dict[str, Any]:
+    """The summary: status and bound, the solver and candidates, costs against both baselines, resale."""
+    pr, answer, gen, p = res.problem, res.answer, res.generation, res.problem.portfolio
     savings = None
     if costs and naive:
         savings = {"usd": naive["total_usd"] - costs["total_usd"],
                    "percent": 100.0 * (naive["total_usd"] - costs["total_usd"]) / naive["total_usd"]}
-    used = {(s["gpu"], k) for s in sched_rows for k in ("purchase", "on_demand", "spot")}
-    price_rows = [r for r in pr.prices.rows(as_of, p.max_price_age_days) if (r["gpu"], r["kind"]) in used]
-    gen = res.generation
-    summary = {
+    return {
         "portfolio": p.name, "status": res.status, "gap": None if answer is None else answer.gap,
         "answer_from": None if answer is None else answer.source,
         "bound_usd": None if answer is None or answer.bound_cents is None else answer.bound_cents / 100.0,
@@ -161,21 +199,18 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
         "solver_status": None if answer is None or answer.solver is None else answer.solver.status,
         "limit": {"wall_s": res.limit.wall_s, "deterministic": res.limit.deterministic},
         "candidates_s": gen.seconds, "candidates_complete": gen.complete, "jobs_refined": gen.jobs_refined,
-        "horizon_hours": H, "lifetime_months": p.lifetime_months,
+        "horizon_hours": p.horizon_h, "lifetime_months": p.lifetime_months,
         "jobs": len(pr.runs), "runs": len(pr.inst.runs),
         "own_options": sum(len(r.own) for r in pr.inst.runs), "total_usd": costs.get("total_usd"),
-        "naive_usd": naive.get("total_usd"), "rent_all_usd": rent_all, "savings_vs_naive": savings,
+        "naive_usd": naive.get("total_usd"), "rent_all_usd": _rent_all_usd(res), "savings_vs_naive": savings,
         "cash_outlay_usd": costs.get("cash_outlay_usd"),
         "unamortised_at_end_usd": costs.get("unamortised_at_end_usd"),
         "resale_at_end_usd": costs.get("resale_at_end_usd"),
-        "resale_assumption": {"fraction": resale, "after_months": months, "source": own.resale_source},
-        "stale_prices": sorted({f"{r['gpu']} {r['kind']}" for r in price_rows if r["stale"]} | set(stale_units)),
+        "resale_assumption": resale_assumption,
+        "stale_prices": stale_prices,
         "problems": res.problems, "naive_notes": res.naive_notes,
         "check_findings": [] if answer is None else answer.findings,
     }
-    return ProcureTables(summary, pd.DataFrame(fleet_rows), pd.DataFrame(sched_rows),
-                         pd.DataFrame([{"item": k, "usd": v} for k, v in costs.items()]),
-                         pd.DataFrame(compare), pd.DataFrame(price_rows), plans)
 
 
 #: What each status means, for the summary line.

@@ -22,7 +22,7 @@ from planner.core.arch import has_full_architecture
 from planner.catalog.store import UnknownName
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
 from planner.catalog.hf_config import ConfigError
-from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario
+from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario, Workload
 
 #: Flat option names (CLI flags, keyword arguments) -> the scenario section that holds them.
 FLAG_SECTIONS: dict[str, str] = {
@@ -385,40 +385,76 @@ def resolve(
     where relative ``config.json`` paths are looked up first (the scenario file's folder).
     """
     prefix = f"{source}: " if source else ""
-    if isinstance(raw, Scenario):
-        scenario = raw
-    else:
-        try:
-            scenario = Scenario.model_validate(raw)
-        except ValidationError as exc:
-            raise InputError([prefix + line for line in format_validation_error(exc, Scenario)]) from None
-        except (TypeError, ValueError) as exc:  # a check that fails on a value instead of refusing it
-            raise InputError([prefix + line for line in _unvalidatable(raw, exc)]) from None
+    scenario = _validated(raw, prefix)
     problems: list[str] = []
     warnings: list[str] = []
+    model = _resolve_model(scenario, base_dir, problems)
+    gpu = _resolve_gpu(scenario.layout, problems)
+    lay, wl = scenario.layout, scenario.workload
+    dp, gpus = _derive_dp_and_gpus(lay, problems)
+    if model is not None:
+        _check_model_split(scenario, model, problems, warnings)
+    _check_sequence(wl, lay, model, problems, warnings)
+    _check_experts(lay, model, dp, problems)
+    _check_sharding(wl, lay, problems)
+    grad_accum = _derive_grad_accum(wl, dp, problems)
+    scenario = _fit_profile(scenario, model, problems, warnings)
+    if gpu is not None:
+        _check_gpu(wl, lay, gpu, problems, warnings)
+    if problems:
+        raise InputError([prefix + p for p in problems])
+    return ResolvedScenario(
+        scenario=scenario,
+        model=model,
+        gpu=gpu,
+        layout=lay.model_copy(update={"dp": dp, "gpus": gpus}),
+        grad_accum=grad_accum,
+        warnings=tuple(warnings),
+        source=source,
+    )
 
-    model: ModelSpec | None = None
-    if isinstance(scenario.model, str):
-        try:
-            model = catalog.get_model(scenario.model, base_dir=base_dir)
-        except (UnknownName, ConfigError) as exc:
-            problems.append(f"model: {exc}")
-        except (OSError, ValueError) as exc:  # a name no file system accepts as a path (too long…)
-            problems.append(f"model: {excerpt(scenario.model)} is no catalog name, nor a readable path "
-                            f"({clip(getattr(exc, 'strerror', None) or str(exc), EXCERPT_CHARS)})")
-    else:
+
+def _validated(raw: dict[str, Any] | Scenario, prefix: str) -> Scenario:
+    """The scenario checked against the schema; every schema problem is one line of InputError."""
+    if isinstance(raw, Scenario):
+        return raw
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError([prefix + line for line in format_validation_error(exc, Scenario)]) from None
+    except (TypeError, ValueError) as exc:  # a check that fails on a value instead of refusing it
+        raise InputError([prefix + line for line in _unvalidatable(raw, exc)]) from None
+
+
+def _resolve_model(scenario: Scenario, base_dir: Path | None, problems: list[str]) -> ModelSpec | None:
+    """The scenario's model: a catalog name or a config path looked up, or the spec given inline."""
+    if not isinstance(scenario.model, str):
         model = scenario.model
         if model.params_b is None and not has_full_architecture(model):
             problems.append("model: give params_b, or heads, ffn and vocab to count parameters")
+        return model
+    try:
+        return catalog.get_model(scenario.model, base_dir=base_dir)
+    except (UnknownName, ConfigError) as exc:
+        problems.append(f"model: {exc}")
+    except (OSError, ValueError) as exc:  # a name no file system accepts as a path (too long…)
+        problems.append(f"model: {excerpt(scenario.model)} is no catalog name, nor a readable path "
+                        f"({clip(getattr(exc, 'strerror', None) or str(exc), EXCERPT_CHARS)})")
+    return None
 
-    gpu: GpuSpec | None = None
-    lay = scenario.layout
-    if lay.gpu is not None:
-        try:
-            gpu = catalog.get_gpu(lay.gpu)
-        except UnknownName as exc:
-            problems.append(f"layout.gpu: {exc}")
 
+def _resolve_gpu(lay: Layout, problems: list[str]) -> GpuSpec | None:
+    if lay.gpu is None:
+        return None
+    try:
+        return catalog.get_gpu(lay.gpu)
+    except UnknownName as exc:
+        problems.append(f"layout.gpu: {exc}")
+        return None
+
+
+def _derive_dp_and_gpus(lay: Layout, problems: list[str]) -> tuple[int, int]:
+    """(dp, gpus) of the layout."""
     # gpus = dp·tp·pp·cp, with whichever of gpus and dp is missing derived from the other.
     mp = lay.tp * lay.pp * lay.cp
     dp, gpus = lay.dp, lay.gpus
@@ -438,35 +474,53 @@ def resolve(
         problems.append(
             f"layout.gpus: {gpus} ≠ dp·tp·pp·cp = {dp}·{lay.tp}·{lay.pp}·{lay.cp} = {dp * mp}"
         )
+    return dp, gpus
 
-    if model is not None:
-        if model.heads is not None and not _divides(lay.tp, model.heads):
-            problems.append(f"layout.tp: {lay.tp} does not divide the model's {model.heads} attention heads")
-        kv = model.kv_heads_eff
-        if kv is not None and model.mla is None and kv % lay.tp and lay.tp % kv:
-            problems.append(f"layout.tp: {lay.tp} does not divide the model's {kv} KV heads")
-        if not _divides(lay.pp, model.layers):
-            if not (lay.uneven_pp and scenario.profile == "detailed"):
-                problems.append(f"layout.pp: {lay.pp} does not divide the model's {model.layers} layers"
-                                + ("" if scenario.profile != "detailed" else
-                                   " (set layout.uneven_pp: true for stages of unequal size)"))
-            else:
-                warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
-                                f"heaviest stage holds {-(-model.layers // lay.pp)}")
-    wl = scenario.workload
+
+def _check_model_split(scenario: Scenario, model: ModelSpec, problems: list[str],
+                       warnings: list[str]) -> None:
+    """Tensor parallelism divides the model's heads; pipeline parallelism its layers."""
+    lay = scenario.layout
+    if model.heads is not None and not _divides(lay.tp, model.heads):
+        problems.append(f"layout.tp: {lay.tp} does not divide the model's {model.heads} attention heads")
+    kv = model.kv_heads_eff
+    if kv is not None and model.mla is None and kv % lay.tp and lay.tp % kv:
+        problems.append(f"layout.tp: {lay.tp} does not divide the model's {kv} KV heads")
+    if not _divides(lay.pp, model.layers):
+        if not (lay.uneven_pp and scenario.profile == "detailed"):
+            problems.append(f"layout.pp: {lay.pp} does not divide the model's {model.layers} layers"
+                            + ("" if scenario.profile != "detailed" else
+                               " (set layout.uneven_pp: true for stages of unequal size)"))
+        else:
+            warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
+                            f"heaviest stage holds {-(-model.layers // lay.pp)}")
+
+
+def _check_sequence(wl: Workload, lay: Layout, model: ModelSpec | None, problems: list[str],
+                    warnings: list[str]) -> None:
+    """The sequence against the model's context, and context parallelism dividing it."""
     if model is not None and model.max_position and wl.seq_len > model.max_position:
         warnings.append(f"workload.seq_len: {wl.seq_len} exceeds the model's context of "
                         f"{model.max_position} tokens (max_position_embeddings): positions past it "
                         "were never trained, unless the RoPE is scaled to reach them")
     if not _divides(lay.cp, wl.seq_len):
         problems.append(f"layout.cp: {lay.cp} does not divide workload.seq_len {wl.seq_len}")
-    if lay.ep > 1:
-        if model is not None and model.moe is None:
-            problems.append(f"layout.ep: {lay.ep} needs a mixture-of-experts model")
-        elif model is not None and model.moe.experts % lay.ep:
-            problems.append(f"layout.ep: {lay.ep} does not divide the model's {model.moe.experts} experts")
-        if dp % lay.ep:
-            problems.append(f"layout.ep: {lay.ep} does not divide dp = {dp} (experts are split within dp)")
+
+
+def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list[str]) -> None:
+    """Expert parallelism needs a mixture-of-experts model, and divides its experts and dp."""
+    if lay.ep <= 1:
+        return
+    if model is not None and model.moe is None:
+        problems.append(f"layout.ep: {lay.ep} needs a mixture-of-experts model")
+    elif model is not None and model.moe.experts % lay.ep:
+        problems.append(f"layout.ep: {lay.ep} does not divide the model's {model.moe.experts} experts")
+    if dp % lay.ep:
+        problems.append(f"layout.ep: {lay.ep} does not divide dp = {dp} (experts are split within dp)")
+
+
+def _check_sharding(wl: Workload, lay: Layout, problems: list[str]) -> None:
+    """Offload needs ZeRO (parameter offload ZeRO-3); neither applies to inference."""
     if lay.offload != "none" and lay.zero == 0:
         problems.append(f"layout.offload: {lay.offload!r} needs ZeRO/FSDP (layout.zero ≥ 1)")
     if lay.offload == "optimizer+params" and lay.zero != 3:
@@ -474,59 +528,60 @@ def resolve(
     if wl.method == "inference" and (lay.zero or lay.offload != "none"):
         problems.append("layout.zero: ZeRO and offload apply to training, not to method: inference")
 
+
+def _derive_grad_accum(wl: Workload, dp: int, problems: list[str]) -> int | None:
+    """The workload's grad_accum, derived from global_batch = micro_batch·dp·grad_accum if missing."""
     grad_accum = wl.grad_accum
-    if wl.global_batch is not None and wl.method != "inference":
-        per_step = wl.micro_batch * dp
-        if grad_accum is None:
-            if wl.global_batch % per_step:
-                problems.append(
-                    f"workload.global_batch: {wl.global_batch} is not a multiple of "
-                    f"micro_batch·dp = {wl.micro_batch}·{dp} = {per_step}"
-                )
-            else:
-                grad_accum = wl.global_batch // per_step
-        elif wl.global_batch != per_step * grad_accum:
+    if wl.global_batch is None or wl.method == "inference":
+        return grad_accum
+    per_step = wl.micro_batch * dp
+    if grad_accum is None:
+        if wl.global_batch % per_step:
             problems.append(
-                f"workload.global_batch: {wl.global_batch} ≠ micro_batch·dp·grad_accum = "
-                f"{wl.micro_batch}·{dp}·{grad_accum} = {per_step * grad_accum}"
+                f"workload.global_batch: {wl.global_batch} is not a multiple of "
+                f"micro_batch·dp = {wl.micro_batch}·{dp} = {per_step}"
             )
-
-    if scenario.profile == "detailed" and model is not None and not has_full_architecture(model):
-        if "profile" in scenario.model_fields_set:
-            problems.append("profile: 'detailed' needs the full architecture (heads, ffn, vocab), "
-                            "not only params_b; give them or use profile: seed")
         else:
-            # The default profile cannot model a model given only as params_b/layers/hidden: the
-            # documents' rules (seed) can, and the answer says which profile it used.
-            scenario = scenario.model_copy(update={"profile": "seed"})
-            warnings.append("profile: the model gives no full architecture, so the seed profile (the "
-                            "documents' rules) is used; give heads, ffn and vocab for the detailed one")
+            grad_accum = wl.global_batch // per_step
+    elif wl.global_batch != per_step * grad_accum:
+        problems.append(
+            f"workload.global_batch: {wl.global_batch} ≠ micro_batch·dp·grad_accum = "
+            f"{wl.micro_batch}·{dp}·{grad_accum} = {per_step * grad_accum}"
+        )
+    return grad_accum
 
-    if gpu is not None:
-        if wl.precision == "bf16" and not gpu.supports_bf16:
-            warnings.append(f"{gpu.name} has no BF16: pure-BF16 training will not run natively; use fp16")
-        if wl.precision == "mixed" and not gpu.supports_bf16:
-            warnings.append(f"{gpu.name} has no BF16: mixed precision runs as FP16 with loss scaling")
-        if lay.attention == "flash" and not gpu.supports_flash_attn2:
-            warnings.append(
-                f"{gpu.name} has no FlashAttention-2: 'flash' means a memory-efficient kernel (SDPA/xformers)"
-            )
-        if lay.tp > gpu.gpus_per_node:
-            problems.append(f"layout.tp: {lay.tp} exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node")
-        elif lay.tp > gpu.nvlink_domain:
-            warnings.append(f"TP {lay.tp} on {gpu.name} runs over PCIe (NVLink domain {gpu.nvlink_domain})")
 
-    if problems:
-        raise InputError([prefix + p for p in problems])
-    return ResolvedScenario(
-        scenario=scenario,
-        model=model,
-        gpu=gpu,
-        layout=lay.model_copy(update={"dp": dp, "gpus": gpus}),
-        grad_accum=grad_accum,
-        warnings=tuple(warnings),
-        source=source,
-    )
+def _fit_profile(scenario: Scenario, model: ModelSpec | None, problems: list[str],
+                 warnings: list[str]) -> Scenario:
+    """The scenario, its profile switched to seed where detailed was only the default and the
+    model has no full architecture."""
+    if scenario.profile != "detailed" or model is None or has_full_architecture(model):
+        return scenario
+    if "profile" in scenario.model_fields_set:
+        problems.append("profile: 'detailed' needs the full architecture (heads, ffn, vocab), "
+                        "not only params_b; give them or use profile: seed")
+        return scenario
+    # The default profile cannot model a model given only as params_b/layers/hidden: the
+    # documents' rules (seed) can, and the answer says which profile it used.
+    warnings.append("profile: the model gives no full architecture, so the seed profile (the "
+                    "documents' rules) is used; give heads, ffn and vocab for the detailed one")
+    return scenario.model_copy(update={"profile": "seed"})
+
+
+def _check_gpu(wl: Workload, lay: Layout, gpu: GpuSpec, problems: list[str], warnings: list[str]) -> None:
+    """What the GPU lacks for the workload (BF16, FlashAttention-2), and TP against its node."""
+    if wl.precision == "bf16" and not gpu.supports_bf16:
+        warnings.append(f"{gpu.name} has no BF16: pure-BF16 training will not run natively; use fp16")
+    if wl.precision == "mixed" and not gpu.supports_bf16:
+        warnings.append(f"{gpu.name} has no BF16: mixed precision runs as FP16 with loss scaling")
+    if lay.attention == "flash" and not gpu.supports_flash_attn2:
+        warnings.append(
+            f"{gpu.name} has no FlashAttention-2: 'flash' means a memory-efficient kernel (SDPA/xformers)"
+        )
+    if lay.tp > gpu.gpus_per_node:
+        problems.append(f"layout.tp: {lay.tp} exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node")
+    elif lay.tp > gpu.nvlink_domain:
+        warnings.append(f"TP {lay.tp} on {gpu.name} runs over PCIe (NVLink domain {gpu.nvlink_domain})")
 
 
 def _null_leaves(raw: Any, path: tuple = ()) -> list[tuple]:
