@@ -112,12 +112,7 @@ def estimate(
         return annotate(est, found) if found is not None else est
 
     results = _run_each(file, flags, config, run)
-    if as_json:
-        typer.echo(to_json(results[0] if len(results) == 1 else results))
-    else:
-        console = _console()
-        for est in results:
-            print_estimate(console, est, gib=gib)
+    _print_results(results, as_json, lambda console, est: print_estimate(console, est, gib=gib))
     raise typer.Exit(EXIT_OK if all(r.fits is not False for r in results) else EXIT_INFEASIBLE)
 
 
@@ -194,24 +189,33 @@ def plan(
     ).items() if v is not None}
 
     def run(merged, source, base_dir, found):
-        if found is None:
-            return plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto)
-        for note in found.notes:
-            typer.echo(f"note: {note}", err=True)
-        for warning in found.warnings:
-            typer.echo(f"warning: {warning}", err=True)
-        result = plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto)
-        return result.model_copy(update={"read_from_configs": found.read(),
-                                         "config_warnings": list(found.warnings)})
+        return _plan_with_configs(plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto), found)
 
     results = _run_each(file, flags, config, run, for_plan=True, extra={"search": search} if search else None)
+    _print_results(results, as_json, lambda console, r: print_plans(console, r, gib=gib))
+    raise typer.Exit(EXIT_OK if all(r.plans for r in results) else EXIT_INFEASIBLE)
+
+
+def _plan_with_configs(result, found):
+    """A plan result with what ``--config`` read and warned about (also said on stderr)."""
+    if found is None:
+        return result
+    for note in found.notes:
+        typer.echo(f"note: {note}", err=True)
+    for warning in found.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    return result.model_copy(update={"read_from_configs": found.read(),
+                                     "config_warnings": list(found.warnings)})
+
+
+def _print_results(results: list, as_json: bool, show) -> None:
+    """One result as a JSON object, several as a list; or each as tables."""
     if as_json:
         typer.echo(to_json(results[0] if len(results) == 1 else results))
-    else:
-        console = _console()
-        for result in results:
-            print_plans(console, result, gib=gib)
-    raise typer.Exit(EXIT_OK if all(r.plans for r in results) else EXIT_INFEASIBLE)
+        return
+    console = _console()
+    for result in results:
+        show(console, result)
 
 
 @app.command("gpus")
