@@ -12,12 +12,15 @@ configs) and what a named framework does (litgpt's modules, FSDP2 in torchtitan 
 
 from __future__ import annotations
 
+import csv
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner import catalog
 from planner.catalog.store import UnknownName
+from planner.core.errors import InputError
 
 #: Architecture facts the CSV columns lack, from each model's published Hugging Face config.json
 #: (norm type, gated MLP, biases, tied embeddings, head size, norms per layer).
@@ -55,6 +58,19 @@ BNB_DROPPED_MATMUL_INPUT = (0, 43, 2)
 
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
             "lm_head": "lm_head"}
+
+
+def read_csv(path: str | Path, required: tuple[str, ...]) -> list[dict[str, str]]:
+    """The rows of a measured-runs CSV; one line per missing ``required`` column, or no file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError([f"{path}: no such file"])
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputError([f"{path}: missing column {c}" for c in missing])
+        return list(reader)
 
 
 class Unmodelable(ValueError):

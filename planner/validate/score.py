@@ -8,13 +8,12 @@ counts as a miss (an absolute error of 100 %) in every figure.
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.validate.rows import Unmodelable, measured_bytes, scenario_of
+from planner.validate.rows import Unmodelable, measured_bytes, read_csv, scenario_of
 from planner.core.errors import InputError
 
 #: The view of the prediction each measure kind is compared with.
@@ -43,15 +42,7 @@ class RowResult:
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError([f"{path}: no such file"])
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise InputError([f"{path}: missing column {c}" for c in missing])
-        return list(reader)
+    return read_csv(path, REQUIRED_COLUMNS)
 
 
 def predict_row(row: dict[str, str], profile: str) -> tuple[dict[str, int], str | None]:

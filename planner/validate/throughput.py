@@ -15,7 +15,6 @@ minimising the median absolute log error (Nelder–Mead on log-parameters, pure 
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import statistics
@@ -32,7 +31,7 @@ from planner.core.errors import InputError
 from planner.core.specs import GpuSpec, ModelSpec
 from planner.perf import timing
 from planner.perf.timing import PRIOR, GpuPerf, ModelFlops, TimeParams, model_flops, step_time_s
-from planner.validate.rows import Unmodelable, model_of
+from planner.validate.rows import Unmodelable, model_of, read_csv
 
 REQUIRED_COLUMNS = ("id", "source", "model", "planner_model", "method", "planner_gpu", "gpus", "tp",
                     "pp", "cp", "dp", "seq_len", "micro_batch", "grad_accum", "tokens_per_s_per_gpu")
@@ -358,15 +357,7 @@ class ThroughputResult:
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError([f"{path}: no such file"])
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise InputError([f"{path}: missing column {c}" for c in missing])
-        return list(reader)
+    return read_csv(path, REQUIRED_COLUMNS)
 
 
 def cases_of(rows: list[dict[str, str]]) -> tuple[list[ThroughputCase], list[ThroughputResult]]:

@@ -11,7 +11,6 @@ reason and counts as a wrong verdict.
 
 from __future__ import annotations
 
-import csv
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from planner import catalog
 from planner.core.errors import InputError
-from planner.validate.rows import Unmodelable, scenario_of
+from planner.validate.rows import Unmodelable, read_csv, scenario_of
 
 REQUIRED_COLUMNS = ("id", "verdict", "model", "method", "seq_len", "micro_batch", "gpus", "gpu_type")
 VERDICTS = ("ran", "oom")
@@ -115,15 +114,7 @@ def stated_or_least(row: dict[str, str]) -> dict[str, str]:
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError([f"{path}: no such file"])
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise InputError([f"{path}: missing column {c}" for c in missing])
-        return list(reader)
+    return read_csv(path, REQUIRED_COLUMNS)
 
 
 def summarize(results: list[VerdictResult]) -> dict[str, Any]:
