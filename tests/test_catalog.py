@@ -35,6 +35,7 @@ REQUIRED_MODELS = [
     "llama-7b", "llama-13b", "llama-30b", "llama-65b", "codellama-7b", "gemma-2b", "gemma-7b",
     "falcon-7b", "falcon-40b", "bloom-7b1", "bloom-176b", "phi-1.5", "phi-2", "qwen1.5-7b",
     "qwen1.5-14b", "qwen1.5-72b", "yi-34b", "gpt2-large", "gpt2-xl", "olmo-2-7b", "olmo-2-13b",
+    "chatglm3-6b", "glm-4-9b",
 ]
 
 

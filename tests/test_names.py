@@ -254,3 +254,12 @@ def test_layernorm_models_carry_their_layout(name):
     assert model.norm == "layernorm" and not model.gated_mlp
     assert model.norms_per_layer == (2 if name in ("falcon-40b", "bloom-7b1") else 1)
     assert (model.position == "alibi") == name.startswith("bloom")
+
+
+def test_glm_names_resolve_within_their_family():
+    """ChatGLM3 and GLM-4 (ChatGLMModel: 2 KV groups, QKV bias, untied output layer)."""
+    assert catalog.get_model("THUDM/chatglm3-6b").id == "chatglm3-6b"
+    assert catalog.get_model("ChatGLM3-6B").kv_heads == 2
+    assert catalog.get_model("THUDM/glm-4-9b-chat").id == "glm-4-9b"
+    assert name_family("chatglm3-6b") == name_family("glm-4-9b") == "glm"
+    assert "glm" in catalog.models().suggest("chatglm4-6b")

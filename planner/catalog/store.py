@@ -98,7 +98,7 @@ _FAMILY_WORDS: tuple[tuple[str, str], ...] = (
     ("qwen", "qwen"), ("mixtral", "mistral"), ("mistral", "mistral"), ("ministral", "mistral"),
     ("codestral", "mistral"), ("gemma", "gemma"), ("phi", "phi"), ("deepseek", "deepseek"),
     ("yi", "yi"), ("falcon", "falcon"), ("smollm", "smollm"), ("olmo", "olmo"), ("opt", "opt"),
-    ("gpt", "gpt"), ("davinci", "gpt"), ("bloom", "bloom"),
+    ("gpt", "gpt"), ("davinci", "gpt"), ("bloom", "bloom"), ("chatglm", "glm"), ("glm", "glm"),
 )
 
 
