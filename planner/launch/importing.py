@@ -253,60 +253,78 @@ def read_trl(cfg: dict, f: Found, where: str, base: Path) -> None:
     if "seq_len" not in f.values:
         f.default("seq_len", 1024, where + ".max_length", "TRL")
         f.where["seq_len"] = where + ".max_length (default)"
-    peft = _true(cfg.get("use_peft"))
+    if _true(cfg.get("use_peft")):
+        _read_trl_peft(cfg, f, where)
+    else:
+        _read_trl_no_peft(cfg, f, where)
+    _read_trl_preference(cfg, f, where)
+    cfg.get("loss_type")
+
+
+def _read_trl_peft(cfg: dict, f: Found, where: str) -> None:
+    """``use_peft``: LoRA from ModelConfig's ``lora_*`` keys (TRL's defaults noted), and a 4- or
+    8-bit bitsandbytes base from ``load_in_*bit``."""
+    f.set("method", "lora", where + ".use_peft")
+    f.set("lora_rank", cfg.get("lora_r", 16), where + ".lora_r")
+    f.set("lora_alpha", cfg.get("lora_alpha", 32), where + ".lora_alpha")
+    f.set("lora_dropout", cfg.get("lora_dropout", 0.05), where + ".lora_dropout")
+    for key, value in (("lora_r", 16), ("lora_alpha", 32), ("lora_dropout", 0.05)):
+        if cfg.get(key) is None:
+            f.notes.append(f"{where}.{key}: not set; TRL's default {value!r} applies")
+    targets = cfg.get("lora_target_modules")
+    if targets is None:
+        f.set("lora_targets", ["q", "v"], where + ".lora_target_modules")
+        f.notes.append(f"{where}.lora_target_modules: not set; PEFT's default for Llama-like models "
+                       "(q_proj, v_proj) applies")
+    else:
+        _targets(targets, f, where + ".lora_target_modules")
+    read_peft_extras(cfg, f, where, {"modules_to_save": "lora_modules_to_save", "use_dora": "use_dora",
+                                     "target_parameters": "lora_target_parameters", "use_rslora": "use_rslora"})
+    b4, b8 = _true(cfg.get("load_in_4bit")), _true(cfg.get("load_in_8bit"))
+    if b4 or b8:
+        f.set("method", "qlora", where + (".load_in_4bit" if b4 else ".load_in_8bit"))
+        f.set("quant_bits", 4 if b4 else 8, where + ".load_in_*bit")
+        if b4:
+            f.set("double_quant", _true(cfg.get("use_bnb_nested_quant")), where + ".use_bnb_nested_quant")
+        else:
+            eight_bit(f, where + ".load_in_8bit")
+    cfg.get("bnb_4bit_quant_type")
+    cfg.get("bnb_4bit_quant_storage")
+
+
+def _read_trl_no_peft(cfg: dict, f: Found, where: str) -> None:
+    """No ``use_peft``: TRL trains the whole model; the adapter and quantization keys set are noted
+    as not applying."""
     lora_keys = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
                  "lora_target_parameters", "use_dora", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
                  "use_bnb_nested_quant", "bnb_4bit_quant_storage")
-    if peft:
-        f.set("method", "lora", where + ".use_peft")
-        f.set("lora_rank", cfg.get("lora_r", 16), where + ".lora_r")
-        f.set("lora_alpha", cfg.get("lora_alpha", 32), where + ".lora_alpha")
-        f.set("lora_dropout", cfg.get("lora_dropout", 0.05), where + ".lora_dropout")
-        for key, value in (("lora_r", 16), ("lora_alpha", 32), ("lora_dropout", 0.05)):
-            if cfg.get(key) is None:
-                f.notes.append(f"{where}.{key}: not set; TRL's default {value!r} applies")
-        targets = cfg.get("lora_target_modules")
-        if targets is None:
-            f.set("lora_targets", ["q", "v"], where + ".lora_target_modules")
-            f.notes.append(f"{where}.lora_target_modules: not set; PEFT's default for Llama-like models "
-                           "(q_proj, v_proj) applies")
-        else:
-            _targets(targets, f, where + ".lora_target_modules")
-        read_peft_extras(cfg, f, where, {"modules_to_save": "lora_modules_to_save", "use_dora": "use_dora",
-                                         "target_parameters": "lora_target_parameters", "use_rslora": "use_rslora"})
-        b4, b8 = _true(cfg.get("load_in_4bit")), _true(cfg.get("load_in_8bit"))
-        if b4 or b8:
-            f.set("method", "qlora", where + (".load_in_4bit" if b4 else ".load_in_8bit"))
-            f.set("quant_bits", 4 if b4 else 8, where + ".load_in_*bit")
-            if b4:
-                f.set("double_quant", _true(cfg.get("use_bnb_nested_quant")), where + ".use_bnb_nested_quant")
-            else:
-                eight_bit(f, where + ".load_in_8bit")
-        cfg.get("bnb_4bit_quant_type")
-        cfg.get("bnb_4bit_quant_storage")
-    else:
-        present = [k for k in lora_keys if dict.get(cfg, k) not in (None, False)]
-        for key in present:
-            cfg.get(key)
-        if present:
-            f.notes.append(f"{where}: use_peft is not set: {', '.join(present)} do not apply (TRL "
-                           "trains the whole model)")
-        if "method" not in f.values:
-            f.default("method", "full", where + ".use_peft", "TRL")
+    present = [k for k in lora_keys if dict.get(cfg, k) not in (None, False)]
+    for key in present:
+        cfg.get(key)
+    if present:
+        f.notes.append(f"{where}: use_peft is not set: {', '.join(present)} do not apply (TRL "
+                       "trains the whole model)")
+    if "method" not in f.values:
+        f.default("method", "full", where + ".use_peft", "TRL")
+
+
+def _read_trl_preference(cfg: dict, f: Found, where: str) -> None:
+    """TRL's preference and RL trainers' keys: warned about as not modelled, and their prompt and
+    completion lengths read as the sequence length when the Trainer's is TRL's default."""
     core = [k for k in TRL_RL_CORE if dict.get(cfg, k) is not None]
-    if core:
-        for key in cfg:
-            if any(fnmatchcase(key, pat) for pat in TRL_RL_KEYS):
-                cfg.get(key)
-        f.warn(f"{where}.{core[0]}", f"{', '.join(core)}: preference or RL training (a reference "
-               "or reward model, chosen and rejected or generated sequences) is not modelled; the "
-               "estimate is for supervised fine-tuning of the same model (errs low)")
-        prompt, completion = cfg.get("max_prompt_length"), cfg.get("max_completion_length")
-        if f.where.get("seq_len", "").endswith(".max_length (default)") and _is_int(prompt) and _is_int(completion):
-            f.set("seq_len", prompt + completion, where + ".max_prompt_length+max_completion_length")
-            f.notes.append(f"{where}: sequence length read as max_prompt_length + max_completion_length "
-                           f"= {prompt + completion}")
-    cfg.get("loss_type")
+    if not core:
+        return
+    for key in cfg:
+        if any(fnmatchcase(key, pat) for pat in TRL_RL_KEYS):
+            cfg.get(key)
+    f.warn(f"{where}.{core[0]}", f"{', '.join(core)}: preference or RL training (a reference "
+           "or reward model, chosen and rejected or generated sequences) is not modelled; the "
+           "estimate is for supervised fine-tuning of the same model (errs low)")
+    prompt, completion = cfg.get("max_prompt_length"), cfg.get("max_completion_length")
+    if f.where.get("seq_len", "").endswith(".max_length (default)") and _is_int(prompt) and _is_int(completion):
+        f.set("seq_len", prompt + completion, where + ".max_prompt_length+max_completion_length")
+        f.notes.append(f"{where}: sequence length read as max_prompt_length + max_completion_length "
+                       f"= {prompt + completion}")
 
 
 def read_llamafactory(cfg: dict, f: Found, where: str, base: Path) -> None:
@@ -316,6 +334,23 @@ def read_llamafactory(cfg: dict, f: Found, where: str, base: Path) -> None:
     read_training_args(cfg, f, where, base, load_config, tool=tool)
     if cfg.get("model_name_or_path"):
         f.set("model", cfg["model_name_or_path"], where + ".model_name_or_path")
+    _read_lf_stage(cfg, f, where)
+    method = _read_lf_method(cfg, f, where)
+    _read_lf_quantization(cfg, f, where, method)
+    f.take(cfg, "cutoff_len", "seq_len", 2048, where, tool)
+    _read_lf_checkpointing(cfg, f, where, tool)
+    _read_lf_kernels(cfg, f, where)
+    for key, what in (("use_galore", "GaLore"), ("use_apollo", "APOLLO"), ("use_badam", "BAdam"),
+                      ("use_adam_mini", "Adam-mini"), ("use_muon", "Muon"), ("use_llama_pro", "LLaMA Pro"),
+                      ("use_unsloth", "Unsloth")):
+        if _true(cfg.get(key)):
+            f.warn(f"{where}.{key}", f"{what} changes the optimizer or which weights train; not modelled")
+    if _true(cfg.get("fp8")):
+        f.set("fp8", True, where + ".fp8")
+
+
+def _read_lf_stage(cfg: dict, f: Found, where: str) -> None:
+    """``stage``: supervised (sft, pt) is modelled; the preference and reward stages are warned about."""
     stage = str(cfg.get("stage", "sft"))
     for key in cfg:
         if re.match(r"(pref_|dpo_|kto_|simpo_|ppo_|ref_model|reward_model)", str(key)):
@@ -323,6 +358,10 @@ def read_llamafactory(cfg: dict, f: Found, where: str, base: Path) -> None:
     if stage not in ("sft", "pt"):
         f.warn(where + ".stage", f"{stage!r}: {'a value head' if stage == 'rm' else 'a reference model and paired sequences'}"
                " not modelled; the estimate is for supervised fine-tuning (errs low)")
+
+
+def _read_lf_method(cfg: dict, f: Found, where: str) -> str:
+    """``finetuning_type`` (LLaMA-Factory's default 'lora') and the LoRA keys; returns the method."""
     ft = str(cfg.get("finetuning_type", "lora"))
     if cfg.get("finetuning_type") is None:
         f.notes.append(f"{where}.finetuning_type: not set; LLaMA-Factory's default 'lora' applies")
@@ -349,28 +388,37 @@ def read_llamafactory(cfg: dict, f: Found, where: str, base: Path) -> None:
         read_peft_extras(cfg, f, where, {"modules_to_save": "additional_target", "use_dora": "use_dora",
                                          "use_rslora": "use_rslora"})
         cfg.get("pissa_init")
+    return method
+
+
+def _read_lf_quantization(cfg: dict, f: Found, where: str, method: str) -> None:
+    """``quantization_bit``: a 4- or 8-bit base trained with LoRA (QLoRA); other widths warned about."""
     bits = cfg.get("quantization_bit")
-    if bits is not None:
-        qm = str(cfg.get("quantization_method", "bnb"))
-        if method == "full":
-            f.problems.append(f"{where}.quantization_bit: a quantized model trains with LoRA only "
-                              "(LLaMA-Factory refuses finetuning_type full)")
-        elif bits in (4, 8):
-            f.set("method", "qlora", where + ".quantization_bit")
-            f.set("quant_bits", bits, where + ".quantization_bit")
-            if bits == 8:
-                eight_bit(f, where + ".quantization_bit")
-            else:
-                f.set("double_quant", _true(cfg.get("double_quantization", True)),
-                      where + ".double_quantization")
-            if qm != "bnb":
-                f.warn(where + ".quantization_method", f"{qm!r}: read as bitsandbytes' bytes per weight")
+    if bits is None:
+        return
+    qm = str(cfg.get("quantization_method", "bnb"))
+    if method == "full":
+        f.problems.append(f"{where}.quantization_bit: a quantized model trains with LoRA only "
+                          "(LLaMA-Factory refuses finetuning_type full)")
+    elif bits in (4, 8):
+        f.set("method", "qlora", where + ".quantization_bit")
+        f.set("quant_bits", bits, where + ".quantization_bit")
+        if bits == 8:
+            eight_bit(f, where + ".quantization_bit")
         else:
-            f.warn(where + ".quantization_bit", f"{bits}-bit ({qm}) bases are not modelled; read as "
-                   "a 16-bit base (errs high)")
-        cfg.get("quantization_type")
-        cfg.get("quantization_device_map")
-    f.take(cfg, "cutoff_len", "seq_len", 2048, where, tool)
+            f.set("double_quant", _true(cfg.get("double_quantization", True)),
+                  where + ".double_quantization")
+        if qm != "bnb":
+            f.warn(where + ".quantization_method", f"{qm!r}: read as bitsandbytes' bytes per weight")
+    else:
+        f.warn(where + ".quantization_bit", f"{bits}-bit ({qm}) bases are not modelled; read as "
+               "a 16-bit base (errs high)")
+    cfg.get("quantization_type")
+    cfg.get("quantization_device_map")
+
+
+def _read_lf_checkpointing(cfg: dict, f: Found, where: str, tool: str) -> None:
+    """Gradient checkpointing (on unless disabled) and Unsloth's, which offloads the activations."""
     if cfg.get("disable_gradient_checkpointing") is not None or cfg.get("gradient_checkpointing") is not None:
         off = _true(cfg.get("disable_gradient_checkpointing"))
         f.set("checkpointing", "none" if off else "full", where + ".disable_gradient_checkpointing")
@@ -379,6 +427,10 @@ def read_llamafactory(cfg: dict, f: Found, where: str, base: Path) -> None:
     if _true(cfg.get("use_unsloth_gc")):
         f.set("checkpointing", "full", where + ".use_unsloth_gc")
         f.set("activation_offload", True, where + ".use_unsloth_gc")
+
+
+def _read_lf_kernels(cfg: dict, f: Found, where: str) -> None:
+    """The attention kernel, Liger's fused loss, and pure BF16 weights."""
     attn = str(cfg.get("flash_attn", "auto"))
     f.set("attention", "eager" if attn == "disabled" else "flash", where + ".flash_attn")
     if attn == "fa2":
@@ -387,19 +439,47 @@ def read_llamafactory(cfg: dict, f: Found, where: str, base: Path) -> None:
         f.set("loss", "fused", where + ".enable_liger_kernel")
     if _true(cfg.get("pure_bf16")):
         f.set("precision", "bf16", where + ".pure_bf16")
-    for key, what in (("use_galore", "GaLore"), ("use_apollo", "APOLLO"), ("use_badam", "BAdam"),
-                      ("use_adam_mini", "Adam-mini"), ("use_muon", "Muon"), ("use_llama_pro", "LLaMA Pro"),
-                      ("use_unsloth", "Unsloth")):
-        if _true(cfg.get(key)):
-            f.warn(f"{where}.{key}", f"{what} changes the optimizer or which weights train; not modelled")
-    if _true(cfg.get("fp8")):
-        f.set("fp8", True, where + ".fp8")
 
 
 def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
     tool = "axolotl"
     if cfg.get("base_model"):
         f.set("model", cfg["base_model"], where + ".base_model")
+    method = _read_ax_method(cfg, f, where)
+    if method == "qlora":
+        _read_ax_quantization(cfg, f, where)
+    if method != "full":
+        _read_ax_lora(cfg, f, where)
+    unfrozen = cfg.get("unfrozen_parameters")
+    if unfrozen:
+        f.warn(where + ".unfrozen_parameters", f"{_names(unfrozen)}: only these parameters train; the "
+               f"planner {'trains every weight' if method == 'full' else 'does not count them'} "
+               f"({'errs high' if method == 'full' else 'errs low'})")
+    _read_ax_batch(cfg, f, where, tool)
+    _read_ax_precision(cfg, f, where, tool)
+    _read_ax_checkpointing(cfg, f, where, tool)
+    _read_ax_optimizer(cfg, f, where)
+    _read_ax_attention(cfg, f, where)
+    _read_ax_loss(cfg, f, where)
+    tc = cfg.get("torch_compile")
+    if tc is True or str(tc).lower() in ("true", "auto"):
+        f.set("compile", True, where + ".torch_compile")
+    if _true(cfg.get("fp8")):
+        f.set("fp8", True, where + ".fp8")
+    if _true(cfg.get("tiled_mlp")):
+        f.warn(where + ".tiled_mlp", "tiled MLP activations are not modelled (errs high)")
+    _read_ax_parallelism(cfg, f, where)
+    rl = cfg.get("rl")
+    if rl:
+        f.warn(where + ".rl", f"{rl!r}: preference or RL training (a reference model, paired sequences) "
+               "is not modelled; the estimate is for supervised fine-tuning (errs low)")
+        for key in ("rl_beta", "dpo_beta", "orpo_alpha", "trl"):
+            cfg.get(key)
+    _read_ax_sharding(cfg, f, where, base)
+
+
+def _read_ax_method(cfg: dict, f: Found, where: str) -> str:
+    """``adapter``: none is a full fine-tune; LoRA on a quantized base (4- or 8-bit, GPTQ) is QLoRA."""
     adapter = cfg.get("adapter")
     b4, b8 = _true(cfg.get("load_in_4bit")), _true(cfg.get("load_in_8bit"))
     gptq = _true(cfg.get("gptq"))
@@ -414,48 +494,55 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
         method = "lora"
         f.set("method", "lora", where + ".adapter")
         f.warn(where + ".adapter", f"{adapter!r} adapters are not modelled; read as LoRA")
-    if method == "qlora":
-        if gptq:
-            f.set("quant_type", "gptq", where + ".gptq")
-            f.set("quant_bits", 4, where + ".gptq")
-        elif b8 and not b4:
-            f.set("quant_bits", 8, where + ".load_in_8bit")
-            eight_bit(f, where + ".load_in_8bit")
-        else:
-            f.set("quant_bits", 4, where + (".load_in_4bit" if b4 else ".adapter"))
-            bnb = cfg.get("bnb_config_kwargs") or {}
-            f.set("double_quant", _true(bnb.get("bnb_4bit_use_double_quant", True)),
-                  where + ".bnb_config_kwargs.bnb_4bit_use_double_quant")
-            bnb.get("bnb_4bit_quant_type")
-    if method != "full":
-        read_lora({"r": cfg.get("lora_r"), "lora_alpha": cfg.get("lora_alpha"), "target_modules": [],
-                   "lora_dropout": cfg.get("lora_dropout")}, f, where, _extra_fields())
-        if "lora_rank" in f.values:
-            f.where["lora_rank"] = where + ".lora_r"
-        linear, modules = _true(cfg.get("lora_target_linear")), cfg.get("lora_target_modules")
-        if linear or modules == "all-linear":
-            _targets("all-linear", f, where + ".lora_target_linear")
-        elif modules is not None:
-            _targets(modules, f, where + ".lora_target_modules")
-        else:
-            f.set("lora_targets", ["q", "v"], where + ".lora_target_modules")
-            f.notes.append(f"{where}.lora_target_modules: not set; PEFT's default for Llama-like models "
-                           "(q_proj, v_proj) applies")
-        read_peft_extras(cfg, f, where, {
-            "modules_to_save": "lora_modules_to_save", "layers_to_transform": "peft_layers_to_transform",
-            "layers_pattern": "peft_layers_pattern", "rank_pattern": "lora_rank_pattern",
-            "alpha_pattern": "lora_alpha_pattern", "use_dora": "peft_use_dora",
-            "target_parameters": "lora_target_parameters", "trainable_token_indices": "peft_trainable_token_indices",
-            "layer_replication": "peft_layer_replication", "loftq_config": "loftq_config",
-            "use_rslora": "peft_use_rslora", "init_lora_weights": "peft_init_lora_weights",
-            "fan_in_fan_out": "lora_fan_in_fan_out"})
-        if cfg.get("peft_autocast_adapter_dtype") is False:
-            f.set("adapter_dtype", "compute", where + ".peft_autocast_adapter_dtype")
-    unfrozen = cfg.get("unfrozen_parameters")
-    if unfrozen:
-        f.warn(where + ".unfrozen_parameters", f"{_names(unfrozen)}: only these parameters train; the "
-               f"planner {'trains every weight' if method == 'full' else 'does not count them'} "
-               f"({'errs high' if method == 'full' else 'errs low'})")
+    return method
+
+
+def _read_ax_quantization(cfg: dict, f: Found, where: str) -> None:
+    """A QLoRA base: GPTQ, 8-bit, or bitsandbytes 4-bit (double quantization on by default)."""
+    b4, b8 = _true(cfg.get("load_in_4bit")), _true(cfg.get("load_in_8bit"))
+    if _true(cfg.get("gptq")):
+        f.set("quant_type", "gptq", where + ".gptq")
+        f.set("quant_bits", 4, where + ".gptq")
+    elif b8 and not b4:
+        f.set("quant_bits", 8, where + ".load_in_8bit")
+        eight_bit(f, where + ".load_in_8bit")
+    else:
+        f.set("quant_bits", 4, where + (".load_in_4bit" if b4 else ".adapter"))
+        bnb = cfg.get("bnb_config_kwargs") or {}
+        f.set("double_quant", _true(bnb.get("bnb_4bit_use_double_quant", True)),
+              where + ".bnb_config_kwargs.bnb_4bit_use_double_quant")
+        bnb.get("bnb_4bit_quant_type")
+
+
+def _read_ax_lora(cfg: dict, f: Found, where: str) -> None:
+    """The adapter's rank, alpha, dropout and target modules, and PEFT's other keys (``peft_*``)."""
+    read_lora({"r": cfg.get("lora_r"), "lora_alpha": cfg.get("lora_alpha"), "target_modules": [],
+               "lora_dropout": cfg.get("lora_dropout")}, f, where, _extra_fields())
+    if "lora_rank" in f.values:
+        f.where["lora_rank"] = where + ".lora_r"
+    linear, modules = _true(cfg.get("lora_target_linear")), cfg.get("lora_target_modules")
+    if linear or modules == "all-linear":
+        _targets("all-linear", f, where + ".lora_target_linear")
+    elif modules is not None:
+        _targets(modules, f, where + ".lora_target_modules")
+    else:
+        f.set("lora_targets", ["q", "v"], where + ".lora_target_modules")
+        f.notes.append(f"{where}.lora_target_modules: not set; PEFT's default for Llama-like models "
+                       "(q_proj, v_proj) applies")
+    read_peft_extras(cfg, f, where, {
+        "modules_to_save": "lora_modules_to_save", "layers_to_transform": "peft_layers_to_transform",
+        "layers_pattern": "peft_layers_pattern", "rank_pattern": "lora_rank_pattern",
+        "alpha_pattern": "lora_alpha_pattern", "use_dora": "peft_use_dora",
+        "target_parameters": "lora_target_parameters", "trainable_token_indices": "peft_trainable_token_indices",
+        "layer_replication": "peft_layer_replication", "loftq_config": "loftq_config",
+        "use_rslora": "peft_use_rslora", "init_lora_weights": "peft_init_lora_weights",
+        "fan_in_fan_out": "lora_fan_in_fan_out"})
+    if cfg.get("peft_autocast_adapter_dtype") is False:
+        f.set("adapter_dtype", "compute", where + ".peft_autocast_adapter_dtype")
+
+
+def _read_ax_batch(cfg: dict, f: Found, where: str, tool: str) -> None:
+    """Sequence length, micro batch, and gradient accumulation (or ``batch_size`` over the micro batch)."""
     if _is_int(cfg.get("sequence_len")):
         f.set("seq_len", cfg["sequence_len"], where + ".sequence_len")
     else:
@@ -466,6 +553,11 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
         f.set("grad_accum", max(1, cfg["batch_size"] // f.values["micro_batch"]), where + ".batch_size")
     else:
         f.take(cfg, "gradient_accumulation_steps", "grad_accum", 1, where, tool)
+
+
+def _read_ax_precision(cfg: dict, f: Found, where: str, tool: str) -> None:
+    """``bf16``/``fp16`` (mixed), ``bfloat16``/``float16`` (pure), and the dtype the model loads in."""
+    b4, b8 = _true(cfg.get("load_in_4bit")), _true(cfg.get("load_in_8bit"))
     _precision(f, cfg.get("bf16"), cfg.get("fp16"), where, tool)
     if _true(cfg.get("bfloat16")):
         f.set("precision", "bf16", where + ".bfloat16")
@@ -479,6 +571,10 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
         # FSDP to keep FP32 masters, a full fine-tune's weights and AdamW states are BF16
         f.facts["model_dtype"] = "bfloat16"
         f.facts["model_dtype_where"] = f.where["precision"] + " (axolotl loads the model in BF16)"
+
+
+def _read_ax_checkpointing(cfg: dict, f: Found, where: str, tool: str) -> None:
+    """Gradient checkpointing (``offload*`` also offloads), and activation offloading."""
     gc = cfg.get("gradient_checkpointing")
     if gc is None:
         f.default("checkpointing", "none", where + ".gradient_checkpointing", tool)
@@ -493,6 +589,10 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
     ao = cfg.get("activation_offloading")
     if ao not in (None, False) and str(ao).lower() != "false":
         f.set("activation_offload", True, where + ".activation_offloading")
+
+
+def _read_ax_optimizer(cfg: dict, f: Found, where: str) -> None:
+    """``optimizer`` (axolotl's default 'adamw_torch_fused'), by the Trainer's names."""
     optim = str(cfg.get("optimizer", "adamw_torch_fused"))
     optim = {"ao_adamw_8bit": "adamw_8bit", "adamw_torch_4bit": "", "ao_adamw_4bit": ""}.get(optim, optim)
     if optim in HF_OPTIM:
@@ -503,6 +603,10 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
             f.notes.append(f"{where}.optimizer: not set; axolotl's default 'adamw_torch_fused' applies")
     else:
         bad_optimizer(f, where + ".optimizer", cfg.get("optimizer"), "AdamW, 8-bit AdamW, paged 8-bit AdamW or SGD")
+
+
+def _read_ax_attention(cfg: dict, f: Found, where: str) -> None:
+    """``attn_implementation``, else axolotl's attention flags (SDPA by default)."""
     read_attention(cfg, f, where)
     if "attention" not in f.values or not f.where["attention"].startswith(where):
         if _true(cfg.get("flash_attention")):
@@ -518,6 +622,10 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
     else:
         for key in ("flash_attention", "sdp_attention", "xformers_attention", "flex_attention", "eager_attention"):
             cfg.get(key)
+
+
+def _read_ax_loss(cfg: dict, f: Found, where: str) -> None:
+    """The loss: Liger's or Cut Cross-Entropy's fused one, or the chunked one."""
     plugins = " ".join(map(str, cfg.get("plugins") or []))
     if _true(cfg.get("liger_fused_linear_cross_entropy")):
         f.set("loss", "fused", where + ".liger_fused_linear_cross_entropy")
@@ -534,13 +642,10 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
     if _true(cfg.get("liger_cross_entropy")):
         f.warn(where + ".liger_cross_entropy", "Liger's cross-entropy (logits kept, gradient in place) "
                "is not modelled; read as the standard loss (errs high)")
-    tc = cfg.get("torch_compile")
-    if tc is True or str(tc).lower() in ("true", "auto"):
-        f.set("compile", True, where + ".torch_compile")
-    if _true(cfg.get("fp8")):
-        f.set("fp8", True, where + ".fp8")
-    if _true(cfg.get("tiled_mlp")):
-        f.warn(where + ".tiled_mlp", "tiled MLP activations are not modelled (errs high)")
+
+
+def _read_ax_parallelism(cfg: dict, f: Found, where: str) -> None:
+    """Tensor and context (sequence) parallel sizes, and HSDP's replicas (warned about)."""
     for key, name in (("tensor_parallel_size", "tp"), ("context_parallel_size", "cp"),
                       ("sequence_parallel_degree", "cp")):
         if _is_int(cfg.get(key)) and cfg[key] > 1:
@@ -549,12 +654,10 @@ def read_axolotl(cfg: dict, f: Found, where: str, base: Path) -> None:
         f.warn(where + ".dp_replicate_size", "HSDP (replicas of a sharded group): the planner shards "
                "over all data-parallel GPUs (errs low)")
     cfg.get("dp_shard_size")
-    rl = cfg.get("rl")
-    if rl:
-        f.warn(where + ".rl", f"{rl!r}: preference or RL training (a reference model, paired sequences) "
-               "is not modelled; the estimate is for supervised fine-tuning (errs low)")
-        for key in ("rl_beta", "dpo_beta", "orpo_alpha", "trl"):
-            cfg.get(key)
+
+
+def _read_ax_sharding(cfg: dict, f: Found, where: str, base: Path) -> None:
+    """The DeepSpeed config it names, else its FSDP settings, else no sharding and no offload."""
     if cfg.get("deepspeed"):
         load_config(config_path(str(cfg["deepspeed"]), base, f, where + ".deepspeed"), f, "deepspeed")
         if cfg.get("fsdp") or cfg.get("fsdp_config"):
@@ -592,6 +695,38 @@ def torchtune_launch(text: str, stem: str) -> tuple[str | None, int | None, str]
 
 def read_torchtune(cfg: dict, f: Found, where: str, text: str = "", stem: str = "") -> None:
     model = cfg.get("model") or {}
+    method = _read_tt_model(model, f, where)
+    if method:
+        _read_tt_lora(model, f, where)
+    f.take(cfg, "batch_size", "micro_batch", 1, where, "torchtune")
+    f.take(cfg, "gradient_accumulation_steps", "grad_accum", 1, where, "torchtune")
+    dtype = str(cfg.get("dtype", "bf16"))
+    f.set("precision", "fp32" if dtype == "fp32" else "bf16", where + ".dtype")
+    if dtype != "fp32":
+        f.facts["asks_bf16"] = where + ".dtype"
+    f.set("checkpointing", "full" if _true(cfg.get("enable_activation_checkpointing")) else "none",
+          where + ".enable_activation_checkpointing")
+    if _true(cfg.get("enable_activation_offloading")):
+        f.set("activation_offload", True, where + ".enable_activation_offloading")
+    f.set("attention", "flash", where + " (torchtune uses SDPA)")
+    _read_tt_optimizer(cfg, f, where)
+    if _true(cfg.get("compile")):
+        f.set("compile", True, where + ".compile")
+    _read_tt_loss(cfg, f, where)
+    seq = (cfg.get("tokenizer") or {}).get("max_seq_len")
+    if _is_int(seq):
+        f.set("seq_len", seq, where + ".tokenizer.max_seq_len")
+    for key in ("teacher_model", "ref_policy_model", "reward_and_value_model", "ref_model", "quantizer"):
+        if cfg.get(key):
+            f.warn(f"{where}.{key}", "a second model or a quantizer beside the one trained is not "
+                   "modelled (errs low)" if key != "quantizer" else
+                   "quantization-aware training's fake-quantized weights and activations are not modelled")
+    _read_tt_sharding(cfg, f, where, text, stem)
+
+
+def _read_tt_model(model: dict, f: Found, where: str) -> str | None:
+    """The model builder (``model._component_``): the method, the catalog's model, a QLoRA base.
+    Returns the adapter method (None for a full fine-tune)."""
     method, names = torchtune_model_name(str(model.get("_component_", "")))
     if method and _true(model.get("quantize_base")):
         method = "qlora"
@@ -608,28 +743,25 @@ def read_torchtune(cfg: dict, f: Found, where: str, text: str = "", stem: str = 
     if method == "qlora":
         f.set("quant_type", "torchao-nf4", where + ".model._component_")
         f.set("quant_bits", 4, where + ".model._component_")
-    if method:
-        read_lora({"r": model.get("lora_rank"), "lora_alpha": model.get("lora_alpha"), "target_modules": [],
-                   "lora_dropout": model.get("lora_dropout")}, f, where + ".model", _extra_fields())
-        f.where["lora_rank"] = where + ".model.lora_rank"
-        mods = list(model.get("lora_attn_modules") or [])
-        mods += ["gate_proj", "up_proj", "down_proj"] if _true(model.get("apply_lora_to_mlp")) else []
-        mods += ["lm_head"] if _true(model.get("apply_lora_to_output")) else []
-        _targets(mods, f, where + ".model.lora_attn_modules")
-        if _true(model.get("use_dora")):
-            f.warn(where + ".model.use_dora", "DoRA's magnitude vectors and its extra activations are not "
-                   "modelled; read as LoRA (errs low)")
-    f.take(cfg, "batch_size", "micro_batch", 1, where, "torchtune")
-    f.take(cfg, "gradient_accumulation_steps", "grad_accum", 1, where, "torchtune")
-    dtype = str(cfg.get("dtype", "bf16"))
-    f.set("precision", "fp32" if dtype == "fp32" else "bf16", where + ".dtype")
-    if dtype != "fp32":
-        f.facts["asks_bf16"] = where + ".dtype"
-    f.set("checkpointing", "full" if _true(cfg.get("enable_activation_checkpointing")) else "none",
-          where + ".enable_activation_checkpointing")
-    if _true(cfg.get("enable_activation_offloading")):
-        f.set("activation_offload", True, where + ".enable_activation_offloading")
-    f.set("attention", "flash", where + " (torchtune uses SDPA)")
+    return method
+
+
+def _read_tt_lora(model: dict, f: Found, where: str) -> None:
+    """A LoRA builder's rank, alpha, dropout and the modules it adapts (attention, MLP, output)."""
+    read_lora({"r": model.get("lora_rank"), "lora_alpha": model.get("lora_alpha"), "target_modules": [],
+               "lora_dropout": model.get("lora_dropout")}, f, where + ".model", _extra_fields())
+    f.where["lora_rank"] = where + ".model.lora_rank"
+    mods = list(model.get("lora_attn_modules") or [])
+    mods += ["gate_proj", "up_proj", "down_proj"] if _true(model.get("apply_lora_to_mlp")) else []
+    mods += ["lm_head"] if _true(model.get("apply_lora_to_output")) else []
+    _targets(mods, f, where + ".model.lora_attn_modules")
+    if _true(model.get("use_dora")):
+        f.warn(where + ".model.use_dora", "DoRA's magnitude vectors and its extra activations are not "
+               "modelled; read as LoRA (errs low)")
+
+
+def _read_tt_optimizer(cfg: dict, f: Found, where: str) -> None:
+    """``optimizer._component_`` (paged or not), and the optimizer stepped in backward."""
     opt = cfg.get("optimizer") or {}
     comp = str(opt.get("_component_", "")).rsplit(".", 1)[-1]
     if comp in TT_OPTIM:
@@ -640,8 +772,10 @@ def read_torchtune(cfg: dict, f: Found, where: str, text: str = "", stem: str = 
         bad_optimizer(f, where + ".optimizer._component_", opt.get("_component_"), "AdamW, 8-bit or paged AdamW, SGD")
     if _true(cfg.get("optimizer_in_bwd")):
         f.set("optimizer_step", "in_backward", where + ".optimizer_in_bwd")
-    if _true(cfg.get("compile")):
-        f.set("compile", True, where + ".compile")
+
+
+def _read_tt_loss(cfg: dict, f: Found, where: str) -> None:
+    """``loss._component_``: the standard, chunked or fused cross-entropy; any other is warned about."""
     loss = cfg.get("loss") or {}
     lname = str(loss.get("_component_", "")).rsplit(".", 1)[-1]
     if lname in TT_LOSS:
@@ -651,14 +785,11 @@ def read_torchtune(cfg: dict, f: Found, where: str, text: str = "", stem: str = 
         f.warn(where + ".loss._component_", f"{lname}: a loss the planner does not model"
                + ("; preference training (a reference model, chosen and rejected sequences) is read as "
                   "supervised fine-tuning (errs low)" if "rlhf" in str(loss.get("_component_")) else ""))
-    seq = (cfg.get("tokenizer") or {}).get("max_seq_len")
-    if _is_int(seq):
-        f.set("seq_len", seq, where + ".tokenizer.max_seq_len")
-    for key in ("teacher_model", "ref_policy_model", "reward_and_value_model", "ref_model", "quantizer"):
-        if cfg.get(key):
-            f.warn(f"{where}.{key}", "a second model or a quantizer beside the one trained is not "
-                   "modelled (errs low)" if key != "quantizer" else
-                   "quantization-aware training's fake-quantized weights and activations are not modelled")
+
+
+def _read_tt_sharding(cfg: dict, f: Found, where: str, text: str, stem: str) -> None:
+    """FSDP sharding and CPU offload, tensor parallelism and the GPU count of a distributed recipe;
+    none on a single device."""
     # one GPU or many: the recipe the header names, else the distributed-only keys
     kind, header_gpus, recipe = torchtune_launch(text, stem)
     nested = cfg.get("fsdp") if isinstance(cfg.get("fsdp"), dict) else {}
@@ -675,27 +806,34 @@ def read_torchtune(cfg: dict, f: Found, where: str, text: str = "", stem: str = 
         f.notes.append(f"{where}.fsdp.cpu_offload: the key of torchtune's FSDP2 dev recipes (before "
                        "September 2024); today's recipes read fsdp_cpu_offload")
     if kind == "distributed":
-        reshard = cfg.get("fsdp_reshard_after_forward", True)
-        stage = 3 if _true(reshard) else 2
-        f.set("zero", stage, why)
-        f.set("offload", ("optimizer+params" if stage == 3 else "optimizer") if offload else "none",
-              where + (".fsdp.cpu_offload" if _true(nested.get("cpu_offload")) else ".fsdp_cpu_offload"))
-        f.set("fsdp_version", 2, why)
-        if header_gpus:
-            f.set("gpus", header_gpus, where + " (header: --nproc_per_node)")
-            f.notes.append(f"{where}: {header_gpus} GPUs from the launch command in its header comment")
-        tp = cfg.get("tensor_parallel_dim")
-        if _is_int(tp) and tp > 1:
-            f.set("tp", tp, where + ".tensor_parallel_dim")
-        rep = cfg.get("data_parallel_replicate_dim")
-        if _is_int(rep) and rep > 1:
-            f.warn(where + ".data_parallel_replicate_dim", f"{rep}: HSDP (replicas of a sharded group): "
-                   "the planner shards over all data-parallel GPUs (errs low)")
+        _read_tt_distributed(cfg, f, where, why, offload, nested, header_gpus)
     else:
         f.set("zero", 0, why)
         f.set("offload", "none", why)
         if offload:
             f.warn(where + ".fsdp_cpu_offload", "set on a single-device recipe, which does not read it")
+
+
+def _read_tt_distributed(cfg: dict, f: Found, where: str, why: str, offload: bool, nested: dict,
+                         header_gpus: int | None) -> None:
+    """A distributed recipe: FSDP2 (resharded after forward unless told not to: ZeRO-3, else 2),
+    its CPU offload, the header's GPU count, tensor parallelism, and HSDP replicas (warned about)."""
+    reshard = cfg.get("fsdp_reshard_after_forward", True)
+    stage = 3 if _true(reshard) else 2
+    f.set("zero", stage, why)
+    f.set("offload", ("optimizer+params" if stage == 3 else "optimizer") if offload else "none",
+          where + (".fsdp.cpu_offload" if _true(nested.get("cpu_offload")) else ".fsdp_cpu_offload"))
+    f.set("fsdp_version", 2, why)
+    if header_gpus:
+        f.set("gpus", header_gpus, where + " (header: --nproc_per_node)")
+        f.notes.append(f"{where}: {header_gpus} GPUs from the launch command in its header comment")
+    tp = cfg.get("tensor_parallel_dim")
+    if _is_int(tp) and tp > 1:
+        f.set("tp", tp, where + ".tensor_parallel_dim")
+    rep = cfg.get("data_parallel_replicate_dim")
+    if _is_int(rep) and rep > 1:
+        f.warn(where + ".data_parallel_replicate_dim", f"{rep}: HSDP (replicas of a sharded group): "
+               "the planner shards over all data-parallel GPUs (errs low)")
 
 
 def read_configs(paths: list[Path]) -> Found:

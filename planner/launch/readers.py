@@ -334,6 +334,31 @@ def bad_optimizer(f: Found, where: str, name: Any, choices: str) -> None:
 
 def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
     f.facts["deepspeed"] = where
+    _read_ds_batch(cfg, f, where)
+    _read_ds_precision(cfg, f, where)
+    zero = cfg.get("zero_optimization") or {}
+    stage = zero.get("stage", 0)
+    if _is_int(stage):
+        f.set("zero", stage, where + ".zero_optimization.stage")
+        if "stage" not in zero:
+            f.notes.append(f"{where}.zero_optimization.stage: not set; DeepSpeed's default 0 applies")
+    _read_ds_offload(zero, stage, f, where)
+    opt = (cfg.get("optimizer") or {}).get("type")
+    if opt is not None:
+        name = DS_OPTIM.get(str(opt).lower())
+        if name is None:
+            bad_optimizer(f, where + ".optimizer.type", opt, "AdamW, Adam or SGD")
+        else:
+            f.set("optimizer", name, where + ".optimizer.type")
+    autotp = (cfg.get("tensor_parallel") or {}).get("autotp_size")
+    if _is_int(autotp) and autotp > 1:
+        f.set("tp", autotp, where + ".tensor_parallel.autotp_size")
+    if _is_int(cfg.get("sequence_parallel_size")) and cfg["sequence_parallel_size"] > 1:
+        f.set("cp", cfg["sequence_parallel_size"], where + ".sequence_parallel_size")
+
+
+def _read_ds_batch(cfg: dict, f: Found, where: str) -> None:
+    """Micro batch and gradient accumulation; the world size ``train_batch_size`` implies with them."""
     mb, ga, tb = (cfg.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                                        "train_batch_size"))
     if _is_int(mb):
@@ -344,6 +369,10 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
         f.facts["train_batch_size"] = (tb, where + ".train_batch_size")
         if _is_int(mb) and _is_int(ga) and tb % (mb * ga) == 0:
             f.facts["ds_world"] = tb // (mb * ga)
+
+
+def _read_ds_precision(cfg: dict, f: Found, where: str) -> None:
+    """``bf16``/``fp16`` blocks ('auto' follows the Trainer), and BF16 master weights."""
     bf16_block = cfg.get("bf16") or cfg.get("bfloat16") or {}
     bf16 = bf16_block.get("enabled")
     fp16 = (cfg.get("fp16") or {}).get("enabled")
@@ -355,12 +384,10 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
     if bf16_block.get("bf16_master_weights_and_grads"):
         bf16_block.get("bf16_optimizer_states")
         f.set("precision", "bf16", where + ".bf16.bf16_master_weights_and_grads")
-    zero = cfg.get("zero_optimization") or {}
-    stage = zero.get("stage", 0)
-    if _is_int(stage):
-        f.set("zero", stage, where + ".zero_optimization.stage")
-        if "stage" not in zero:
-            f.notes.append(f"{where}.zero_optimization.stage: not set; DeepSpeed's default 0 applies")
+
+
+def _read_ds_offload(zero: dict, stage: Any, f: Found, where: str) -> None:
+    """ZeRO's optimizer and parameter offload (CPU or NVMe) as one of the planner's offload modes."""
     dev_opt = str((zero.get("offload_optimizer") or {}).get("device", "none")).lower()
     dev_par = str((zero.get("offload_param") or {}).get("device", "none")).lower()
     off_opt, off_par = dev_opt in ("cpu", "nvme"), dev_par in ("cpu", "nvme")
@@ -386,18 +413,6 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
     if ratio is not None and ratio != 1:
         f.warn(where + ".zero_optimization.offload_optimizer.ratio", f"{ratio}: partial optimizer "
                "offload (ZeRO-Offload++) is not modelled; read as full offload (errs low)")
-    opt = (cfg.get("optimizer") or {}).get("type")
-    if opt is not None:
-        name = DS_OPTIM.get(str(opt).lower())
-        if name is None:
-            bad_optimizer(f, where + ".optimizer.type", opt, "AdamW, Adam or SGD")
-        else:
-            f.set("optimizer", name, where + ".optimizer.type")
-    autotp = (cfg.get("tensor_parallel") or {}).get("autotp_size")
-    if _is_int(autotp) and autotp > 1:
-        f.set("tp", autotp, where + ".tensor_parallel.autotp_size")
-    if _is_int(cfg.get("sequence_parallel_size")) and cfg["sequence_parallel_size"] > 1:
-        f.set("cp", cfg["sequence_parallel_size"], where + ".sequence_parallel_size")
 
 
 def read_accelerate(cfg: dict, f: Found, where: str, base: Path, load) -> None:
@@ -415,41 +430,10 @@ def read_accelerate(cfg: dict, f: Found, where: str, base: Path, load) -> None:
         f.set("gpus", cfg["num_processes"], where + ".num_processes")
     if str(cfg.get("dynamo_config", {}).get("dynamo_backend", "NO")).upper() not in ("NO", "NONE"):
         f.set("compile", True, where + ".dynamo_config.dynamo_backend")
-    par = cfg.get("parallelism_config") or {}
-    for key, name in (("parallelism_config_tp_size", "tp"), ("parallelism_config_cp_size", "cp")):
-        if _is_int(par.get(key)) and par[key] > 1:
-            f.set(name, par[key], f"{where}.parallelism_config.{key}")
-    if _is_int(par.get("parallelism_config_sp_size")) and par["parallelism_config_sp_size"] > 1:
-        f.set("cp", par["parallelism_config_sp_size"], where + ".parallelism_config.parallelism_config_sp_size")
-        f.notes.append(f"{where}.parallelism_config.parallelism_config_sp_size: Ulysses sequence "
-                       "parallelism read as the planner's context parallelism (the sequence split over GPUs)")
-    if isinstance(par, dict) and dict.__contains__(par, "parallelism_config_sp_attn_implementation"):
-        read_attention(par, f, where + ".parallelism_config", "parallelism_config_sp_attn_implementation")
-    for key in ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size"):
-        if _is_int(par.get(key)) and par[key] > 1 and key.endswith("replicate_size"):
-            f.warn(f"{where}.parallelism_config.{key}", "HSDP (replicas of a sharded group): the "
-                   "planner shards over all data-parallel GPUs (errs low)")
+    _read_acc_parallelism(cfg.get("parallelism_config") or {}, f, where)
     kind = str(cfg.get("distributed_type", "NO")).upper()
     if kind == "FSDP":
-        f.facts["fsdp"] = where
-        fc = cfg.get("fsdp_config") or {}
-        version = fc.get("fsdp_version", 1)
-        if str(version) == "2":
-            f.set("fsdp_version", 2, where + ".fsdp_config.fsdp_version")
-            reshard = fc.get("fsdp_reshard_after_forward", True)
-            stage = 3 if reshard in (True, "FULL_SHARD") or str(reshard).lower() == "true" else 2
-            f.set("zero", stage, where + ".fsdp_config.fsdp_reshard_after_forward")
-        else:
-            stage = FSDP_STAGE.get(str(fc.get("fsdp_sharding_strategy", "FULL_SHARD")).upper(), 3)
-            f.set("zero", stage, where + ".fsdp_config.fsdp_sharding_strategy")
-            if str(fc.get("fsdp_sharding_strategy", "")).upper() in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5"):
-                f.warn(where + ".fsdp_config.fsdp_sharding_strategy", "hybrid sharding shards within a "
-                       "node only; the planner shards over all data-parallel GPUs (errs low)")
-        off = _true(fc.get("fsdp_offload_params", False))
-        f.set("offload", ("optimizer+params" if stage == 3 else "optimizer") if off else "none",
-              where + ".fsdp_config.fsdp_offload_params")
-        f.set("checkpointing", "full" if _true(fc.get("fsdp_activation_checkpointing")) else "none",
-              where + ".fsdp_config.fsdp_activation_checkpointing")
+        _read_acc_fsdp(cfg, f, where)
     elif kind == "DEEPSPEED":
         dc = cfg.get("deepspeed_config") or {}
         if dc.get("deepspeed_config_file"):
@@ -464,6 +448,48 @@ def read_accelerate(cfg: dict, f: Found, where: str, base: Path, load) -> None:
     else:
         f.set("zero", 0, where + ".distributed_type")
         f.set("offload", "none", where + ".distributed_type")
+
+
+def _read_acc_parallelism(par: dict, f: Found, where: str) -> None:
+    """``parallelism_config``: tensor, context and (Ulysses) sequence parallel sizes, the attention of
+    sequence parallelism, and HSDP's replicas (warned about)."""
+    for key, name in (("parallelism_config_tp_size", "tp"), ("parallelism_config_cp_size", "cp")):
+        if _is_int(par.get(key)) and par[key] > 1:
+            f.set(name, par[key], f"{where}.parallelism_config.{key}")
+    if _is_int(par.get("parallelism_config_sp_size")) and par["parallelism_config_sp_size"] > 1:
+        f.set("cp", par["parallelism_config_sp_size"], where + ".parallelism_config.parallelism_config_sp_size")
+        f.notes.append(f"{where}.parallelism_config.parallelism_config_sp_size: Ulysses sequence "
+                       "parallelism read as the planner's context parallelism (the sequence split over GPUs)")
+    if isinstance(par, dict) and dict.__contains__(par, "parallelism_config_sp_attn_implementation"):
+        read_attention(par, f, where + ".parallelism_config", "parallelism_config_sp_attn_implementation")
+    for key in ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size"):
+        if _is_int(par.get(key)) and par[key] > 1 and key.endswith("replicate_size"):
+            f.warn(f"{where}.parallelism_config.{key}", "HSDP (replicas of a sharded group): the "
+                   "planner shards over all data-parallel GPUs (errs low)")
+
+
+def _read_acc_fsdp(cfg: dict, f: Found, where: str) -> None:
+    """``fsdp_config``: the ZeRO stage its version and sharding strategy (or FSDP2's reshard) give,
+    parameter offload, and activation checkpointing."""
+    f.facts["fsdp"] = where
+    fc = cfg.get("fsdp_config") or {}
+    version = fc.get("fsdp_version", 1)
+    if str(version) == "2":
+        f.set("fsdp_version", 2, where + ".fsdp_config.fsdp_version")
+        reshard = fc.get("fsdp_reshard_after_forward", True)
+        stage = 3 if reshard in (True, "FULL_SHARD") or str(reshard).lower() == "true" else 2
+        f.set("zero", stage, where + ".fsdp_config.fsdp_reshard_after_forward")
+    else:
+        stage = FSDP_STAGE.get(str(fc.get("fsdp_sharding_strategy", "FULL_SHARD")).upper(), 3)
+        f.set("zero", stage, where + ".fsdp_config.fsdp_sharding_strategy")
+        if str(fc.get("fsdp_sharding_strategy", "")).upper() in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5"):
+            f.warn(where + ".fsdp_config.fsdp_sharding_strategy", "hybrid sharding shards within a "
+                   "node only; the planner shards over all data-parallel GPUs (errs low)")
+    off = _true(fc.get("fsdp_offload_params", False))
+    f.set("offload", ("optimizer+params" if stage == 3 else "optimizer") if off else "none",
+          where + ".fsdp_config.fsdp_offload_params")
+    f.set("checkpointing", "full" if _true(fc.get("fsdp_activation_checkpointing")) else "none",
+          where + ".fsdp_config.fsdp_activation_checkpointing")
 
 
 def read_hf_checkpointing(cfg: dict, f: Found, where: str, tool: str, default: bool) -> None:
