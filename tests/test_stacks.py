@@ -132,3 +132,23 @@ def test_an_fsdp2_stack_is_chosen_where_only_its_frees_fit():
     # the user's stack list decides: without an FSDP2 stack only offloading layouts fit
     only_hf = planner.plan({**raw, "search": {"stacks": ["hf-fsdp", "hf-deepspeed"]}})
     assert only_hf.plans and all(p.offload != "none" and p.stack.startswith("hf-") for p in only_hf.plans)
+
+
+def test_a_stack_with_fused_kernels_is_timed_with_them():
+    """The same pinned layout (Llama 3.1 8B, full, TP 2 · PP 2 on 4 H100s) named by torchtitan
+    (unfused) and by Megatron-Core with Transformer Engine (fused element-wise kernels): the same
+    memory, a shorter step for Megatron; the checker recomputes both times from the plan's stack."""
+    from planner.search.checker import check_plan
+
+    raw = {"name": "fused", "model": "llama-3.1-8b",
+           "workload": {"method": "full", "seq_len": 4096, "micro_batch": 1, "global_batch": 64, "tokens": 1e9},
+           "layout": {"gpu": "h100", "gpus": 4, "tp": 2, "pp": 2, "zero": 0, "checkpointing": "full"},
+           "objective": "time", "top": 1}
+    runs = {name: planner.plan({**raw, "search": {"stacks": [name]}}) for name in ("torchtitan", "megatron")}
+    titan, mega = runs["torchtitan"].plans[0], runs["megatron"].plans[0]
+    assert (titan.stack, mega.stack) == ("torchtitan", "megatron")
+    assert get_stack("megatron").fused_kernels and not get_stack("torchtitan").fused_kernels
+    assert mega.memory["total_bytes"] == titan.memory["total_bytes"]
+    assert mega.time_s < titan.time_s
+    for name, result in runs.items():
+        assert check_plan({**raw, "search": {"stacks": [name]}}, result.plans[0]) == []

@@ -381,6 +381,9 @@ class StackSpec(StrictModel):
     #: Its recipe where memory depends on it: how its ZeRO-3/FSDP frees gathered parameters
     #: (``Layout.fsdp_version``: 1 for FSDP1 and DeepSpeed's record_stream frees, 2 for FSDP2).
     fsdp_version: Literal[1, 2] = 1
+    #: Its recipe where time depends on it: element-wise work fused into fewer kernels
+    #: (Transformer Engine in Megatron-Core; the time model's ``fused_elementwise_share``).
+    fused_kernels: bool = False
     sources: list[dict[str, str]] = []
     notes: str | None = None
 

@@ -492,6 +492,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
              seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
              attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
+             fused=np.array([st.fused_kernels for st in req.stacks], dtype=np.int64)[c["stack"]],
              vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
