@@ -223,3 +223,16 @@ def test_sharded_reserved_rows_of_other_sources():
     errors = sorted(r.signed_error for r in validate_rows(rows, "detailed"))
     assert abs(errors[len(errors) // 2]) <= 0.08, errors
     assert sum(e < -0.15 for e in errors) <= 2, errors
+
+
+def test_a_phase_that_gathers_nothing_fragments_like_any_other():
+    """The sharded share comes from gathers interleaved with activations: in the optimizer step
+    (its foreach temporaries) the gather blocks stay cached but fragment nothing more."""
+    from planner.memory.detailed import ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION_SHARDED, _reserved_view
+
+    parts = {"weights": 10.0, "optimizer_states": 40.0, "buffers": 20.0}
+    total, gather = sum(parts.values()), 3.0
+    sharded = ALLOCATOR_FRAGMENTATION_SHARDED
+    assert _reserved_view("optimizer step", parts, total, gather, sharded) == pytest.approx(
+        total + gather + ALLOCATOR_FRAGMENTATION * 20.0)
+    assert _reserved_view("backward start", parts, total, gather, sharded) == pytest.approx(total + sharded * 20.0)

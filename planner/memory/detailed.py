@@ -374,8 +374,12 @@ def _reserved_view(name: str, parts: dict[str, float], total: float, gather: flo
     # ZeRO-3/FSDP gathers into blocks of its all-gather stream; the caching allocator
     # keeps them in that stream's pool once made, so phases that gather nothing (the
     # optimizer step, a save) still hold them reserved.
-    cached = gather if name in ("optimizer step", "full state dict") else 0.0
-    return total + cached + frag * max(transient, 0.0)
+    gathers_nothing = name in ("optimizer step", "full state dict")
+    cached = gather if gathers_nothing else 0.0
+    # The sharded fragmentation comes from gathers interleaved with activations; a phase that
+    # gathers nothing (the optimizer step's temporaries) fragments like any other.
+    share = min(frag, ALLOCATOR_FRAGMENTATION) if gathers_nothing else frag
+    return total + cached + share * max(transient, 0.0)
 
 
 #: Error band per method: the 90th percentile of |predicted − measured| / measured that
