@@ -289,6 +289,14 @@ def _fragmentation(layout: Layout) -> float:
     return ALLOCATOR_FRAGMENTATION_SHARDED if sharded else ALLOCATOR_FRAGMENTATION
 
 
+def _fragmentation_note(wl: Workload, layout: Layout) -> str:
+    """The fragmentation share a breakdown's note states."""
+    frag = ALLOCATOR_FRAGMENTATION if wl.method == "inference" else _fragmentation(layout)
+    if frag == ALLOCATOR_FRAGMENTATION:
+        return f"{frag:.0%}"
+    return f"{frag:.0%} (FSDP1/DeepSpeed ZeRO-3 gathers; {ALLOCATOR_FRAGMENTATION:.0%} in the optimizer step)"
+
+
 def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_accum: int | None,
                  fsdp_pp: bool, notes: list[str]) -> _StepStates:
     """The gradients of each phase: accumulated between micro-batches (unsharded under FSDP
@@ -431,8 +439,8 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     components["overhead"] = device - allocated
     notes = list(peak.notes) + [
         "detailed profile: per-layer saved tensors, logits and loss, peak over step phases",
-        f"reserved = allocated + {ALLOCATOR_FRAGMENTATION:.0%} of the memory that churns in a step; "
-        f"device = reserved + CUDA context + NCCL",
+        f"reserved = allocated + {_fragmentation_note(wl, layout.model_copy(update={'dp': dp}))} of the memory "
+        f"that churns in a step; device = reserved + CUDA context + NCCL",
     ]
     return MemoryBreakdown(
         components=components,
