@@ -43,26 +43,23 @@ def test_estimate_and_plan_use_the_same_fit_rule():
     assert given.usable_bytes == usable_bytes(cap, "detailed", 0.3) and given.reserve == 0.3
 
 
-@pytest.mark.parametrize("cell, gib", [
-    ("Tesla T4 (Colab, 14.75 GiB)", 14.75), ("139.72 GiB GPU (H200 class)", 139.72),
-    ("L20 (45G)", 45), ("A5000 24GB", 24), ("80GB GPU (README: '8 GPUs (80GB of VRAM)')", 80),
-])
-def test_capacity_stated_in_the_cell(cell, gib):
-    assert capacity_of(cell) == int(gib * 2**30)
+def test_capacity_is_the_catalog_card_s_or_the_stated_size():
+    """``planner_gpu`` gives nvidia-smi's capacity of a catalog card; else ``capacity_gib``."""
+    assert capacity_of({"planner_gpu": "a100-80gb"}) == catalog.get_gpu("a100-sxm-80gb").memory_bytes
+    assert capacity_of({"planner_gpu": "", "capacity_gib": "14.75"}) == int(14.75 * 2**30)
+    with pytest.raises(Unmodelable, match="neither planner_gpu nor capacity_gib"):
+        capacity_of({"gpu_type": "GB200 (DGX-GB200)", "planner_gpu": "", "capacity_gib": ""})
+    with pytest.raises(Unmodelable, match="planner_gpu"):
+        capacity_of({"planner_gpu": "no-such-card"})
 
 
-@pytest.mark.parametrize("cell, gpu", [
-    ("A100-80GB", "a100-sxm-80gb"), ("A100-SXM4-40GB ('A100 40GB SMX')", "a100-sxm-40gb"),
-    ("H100-SXM-80GB (DGX-H100)", "h100-sxm-80gb"), ("RTX 3090 (power-limited 280W, no NVLink)", "rtx-3090"),
-    ("B200 (DGX-B200)", "b200"), ("V100-SXM3-32GB", "v100-32gb"),
-])
-def test_capacity_of_a_named_card_is_the_catalog_s(cell, gpu):
-    assert capacity_of(cell) == catalog.get_gpu(gpu).memory_bytes
-
-
-def test_unknown_card_without_a_size_is_unmodelled():
-    with pytest.raises(Unmodelable, match="gpu_type"):
-        capacity_of("GB200 (DGX-GB200)")  # B200 must not match inside GB200
+def test_every_row_names_its_card_or_its_size():
+    """Every verdict row but the GB200 one (no size stated, not in the catalog) has a capacity,
+    and a row naming a catalog card is not given a size besides."""
+    rows = read_rows(VERDICTS)
+    missing = [r["id"] for r in rows if not (r["planner_gpu"] or r["capacity_gib"])]
+    assert missing == ["V038"]
+    assert not [r["id"] for r in rows if r["planner_gpu"] and r["capacity_gib"]]
 
 
 def test_model_cell_resolves_through_its_hub_id_or_variant_tags():

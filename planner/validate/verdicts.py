@@ -3,7 +3,7 @@
 Each row of a verdicts file (``data/verdicts.csv``) is a configuration that is known to have run
 (``ran``) or to have run out of memory (``oom``) on stated GPUs. The row is read into a scenario by
 the same reader as the measured rows (:func:`planner.validate.rows.scenario_of`), its GPU's
-capacity is read from the ``gpu_type`` cell, and the planner's fit verdict is the one ``plan`` and
+capacity from its ``planner_gpu`` or ``capacity_gib`` column, and the planner's fit verdict is the one ``plan`` and
 ``estimate`` give: predicted device bytes plus the fit margin within capacity
 (:func:`planner.memory.estimate.usable_bytes`). A row the planner cannot model is listed with its
 reason and counts as a wrong verdict.
@@ -23,17 +23,6 @@ from planner.validate.rows import Unmodelable, read_csv, scenario_of
 REQUIRED_COLUMNS = ("id", "verdict", "model", "method", "seq_len", "micro_batch", "gpus", "gpu_type")
 VERDICTS = ("ran", "oom")
 
-#: Words of a ``gpu_type`` cell -> catalog GPU, tried in order (the most specific first).
-GPU_WORDS: tuple[tuple[str, str], ...] = (
-    (r"h200", "h200-sxm-141gb"), (r"(?<!g)b200", "b200"), (r"h100.*pcie", "h100-pcie-80gb"),
-    (r"h100", "h100-sxm-80gb"), (r"h800", "h800-sxm-80gb"), (r"a100.*40", "a100-sxm-40gb"),
-    (r"a100", "a100-sxm-80gb"), (r"a800", "a800-sxm-80gb"), (r"3090", "rtx-3090"),
-    (r"4090", "rtx-4090"), (r"5090", "rtx-5090"), (r"6000 ada|a6000 ada", "rtx-6000-ada"),
-    (r"a6000", "rtx-a6000"), (r"a10g", "a10g"), (r"v100.*32", "v100-32gb"),
-    (r"v100", "v100-16gb"), (r"\bt4\b", "t4"), (r"l40s", "l40s"), (r"mi300x", "mi300x"),
-)
-
-
 @dataclass(frozen=True)
 class VerdictResult:
     id: str
@@ -51,20 +40,20 @@ class VerdictResult:
         return self.judged_fit is not None and self.judged_fit == (self.verdict == "ran")
 
 
-def capacity_of(gpu_type: str) -> int:
-    """Bytes of one GPU of a ``gpu_type`` cell: a capacity the cell states in GiB, else a catalog
-    card its words name, else the marketed size (``24GB`` -> 24 GiB, as cards are sized)."""
-    text = gpu_type.lower()
-    stated = re.search(r"(\d+(?:\.\d+)?)\s*gib\b", text)
+def capacity_of(row: dict[str, str]) -> int:
+    """Bytes of one GPU of a row: its ``planner_gpu`` (a catalog card, nvidia-smi's capacity), else
+    its ``capacity_gib`` (the size the source states, or the marketed one: cards are sized in GiB,
+    a "24GB" card has 24,576 MiB)."""
+    gpu = (row.get("planner_gpu") or "").strip()
+    if gpu:
+        try:
+            return catalog.get_gpu(gpu).memory_bytes
+        except catalog.UnknownName as exc:
+            raise Unmodelable(f"planner_gpu: {exc}") from None
+    stated = (row.get("capacity_gib") or "").strip()
     if stated:
-        return int(float(stated.group(1)) * 2**30)
-    for pattern, gpu_id in GPU_WORDS:
-        if re.search(pattern, text):
-            return catalog.get_gpu(gpu_id).memory_bytes
-    marketed = re.search(r"(\d+(?:\.\d+)?)\s*g(?:b)?\b", text)
-    if marketed:
-        return int(float(marketed.group(1)) * 2**30)
-    raise Unmodelable(f"gpu_type {gpu_type!r}: no capacity stated and no catalog GPU named")
+        return int(float(stated) * 2**30)
+    raise Unmodelable(f"gpu_type {row.get('gpu_type', '')!r}: neither planner_gpu nor capacity_gib given")
 
 
 def catalog_model(name: str) -> str:
@@ -88,7 +77,7 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
     try:
         if verdict not in VERDICTS:
             raise Unmodelable(f"verdict {verdict!r}: one of {', '.join(VERDICTS)}")
-        capacity = capacity_of(row.get("gpu_type", ""))
+        capacity = capacity_of(row)
         raw = scenario_of(stated_or_least({**row, "model": catalog_model(row["model"])}))
         try:
             est = estimate_resolved(resolve(raw))
