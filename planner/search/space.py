@@ -93,6 +93,16 @@ class SearchRequest:
     def model(self):
         return self.rs.model
 
+    def stack_recipe(self, name: str, stack: np.ndarray) -> np.ndarray:
+        """A recipe field of each row's stack (``fsdp_version``, ``fused_kernels``), by stack index."""
+        return np.array([getattr(st, name) for st in self.stacks], dtype=np.int64)[stack]
+
+    @property
+    def stack_sets_fsdp_version(self) -> bool:
+        """The stack's FSDP version decides memory: the detailed profile, and the scenario does not
+        pin ``layout.fsdp_version``."""
+        return self.rs.profile != "seed" and "fsdp_version" not in self.rs.scenario.layout.model_fields_set
+
 
 def build_tiers(rs: ResolvedScenario) -> list[Tier]:
     """As asked first; then, if allowed, cheaper methods; only last, shorter sequences."""
@@ -349,10 +359,8 @@ def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndar
     gathers FSDP1-style is offered again with the first FSDP2 stack that runs it (less reserved
     memory; ``StackSpec.fsdp_version``). Where both fit, the earlier row (the preferred stack)
     wins the tie."""
-    if req.rs.profile == "seed" or "fsdp_version" in req.rs.scenario.layout.model_fields_set:
-        return part
-    versions = np.array([st.fsdp_version for st in req.stacks], dtype=np.int64)
-    if not len(part["zero"]) or not (versions == 2).any():
+    versions = req.stack_recipe("fsdp_version", np.arange(len(req.stacks)))
+    if not req.stack_sets_fsdp_version or not len(part["zero"]) or not (versions == 2).any():
         return part
     wanted = (part["zero"] == 3) & (versions[part["stack"]] == 1)
     alt = np.full(len(wanted), -1, dtype=np.int64)
@@ -421,9 +429,8 @@ def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, g
     across the bisection's probes): results are kept in ``req.memory_cache``."""
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
-    if req.rs.profile != "seed" and "fsdp_version" not in req.rs.scenario.layout.model_fields_set:
-        # the stack's recipe: how its ZeRO-3/FSDP frees gathers (the reserved view)
-        x["fsdp_version"] = np.array([st.fsdp_version for st in req.stacks], dtype=np.int64)[c["stack"]]
+    if req.stack_sets_fsdp_version:  # the stack's recipe: how its ZeRO-3/FSDP frees gathers
+        x["fsdp_version"] = req.stack_recipe("fsdp_version", c["stack"])
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return memory_components(req.rs.profile, req.model, req.rs.overrides,
@@ -492,7 +499,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
              seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
              attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
-             fused=np.array([st.fused_kernels for st in req.stacks], dtype=np.int64)[c["stack"]],
+             fused=req.stack_recipe("fused_kernels", c["stack"]),
              vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
