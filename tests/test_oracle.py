@@ -77,15 +77,16 @@ def scenarios(draw):
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_search_matches_enumeration(raw):
-    req = build_request(resolve(raw))
-    outcome = search(req, time_limit_s=30)
-    _, e_all, top_all = enumerate_all(req)
-    got = [float(outcome.evaluated.key[j]) for j in outcome.picked]
+    _, e_all, top_all = enumerate_all(build_request(resolve(raw)))
     want = [float(e_all.key[j]) for j in top_all]
-    assert outcome.status in ("optimal", "infeasible")
-    assert got == want
-    for plan in assemble(req, raw, outcome):
-        assert check_plan(raw, plan) == []
+    for hints in (True, False):
+        req = build_request(resolve(raw))
+        outcome = search(req, time_limit_s=60, hints=hints)
+        got = [float(outcome.evaluated.key[j]) for j in outcome.picked]
+        assert outcome.status in ("optimal", "infeasible")
+        assert got == want, f"hints={hints}"
+        for plan in assemble(req, raw, outcome):
+            assert check_plan(raw, plan) == []
 
 
 #: Found by this test: under the detailed profile dp = 1 fits while dp = 2 does not (a
@@ -111,9 +112,11 @@ def test_search_matches_enumeration_detailed_profile(raw):
     if isinstance(raw["model"], dict):
         raw["model"] = "qwen2.5-0.5b"
     raw["search"] = {**raw["search"], "max_gpus": min(raw["search"]["max_gpus"], 8)}
-    req = build_request(resolve(raw))
-    outcome = search(req, time_limit_s=60)
     _, e_all, top_all = enumerate_all(build_request(resolve(raw)))
-    assert [float(outcome.evaluated.key[j]) for j in outcome.picked] == [float(e_all.key[j]) for j in top_all]
-    for plan in assemble(req, raw, outcome):
-        assert check_plan(raw, plan) == []
+    want = [float(e_all.key[j]) for j in top_all]
+    for hints in (True, False):
+        req = build_request(resolve(raw))
+        outcome = search(req, time_limit_s=60, hints=hints)
+        assert [float(outcome.evaluated.key[j]) for j in outcome.picked] == want, f"hints={hints}"
+        for plan in assemble(req, raw, outcome):
+            assert check_plan(raw, plan) == []

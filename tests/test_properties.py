@@ -147,6 +147,14 @@ def test_detailed_components_sum_to_total_and_are_never_negative(workload, layou
     assert mem.host_bytes >= 0
     p = mem.predicted
     assert 0 <= p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"] == mem.total_bytes
+    # The search states one memory constraint per phase: together they must say exactly "the
+    # total fits", so the largest phase is the total and none is above it.
+    phases = mem.phase_bytes
+    assert phases and max(phases.values()) == mem.total_bytes
+    assert min(phases.values()) > 0
+    stages = {name.removesuffix(" (last stage)") for name in phases}
+    assert {"backward start", "backward end"} <= stages
+    assert ("optimizer step" in stages) == (workload.optimizer_step != "in_backward")
 
 
 @settings(max_examples=150, deadline=None)

@@ -11,66 +11,96 @@ from typer.testing import CliRunner
 import planner
 from planner.search.checker import check_plan
 from planner.cli.main import app
-from planner.search.cpsat import Columns, Limits, PlanModel, top_k
+from planner.search.cpsat import Limits, PlanModel, Space, top_k
 
 # ---------------------------------------------------------------------------------------------
-# Each constraint on a tiny model, three ways: trivially feasible; a forbidden column pinned is
-# infeasible; an allowed one pinned is feasible (style.md, after the CP-SAT primer).
+# Each constraint on a tiny model, three ways: trivially feasible; a forbidden plan pinned is
+# infeasible; an allowed one pinned is feasible (style.md, after the CP-SAT primer). Three plans:
+# plan 0 = 1× GPU type 0, plan 1 = 4× type 0, plan 2 = 8× type 1 (shapes 0, 1, 2 at dp 1, 4, 8).
 
-def cols(**over) -> Columns:
-    base = dict(gpu=np.array([0, 0, 1]), group=np.array([0, 1, 2]), tier=np.array([0, 0, 0]),
-                objective=np.array([10, 20, 30]), memory_bytes=np.array([50, 70, 90]),
-                gpus=np.array([1, 4, 8]), cost_units=np.array([100, 200, 300]),
-                time_ms=np.array([1000, 500, 250]), host_bytes=np.array([0, 0, 0]))
+def space(**over) -> Space:
+    base = dict(
+        dims={"tp": np.array([1, 1, 1]), "zero": np.array([0, 1, 3])}, mp=np.array([1, 1, 1]),
+        micro_batch=np.array([1, 2, 4]),
+        k_shape=np.array([0, 1, 2]), k_dp=np.array([1, 4, 8]),
+        k_phases={"backward": np.array([50, 70, 90]), "optimizer step": np.array([40, 60, 80])},
+        k_host=np.array([0, 0, 0]),
+        c_gpu=np.array([0, 0, 1]), c_k=np.array([0, 1, 2]), c_rank=np.array([0, 1, 2]), c_group=np.array([0, 1, 2]),
+        c_cost=np.array([100, 200, 300]), c_time=np.array([1000, 500, 250]),
+    )
     base.update(over)
-    return Columns(**base)
+    return Space(**base)
 
 
 def limits(**over) -> Limits:
-    base = dict(usable_bytes={0: 100, 1: 100})
+    base = dict(usable_bytes=np.array([100, 100]), gpu_limit=np.array([64, 64]), gpus_per_node=np.array([8, 8]),
+                host_bytes_per_node=np.array([-1, -1]), priced=np.array([True, True]), max_gpus=64)
     base.update(over)
     return Limits(**base)
 
 
 CONSTRAINTS = [
-    # name, limits, a column they forbid, a column they allow (None: none is allowed)
-    ("memory", dict(usable_bytes={0: 40, 1: 100}), 0, 2),
-    ("gpu count", dict(max_gpus=0), 0, None),
-    ("gpu count", dict(max_gpus=4), 2, 1),
-    ("fleet", dict(fleet={0: 0, 1: 8}), 0, 2),
-    ("budget", dict(budget_units=99), 0, None),
-    ("budget", dict(budget_units=250), 2, 1),
-    ("deadline", dict(deadline_ms=999), 0, 1),
-    ("host RAM", dict(host_bytes={0: 10, 1: 10}), 0, 2),
+    # name, limits, space changes, a plan they forbid, a plan they allow (None: none is allowed)
+    ("memory", dict(usable_bytes=np.array([40, 100])), {}, 0, 2),
+    ("memory, a later phase", dict(usable_bytes=np.array([100, 85])), {}, 2, 1),
+    ("gpu count", dict(max_gpus=0), {}, 0, None),
+    ("gpu count", dict(max_gpus=4), {}, 2, 1),
+    ("fleet", dict(gpu_limit=np.array([0, 8])), {}, 0, 2),
+    ("global batch", dict(global_batch=8), {}, 2, 1),  # 1 · 1 · 8 = 8; 2 · 4 · 1 = 8; 4 · 8 > 8
+    ("global batch", dict(global_batch=12), {}, 1, 0),  # 2 · 4 does not divide 12
+    ("budget", dict(budget_units=99), {}, 0, None),
+    ("budget", dict(budget_units=250), {}, 2, 1),
+    ("deadline", dict(deadline_ms=999), {}, 0, 1),
+    ("host RAM", dict(host_bytes_per_node=np.array([10, 10])), dict(k_host=np.array([20, 0, 0])), 0, 2),
+    ("price known", dict(priced=np.array([False, True]), need_price=True), {}, 0, 2),
 ]
 
 
-@pytest.mark.parametrize("name, lim, forbidden, allowed", CONSTRAINTS,
+@pytest.mark.parametrize("name, lim, over, forbidden, allowed", CONSTRAINTS,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CONSTRAINTS)])
-def test_each_constraint(name, lim, forbidden, allowed):
-    c = cols(host_bytes=np.array([20, 0, 0])) if name == "host RAM" else cols()
-    # Trivially feasible without the constraint: the cheapest column wins.
-    assert PlanModel(c, limits()).solve(5) == ("optimal", 0)
-    # The forbidden column, pinned, is infeasible.
-    model = PlanModel(c, limits(**lim))
+def test_each_constraint(name, lim, over, forbidden, allowed):
+    sp = space(**over)
+    # Trivially feasible without the constraint: the first-ranked plan wins.
+    assert PlanModel(sp, limits()).solve(5) == ("optimal", 0)
+    # The forbidden plan, pinned, is infeasible.
+    model = PlanModel(sp, limits(**lim))
     model.pin(forbidden)
     assert model.solve(5)[0] == "infeasible"
     if allowed is None:
-        assert PlanModel(c, limits(**lim)).solve(5)[0] == "infeasible"
+        assert PlanModel(sp, limits(**lim)).solve(5)[0] == "infeasible"
     else:
-        model = PlanModel(c, limits(**lim))
+        model = PlanModel(sp, limits(**lim))
         model.pin(allowed)
         assert model.solve(5) == ("optimal", allowed)
 
 
 def test_no_good_cuts_give_distinct_groups_in_order():
-    status, picked = top_k(cols(group=np.array([0, 0, 1])), limits(), k=3, time_limit_s=5)
-    assert status == "optimal" and picked == [0, 2]  # column 1 shares column 0's group
+    status, picked = top_k(space(c_group=np.array([0, 0, 1])), limits(), k=3, time_limit_s=5)
+    assert status == "optimal" and picked == [0, 2]  # plan 1 shares plan 0's group
 
 
-def test_relaxation_tier_before_objective():
-    c = cols(tier=np.array([1, 0, 0]))
-    assert PlanModel(c, limits()).solve(5)[1] == 1  # tier 0 first, though column 0 is cheaper
+def test_rank_decides_not_plan_order():
+    assert PlanModel(space(c_rank=np.array([2, 0, 1])), limits()).solve(5)[1] == 1
+
+
+def test_a_hint_never_changes_the_answer():
+    """Hinting a worse plan (or one that does not fit) leaves the optimum where it was."""
+    for hinted in (2, 0):
+        model = PlanModel(space(), limits(usable_bytes=np.array([40, 100])))
+        model.hint(hinted)
+        assert model.solve(5) == ("optimal", 2)
+
+
+def test_each_choice_is_a_variable_of_the_chosen_plan():
+    """The decision variables take the chosen plan's values (what CP-SAT branches on)."""
+    from ortools.sat.python import cp_model
+
+    model = PlanModel(space(), limits(max_gpus=4))
+    model.m.Add(model.dims["zero"] == 1)
+    solver = cp_model.CpSolver()
+    assert solver.Solve(model.m) == cp_model.OPTIMAL
+    assert [solver.Value(v) for v in model.y] == [0, 1, 0]
+    assert (solver.Value(model.dp), solver.Value(model.gpus)) == (4, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,3 +321,32 @@ def test_equal_objective_ties_go_to_the_cheaper_hour():
     assert hourly == sorted(hourly) and hourly[0] < hourly[-1]
     assert got.plans[0].gpu == "rtx-4090"
     assert all(check_plan(raw, p) == [] for p in got.plans)
+
+
+def test_plans_that_do_not_fit_reach_cpsat_and_it_rejects_them():
+    """The best-first only hints and bounds: with hints on, the plans CP-SAT is given include
+    plans ranked ahead of its answer that do not fit (8B full fine-tuning on one RTX 4090 is
+    cheaper per hour than anything that fits), and CP-SAT's memory constraints turn them down."""
+    from planner.scenario.resolve import resolve
+    from planner.search.candidates import decision_space, plan_ranks, search
+    from planner.search.space import build_request, gpu_table
+
+    raw = {"profile": "detailed", "model": "llama-3.1-8b",
+           "workload": {"method": "full", "seq_len": 2048, "tokens": 1e8},
+           "search": {"gpu_types": ["rtx-4090", "a100-80gb"], "max_gpus": 8}, "objective": "hourly", "top": 3}
+    req = build_request(resolve(raw))
+    out = search(req)
+    e = out.evaluated
+    rank = plan_ranks(req, {k: v[e.cls_index] for k, v in out.cls.a.items()}, e)
+    first = rank[out.picked[0]]
+    ahead_not_fitting = (rank < first) & ~e.ev["fits"]
+    assert ahead_not_fitting.sum() > 0
+    assert all(e.ev["fits"][j] for j in out.picked)
+    # The same plans in the model's tables: every phase's bytes, one of them above the card.
+    space, limits = decision_space(req, gpu_table(req), out.cls, e)
+    c = int(np.flatnonzero(ahead_not_fitting)[0])
+    k, g = space.c_k[c], space.c_gpu[c]
+    assert max(v[k] for v in space.k_phases.values()) > limits.usable_bytes[g]
+    model = PlanModel(space, limits)
+    model.pin(c)
+    assert model.solve(5)[0] == "infeasible"

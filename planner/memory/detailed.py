@@ -71,6 +71,8 @@ class Peak:
     device: float
     host: float
     notes: tuple[str, ...]
+    #: Device bytes of each phase (and stage) of the step: its reserved view + context + NCCL.
+    phase_device: dict[str, float] | None = None
 
 
 def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool) -> act.LayerRecipe:
@@ -264,21 +266,23 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     states = _step_states(wl, layout, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
                           notes=notes)
     best: tuple[float, str, dict[str, float], float] | None = None
-    reserved = 0.0
     frag = _fragmentation(layout)
+    fixed = CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
+    phase_reserved: dict[str, float] = {}
     stages = [True] if layout.pp == 1 else [False, True]
     for last in stages:
         a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
         for name, parts in _phases(model, wl, layout, st, buf, states, a).items():
             total = sum(parts.values())
-            reserved = max(reserved, _reserved_view(name, parts, total, buf["gather"], frag))
+            label = name + (" (last stage)" if last and layout.pp > 1 else "")
+            phase_reserved[label] = _reserved_view(name, parts, total, buf["gather"], frag)
             if best is None or total > best[0]:
-                best = (total, name + (" (last stage)" if last and layout.pp > 1 else ""),
-                        parts, a["host"])
+                best = (total, label, parts, a["host"])
     allocated, phase, parts, act_host = best
-    device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
+    reserved = max(phase_reserved.values())
     notes.append(f"peak phase: {phase}")
-    return Peak(phase, parts, allocated, reserved, device, st.host + act_host, tuple(notes))
+    return Peak(phase, parts, allocated, reserved, reserved + fixed, st.host + act_host, tuple(notes),
+                {k: v + fixed for k, v in phase_reserved.items()})
 
 
 def _fragmentation(layout: Layout) -> float:
@@ -437,6 +441,12 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     reserved = max(ceil_bytes(peak.reserved), allocated)
     device = max(ceil_bytes(peak.device), reserved)
     components["overhead"] = device - allocated
+    phase_bytes = None
+    if peak.phase_device:
+        # Each phase's device bytes, rounded up; the highest is the total exactly (the total
+        # also rounds each component up), so "every phase fits" is "the total fits".
+        phase_bytes = {k: ceil_bytes(v) for k, v in peak.phase_device.items()}
+        phase_bytes[max(phase_bytes, key=phase_bytes.get)] = device
     notes = list(peak.notes) + [
         "detailed profile: per-layer saved tensors, logits and loss, peak over step phases",
         f"reserved = allocated + {_fragmentation_note(wl, layout.model_copy(update={'dp': dp}))} of the memory "
@@ -448,4 +458,5 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
         assumptions=tuple(notes),
         predicted={"allocated_bytes": allocated, "reserved_bytes": reserved, "device_bytes": device},
         error_band=ERROR_BANDS.get(wl.method),
+        phase_bytes=phase_bytes,
     )

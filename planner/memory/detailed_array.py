@@ -25,7 +25,8 @@ _LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing"
 
 def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Workload,
                         layout: Layout, **x: Any) -> dict[str, np.ndarray]:
-    """``total`` (device bytes, as an estimate's ``total_bytes``) and ``host`` for every element of
+    """``total`` (device bytes, as an estimate's ``total_bytes``), ``host`` and ``phases`` (device
+    bytes of each phase of the step, 0 where a layout has no such phase) for every element of
     the broadcast arrays ``x`` (the keys of :func:`planner.memory.seed.seed_components`); the scenario's
     other recipe details come from ``workload`` and ``layout``."""
     keys = sorted(x)
@@ -35,6 +36,7 @@ def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Wor
     uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
     totals = np.empty(len(uniq), dtype=np.int64)
     hosts = np.empty(len(uniq), dtype=np.int64)
+    phases: dict[str, np.ndarray] = {}
     for i, row in enumerate(uniq):
         v = dict(zip(keys, row))
         wl = workload.model_copy(update={k: decode(k, v[k]) for k in _WORKLOAD_KEYS if k in v})
@@ -44,5 +46,8 @@ def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Wor
         # Python ints are exact; the arrays are int64: cap (never fits anyway) before storing.
         totals[i] = min(mem.total_bytes, TOTAL_CEILING)
         hosts[i] = min(mem.host_bytes, TOTAL_CEILING)
+        for name, value in (mem.phase_bytes or {"step": mem.total_bytes}).items():
+            phases.setdefault(name, np.zeros(len(uniq), dtype=np.int64))[i] = min(value, TOTAL_CEILING)
     inverse = inverse.reshape(-1)
-    return {"total": totals[inverse].reshape(shape), "host": hosts[inverse].reshape(shape)}
+    return {"total": totals[inverse].reshape(shape), "host": hosts[inverse].reshape(shape),
+            "phases": {k: v[inverse].reshape(shape) for k, v in phases.items()}}

@@ -295,9 +295,10 @@ def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides:
 
 def seed_array_memory(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[str, Any]:
     """The seed profile over broadcast arrays: ``total`` (device bytes, summed exactly as an
-    estimate sums its components) and ``host`` (offloaded bytes)."""
+    estimate sums its components), ``host`` (offloaded bytes) and ``phases`` (one: the step)."""
     raw = seed_components(model, overrides, **x)
     names = tuple(k for k in raw if k != "host")
     ints = ceil_components(raw, (*names, "host"))
     total = sum(ints[k] for k in names)
-    return {"total": total, "host": ints["host"]}
+    # The documents sum one step's components: a single phase.
+    return {"total": total, "host": ints["host"], "phases": {"step": total}}

@@ -1,15 +1,17 @@
-"""Find the best plans for a scenario: bounded candidate generation, then CP-SAT.
+"""Find the best plans for a scenario: CP-SAT over the decisions, seeded by a best-first search.
 
 1. Classes (planner.search.space): every legal layout without its data-parallel degree, per GPU type
    and relaxation tier, as arrays.
-2. Memory: the smallest data-parallel degree at which each class fits, by bisection on its
-   lattice of degrees (memory never rises with dp: ZeRO shards over it, and fewer in-flight
-   micro-batches remain); classes that fit at no allowed degree are counted and dropped.
-3. Windows of at most :data:`WINDOW` degrees per class are ranked by an admissible lower bound
-   of the objective (compute time alone, at the catalog's utilisation, is a floor for time and
-   cost; the smallest fitting degree for GPU count and hourly price) and evaluated in that
-   order, in batches, until no unevaluated window can beat the k-th best distinct plan.
-4. CP-SAT (planner.search.cpsat) picks the top k among the best column of each distinct group.
+2. Hints (optional, the default): a best-first expansion. Memory: the smallest data-parallel
+   degree at which each class fits, by bisection on its lattice of degrees (memory never rises
+   with dp from two ranks up). Windows of at most :data:`WINDOW` degrees per class are ranked by
+   an admissible lower bound of the objective (compute time alone, at the catalog's utilisation,
+   is a floor for time and cost; the smallest degree for GPU count and hourly price) and
+   evaluated in that order until no unevaluated window can beat the k-th best distinct plan.
+3. The region: every plan whose objective is at most that k-th best (all plans without hints),
+   fitting or not, with its memory per step phase, host bytes, time and cost.
+4. CP-SAT (planner.search.cpsat) searches the region's decisions under every constraint and
+   returns the top k distinct plans; the best-first's plans are its hints.
 
 :func:`enumerate_all` evaluates every column with no bound, no bisection and no solver: the
 oracle that the tests and the benchmark compare against.
@@ -24,18 +26,17 @@ import numpy as np
 
 from planner.perf.timing import JOB_STARTUP_S, billed_gpus, model_flops, step_time_s
 from planner.search.cpsat import (
-    TIER_WEIGHT, Columns, Limits, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
+    TIER_WEIGHT, Limits, Space, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
 )
-from planner.search.lattice import build_lattice, degree_windows, fitting_windows
-from planner.search.space import Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table, memory_total
+from planner.search.lattice import Lattice, build_lattice, degree_windows, fitting_windows
+from planner.search.space import (CLASS_KEYS, Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table,
+                                  memory_flags, memory_of, memory_total)
 from planner.search.space import grad_accum_of, n_lora_of, perf_rows
 
 #: Columns evaluated per batch: the first batch is small (the bound often stops the search
 #: after it), later ones double up to the largest, which bounds the arrays' size.
 FIRST_BATCH_COLUMNS = 20_000
 BATCH_COLUMNS = 200_000
-#: Groups handed to CP-SAT per plan asked for: the best by key, a superset of the top k.
-CANDIDATES_PER_PLAN = 5
 
 GROUP_KEYS = ("gpu", "tier", "precision", "optimizer", "tp", "pp", "cp", "ep", "zero", "offload")
 
@@ -116,7 +117,11 @@ def _group_ids(req: SearchRequest, cls: Classes, ci: np.ndarray, dp: np.ndarray)
     return gid
 
 
-def evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end, known_to_fit=False) -> Evaluated:
+def evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end, known_to_fit=False,
+                     apply: bool = True) -> Evaluated:
+    """The columns of the windows with their metrics; with ``apply`` only those every constraint
+    allows (the rest counted by reason), else all of them without their memory (CP-SAT applies
+    the constraints; :func:`region` fills memory in for the plans it keeps)."""
     counts = win_end - win_start
     total = int(counts.sum())
     ci = np.repeat(win_cls, counts)
@@ -135,14 +140,17 @@ def evaluate_windows(req, table, cls, lat, win_cls, win_start, win_end, known_to
             host_first[off] = memory_total(req, {k: v[w] for k, v in cls.a.items()}, dp0,
                                            grad_accum_of(req, cls.a["micro_batch"][w], dp0))[1]
         host_upper = np.repeat(host_first, counts)
-    ev = evaluate(req, table, c, dp, known_to_fit=known_to_fit, host_upper=host_upper)
+    ev = evaluate(req, table, c, dp, known_to_fit=known_to_fit, host_upper=host_upper, memory=apply)
+    if not apply:
+        key = cls.a["tier"][ci] * float(TIER_WEIGHT) + objective_units(req.objective, ev)
+        return Evaluated(ci, ev, key, _group_ids(req, cls, ci, ev["dp"]), {})
     masks = feasible(req, ev)
     ok = np.ones(total, dtype=bool)
     rejected: dict[str, int] = {}
     for name, mask in masks.items():
         rejected[name] = int((ok & ~mask).sum())
         ok &= mask
-    sel = np.flatnonzero(ok)
+    sel = np.flatnonzero(ok) if apply else np.arange(total)
     ev = {k: np.asarray(v)[sel] for k, v in ev.items()}
     key = cls.a["tier"][ci[sel]] * float(TIER_WEIGHT) + objective_units(req.objective, ev)
     return Evaluated(ci[sel], ev, key, _group_ids(req, cls, ci[sel], ev["dp"]), rejected)
@@ -212,40 +220,206 @@ def _reduce(cls: Classes, parts: list[Evaluated]) -> Evaluated:
                      merged.key[keep], merged.group[keep], merged.rejected)
 
 
-def search(req: SearchRequest, *, time_limit_s: float = 30.0) -> SearchOutcome:
-    """Best-first over lower bounds: classes are expanded (memory bisected, windows formed)
-    and windows evaluated in bound order, until no class or window left can beat the k-th best
-    distinct plan found. Then CP-SAT selects the top k. A time limit stops it early, and the
-    status then says the answer is not proven (``feasible``)."""
+def search(req: SearchRequest, *, time_limit_s: float = 30.0, hints: bool = True) -> SearchOutcome:
+    """The top k plans, chosen by CP-SAT (planner.search.cpsat) over the decisions.
+
+    With ``hints`` a best-first expansion first finds good plans quickly: classes expanded in
+    order of a lower bound (memory bisected, windows of degrees formed), windows evaluated in
+    bound order until nothing left can beat the k-th best distinct plan. What it found seeds
+    CP-SAT's search, and the k-th best objective bounds the region CP-SAT is given (no plan
+    worse than it can be in the top k). Every plan of that region is handed to CP-SAT whether it
+    fits or not: CP-SAT decides memory, GPU count, host RAM, budget and deadline itself. Without
+    hints the region is the whole space. A time limit stops either stage early, and the status
+    then says the answer is not proven (``feasible``)."""
     t0 = time.perf_counter()
-    bf = _BestFirst(req)
-    proven = bf.run(deadline=t0 + time_limit_s)
-    e = bf.e
-    best = np.arange(len(e.key))
-    # Only the best groups can be among the top k: hand CP-SAT a superset of them.
-    n_cand = CANDIDATES_PER_PLAN * req.top
-    if len(best) > n_cand:
-        best = best[np.argsort(e.key, kind="stable")[:n_cand]]
-    _fill_memory(req, bf.cls, e, best)
-    left = time_limit_s - (time.perf_counter() - t0)
-    status, picked_local = solve_top_k(req, bf.table, bf.cls, e, best, left)
+    deadline = t0 + time_limit_s
+    cls, table = build_classes(req), gpu_table(req)
+    lat = build_lattice(req, table, cls)
+    threshold, proven, seeds, stats = np.inf, True, None, {}
+    if hints:
+        bf = _BestFirst(req, cls, table, lat)
+        proven = bf.run(deadline=deadline)
+        threshold = _region_bound(req, bf)
+        seeds = bf.e
+        stats = {"classes_expanded": bf.cpos, "windows_evaluated": bf.windows_evaluated,
+                 "best_first_columns": bf.evaluated_cols, "best_first_s": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    e = region(req, table, cls, lat, threshold, seeds)
+    if seeds is not None:  # what the best-first saw violate each constraint (for explanations)
+        e.rejected = dict(seeds.rejected)
+    space, limits = decision_space(req, table, cls, e)
+    t2 = time.perf_counter()
+    hint_cols = None
+    if seeds is not None:  # the seeds in the order CP-SAT ranks plans: the k it should find
+        rows = _seed_rows(e, seeds)
+        hint_cols = rows[np.argsort(space.c_rank[rows], kind="stable")][: req.top].tolist()
+    status, picked = top_k(space, limits, req.top, max(0.05, deadline - t2), hints=hint_cols, stats=stats)
     if not proven:
-        status = "feasible" if picked_local else "unknown"
-    stats = {"classes": len(bf.cls), "classes_expanded": bf.cpos, "windows_evaluated": bf.windows_evaluated,
-             "columns_evaluated": bf.evaluated_cols, "groups": len(best),
-             "seconds": time.perf_counter() - t0}
-    return SearchOutcome(status, bf.cls, e, [int(best[j]) for j in picked_local], stats)
+        status = "feasible" if picked else "unknown"
+    stats.update({"classes": len(cls), "columns_evaluated": len(e.key), "region_plans": len(space.c_gpu),
+                  "region_s": t2 - t1, "cpsat_s": time.perf_counter() - t2,
+                  "seconds": time.perf_counter() - t0})
+    return SearchOutcome(status, cls, e, picked, stats)
+
+
+def _region_bound(req: SearchRequest, bf: _BestFirst) -> float:
+    """The objective bound the best-first hands CP-SAT: the k-th best distinct plan's key, or,
+    where it found fewer (it proved no more exist, or its time ran out), the worst of them
+    (−inf: none found, nothing to hand over)."""
+    keys = np.sort(bf.e.key)
+    if len(keys) >= req.top:
+        return float(keys[req.top - 1])
+    return float(keys[-1]) if len(keys) else -np.inf
+
+
+def region(req: SearchRequest, table: GpuTable, cls: Classes, lat, threshold: float,
+           seeds: Evaluated | None = None) -> Evaluated:
+    """Every plan (class at an allowed data-parallel degree) whose key is at most ``threshold``,
+    with all its metrics and no constraint applied; the windows whose lower bound exceeds the
+    threshold are never evaluated (their plans cannot reach it). With ``seeds`` (feasible plans
+    of distinct groups, found by the best-first) the bound is the lexicographic order itself:
+    plans ranked after the k-th best seed cannot be in the top k either."""
+    if threshold == -np.inf:
+        return concat_evaluated([])
+    idx = np.flatnonzero(lat.count > 0)
+    if np.isfinite(threshold) and len(idx):
+        lb0 = lower_bounds(req, table, cls.take(idx), lat.value(idx, np.zeros(len(idx), dtype=np.int64)),
+                           lat.value(idx, lat.count[idx] - 1))
+        idx = idx[lb0 <= threshold]
+    wc, ws, we = degree_windows(Lattice(lat.count[idx], None, None), np.zeros(len(idx), dtype=np.int64))
+    wc = idx[wc]
+    if np.isfinite(threshold) and len(wc):
+        keep = lower_bounds(req, table, cls.take(wc), lat.value(wc, ws), lat.value(wc, we - 1)) <= threshold
+        wc, ws, we = wc[keep], ws[keep], we[keep]
+    parts = []
+    sizes = we - ws
+    cuts = np.searchsorted(np.cumsum(sizes), np.arange(BATCH_COLUMNS, int(sizes.sum()) + BATCH_COLUMNS, BATCH_COLUMNS))
+    begin = 0
+    for end in [*cuts.tolist(), len(wc)]:
+        end = max(int(end), begin + 1) if begin < len(wc) else begin
+        if end > begin:
+            part = evaluate_windows(req, table, cls, lat, wc[begin:end], ws[begin:end], we[begin:end], apply=False)
+            parts.append(_take(part, np.flatnonzero(part.key <= threshold)))
+        begin = end
+    e = concat_evaluated(parts)
+    if seeds is not None and len(e.key):
+        e = _take(e, _lexicographic_cut(req, cls, e, seeds))
+    _fill_memory(req, table, cls, e)
+    return e
+
+
+def _take(e: Evaluated, rows: np.ndarray) -> Evaluated:
+    return Evaluated(e.cls_index[rows], {k: v[rows] for k, v in e.ev.items()}, e.key[rows], e.group[rows],
+                     dict(e.rejected))
+
+
+def _lexicographic_cut(req: SearchRequest, cls: Classes, e: Evaluated, seeds: Evaluated) -> np.ndarray:
+    """The plans of ``e`` ranked no later than the k-th best seed (all, if a seed is missing)."""
+    rank = plan_ranks(req, {k: v[e.cls_index] for k, v in cls.a.items()}, e)
+    found = _seed_rows(e, seeds)
+    if len(found) < min(req.top, len(seeds.key)):
+        return np.arange(len(e.key))
+    last = np.sort(rank[found])[min(req.top, len(found)) - 1]
+    return np.flatnonzero(rank <= last)
+
+
+def _fill_memory(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluated) -> None:
+    """Memory and host bytes of the region's plans (the same formulas as ``planner estimate``),
+    the flags they decide, and how many plans break each constraint (for explanations)."""
+    if not len(e.key):
+        return
+    c = {k: v[e.cls_index] for k, v in cls.a.items()}
+    mem, host = memory_total(req, c, e.ev["dp"], np.maximum(e.ev["grad_accum"], 1))
+    e.ev["memory_bytes"], e.ev["host_bytes"] = mem, host
+    e.ev["fits"], e.ev["host_ok"] = memory_flags(table, c["gpu"], e.ev["gpus"], mem, host)
+    ok = np.ones(len(e.key), dtype=bool)
+    for name, mask in feasible(req, e.ev).items():
+        e.rejected[name] = int((ok & ~mask).sum())
+        ok &= mask
+
+
+def _seed_rows(e: Evaluated, seeds: Evaluated) -> np.ndarray:
+    """The rows of ``e`` that are seeds (the best-first's plans within the region)."""
+    where = {(int(c), int(d)): j for j, (c, d) in enumerate(zip(e.cls_index, e.ev.get("dp", [])))}
+    found = (where.get((int(c), int(d))) for c, d in zip(seeds.cls_index, seeds.ev.get("dp", [])))
+    return np.array([j for j in found if j is not None], dtype=np.int64)
+
+
+#: Where a plan's cost or time is unknown (no price): above any budget or deadline.
+UNBOUNDED = 10**15
+
+
+def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluated) -> tuple[Space, Limits]:
+    """The CP-SAT tables of the region ``e`` (planner.search.cpsat.Space) and the request's limits."""
+    a = {k: v[e.cls_index] for k, v in cls.a.items()}
+    shape_keys = [k for k in CLASS_KEYS if k != "gpu"]
+    n = len(e.key)
+    if n:
+        shapes, s_of = np.unique(np.stack([a[k] for k in shape_keys], axis=1), axis=0, return_inverse=True)
+        degrees, k_of = np.unique(np.stack([s_of.ravel(), e.ev["dp"]], axis=1), axis=0, return_inverse=True)
+    else:
+        shapes = np.zeros((0, len(shape_keys)), dtype=np.int64)
+        degrees, s_of, k_of = np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    k_of = k_of.ravel()
+    dims = {k: shapes[:, i] for i, k in enumerate(shape_keys)}
+    first = np.zeros(len(degrees), dtype=np.int64)
+    first[k_of[::-1]] = np.arange(n)[::-1]  # a column of each degree row
+    rep = {k: v[first] for k, v in a.items()}
+    mem = memory_of(req, rep, e.ev["dp"][first], np.maximum(e.ev["grad_accum"][first], 1)) if n else \
+        {"phases": {}, "host": np.zeros(0, dtype=np.int64)}
+    cap = int(table.usable_bytes.max(initial=0)) + 1  # above every card: as infeasible as any larger value
+    ram = np.where(np.isfinite(table.host_bytes_per_node), table.host_bytes_per_node, -1).astype(np.int64)
+    host_cap = int(ram.max(initial=0)) + 1
+    need_price = req.objective in ("cost", "hourly") or req.budget_usd is not None
+    space = Space(
+        dims=dims, mp=dims["tp"] * dims["pp"] * dims["cp"], micro_batch=dims["micro_batch"],
+        k_shape=degrees[:, 0], k_dp=degrees[:, 1],
+        k_phases={p: np.minimum(v, cap) for p, v in mem["phases"].items()},
+        k_host=np.minimum(mem["host"], host_cap),
+        c_gpu=a["gpu"], c_k=k_of, c_rank=plan_ranks(req, a, e), c_group=np.unique(e.group, return_inverse=True)[1].ravel(),
+        c_cost=_bounded(cost_units(e.ev["cost_usd"])) if req.budget_usd is not None and n else None,
+        c_time=_bounded(time_ms(e.ev["time_s"])) if req.deadline_s is not None and n else None,
+    )
+    limits = Limits(
+        usable_bytes=table.usable_bytes, gpu_limit=table.limit, gpus_per_node=table.gpus_per_node,
+        host_bytes_per_node=ram, priced=np.isfinite(table.perf.price_usd_per_hour), max_gpus=req.max_gpus,
+        global_batch=req.global_batch,
+        budget_units=None if req.budget_usd is None else budget_units(req.budget_usd),
+        deadline_ms=None if req.deadline_s is None else deadline_ms(req.deadline_s), need_price=need_price,
+    )
+    return space, limits
+
+
+def _bounded(units: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(units), np.minimum(units, UNBOUNDED), UNBOUNDED).astype(np.int64)
+
+
+def plan_ranks(req: SearchRequest, a: dict[str, np.ndarray], e: Evaluated) -> np.ndarray:
+    """Each plan's place in the lexicographic order CP-SAT minimises: relaxation tier and
+    objective (the key); among equals the cheaper hour (fewest GPUs, shortest time) or the faster
+    job (cost, hourly); then the simpler plan: no offload, a lower ZeRO stage, fewer
+    model-parallel ranks, the catalog's GPU order; within a group, the canonical order of
+    :func:`best_per_group` (fewer GPUs, smaller micro-batch, less recomputation, FlashAttention)."""
+    if not len(e.key):
+        return np.zeros(0, dtype=np.int64)
+    ev = e.ev
+    second = ev["hourly_usd"] if req.objective in ("gpus", "time") else ev.get("time_s", ev["hourly_usd"])
+    second = np.where(np.isfinite(second), second, np.inf)
+    zero_eff = np.where(ev["dp"] * a["cp"] > 1, a["zero"], 0)
+    key = np.where(np.isfinite(e.key), e.key, np.inf)
+    order = np.lexsort((e.cls_index, -a["attention"], a["checkpointing"], a["zero"], a["micro_batch"], ev["dp"],
+                        a["gpu"], a["tp"] * a["pp"] * a["cp"] * a["ep"], zero_eff, a["offload"], second, key))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
 
 
 class _BestFirst:
     """The state of the best-first expansion: classes in bound order, pending windows, the
     columns evaluated so far and the k-th best key (the threshold nothing worse can pass)."""
 
-    def __init__(self, req: SearchRequest):
-        self.req = req
-        self.cls = build_classes(req)
-        self.table = gpu_table(req)
-        self.lat = build_lattice(req, self.table, self.cls)
+    def __init__(self, req: SearchRequest, cls: Classes, table: GpuTable, lat: Lattice):
+        self.req, self.cls, self.table, self.lat = req, cls, table, lat
         has = np.flatnonzero(self.lat.count > 0)
         self.cls.rejected["no allowed data-parallel degree (GPU limit, global batch)"] += len(self.cls) - len(has)
         lb0 = lower_bounds(req, self.table, self.cls.take(has), self.lat.value(has, np.zeros(len(has), dtype=np.int64)),
@@ -300,57 +474,6 @@ class _BestFirst:
         lb = lower_bounds(self.req, self.table, self.cls.take(wc), self.lat.value(wc, ws), self.lat.value(wc, we - 1))
         self.pend_c, self.pend_s = np.concatenate([self.pend_c, wc]), np.concatenate([self.pend_s, ws])
         self.pend_e, self.pend_lb = np.concatenate([self.pend_e, we]), np.concatenate([self.pend_lb, lb])
-
-
-def _fill_memory(req: SearchRequest, cls: Classes, e: Evaluated, rows: np.ndarray) -> None:
-    """Exact memory and host bytes of the candidate columns whose figures were skipped or
-    bounded (see ``evaluate``)."""
-    if not len(rows):
-        return
-    todo = rows[(e.ev["memory_bytes"][rows] < 0) | (e.ev["host_bytes"][rows] < 0)]
-    if len(todo):
-        c = {k: v[e.cls_index[todo]] for k, v in cls.a.items()}
-        mem, host = memory_total(req, c, e.ev["dp"][todo], e.ev["grad_accum"][todo])
-        e.ev["memory_bytes"][todo], e.ev["host_bytes"][todo] = mem, host
-
-
-def solve_top_k(req, table, cls, e: Evaluated, best: np.ndarray, time_limit_s: float) -> tuple[str, list[int]]:
-    """CP-SAT over the best column of each group; returns indices into ``best``."""
-    if len(best) == 0:
-        return "infeasible", []
-    ev = {k: v[best] for k, v in e.ev.items()}
-    g = cls.a["gpu"][e.cls_index[best]]
-    a = {k: cls.a[k][e.cls_index[best]] for k in ("offload", "zero", "tp", "pp", "cp", "ep")}
-    zero_eff = np.where(ev["dp"] * a["cp"] > 1, a["zero"], 0)
-    # The lexicographic order as ranks (small integers): relaxation tier and objective (the
-    # key), then, among equals, the cheaper plan per hour (for fewest GPUs or shortest time; the
-    # faster for a cost objective), then the simpler plan: no offload, a lower ZeRO stage, fewer
-    # model-parallel ranks, then the catalog's order.
-    if req.objective in ("gpus", "time"):
-        second = np.where(np.isfinite(ev["hourly_usd"]), ev["hourly_usd"], np.inf)
-    else:
-        second = ev["time_s"]
-    order = np.lexsort((g, a["tp"] * a["pp"] * a["cp"] * a["ep"], zero_eff, a["offload"], second, e.key[best]))
-    rank = np.empty(len(best), dtype=np.int64)
-    rank[order] = np.arange(len(best))
-    cols = Columns(
-        gpu=g, group=np.arange(len(best)), tier=np.zeros(len(best), dtype=np.int64), objective=rank,
-        memory_bytes=ev["memory_bytes"].astype(np.int64) if len(best) else np.zeros(0, dtype=np.int64),
-        gpus=ev["gpus"] if len(best) else np.zeros(0, dtype=np.int64),
-        cost_units=cost_units(ev["cost_usd"]).astype(np.int64) if req.budget_usd is not None else None,
-        time_ms=time_ms(ev["time_s"]).astype(np.int64) if req.deadline_s is not None else None,
-        host_bytes=(ev["host_bytes"] * np.minimum(ev["gpus"], table.gpus_per_node[g])).astype(np.int64)
-        if len(best) else None,
-    )
-    limits = Limits(
-        usable_bytes={i: int(u) for i, u in enumerate(table.usable_bytes)},
-        max_gpus=req.max_gpus,
-        fleet=None if req.fleet is None else {i: int(table.limit[i]) for i in range(len(req.gpus))},
-        budget_units=None if req.budget_usd is None else budget_units(req.budget_usd),
-        deadline_ms=None if req.deadline_s is None else deadline_ms(req.deadline_s),
-        host_bytes={i: int(h) for i, h in enumerate(table.host_bytes_per_node) if np.isfinite(h)},
-    )
-    return top_k(cols, limits, req.top, max(0.05, time_limit_s))
 
 
 def enumerate_all(req: SearchRequest) -> tuple[Classes, Evaluated, np.ndarray]:

@@ -1,35 +1,46 @@
-"""The CP-SAT model that picks plans among candidate columns.
+"""The CP-SAT model of a plan: the decisions as variables, memory as one constraint per phase.
 
-Sets
-    J   candidate plans (columns); each is a complete layout with its metrics, computed by the
-        same formulas as ``planner estimate`` (planner.search.space.evaluate)
-    G   GPU types; g(j) is the type of column j; K(j) its distinctness group
-
-Variables
-    y_j ∈ {0, 1}   column j is the plan
-    x_g ∈ {0, 1}   GPU type g is used
+Variables (each an integer; the index sets are those of :class:`Space`)
+    g      the GPU type
+    s      the layout shape: everything a plan decides except its GPU type and data-parallel
+           degree (relaxation tier, so method and sequence length; precision, optimizer,
+           micro-batch, TP, PP, CP, EP, SP, ZeRO stage, offload, checkpointing, attention, stack)
+    dims   one variable per choice of the shape (``tier``, ``tp``, … ``attention``), tied to s
+           by a table constraint: CP-SAT branches on them
+    dp     the data-parallel degree;  k = (s, dp), the shape at its degree (memory's argument)
+    c      the complete plan (g, k): time's and cost's argument
+    gpus = dp · mp[s],  ga (gradient-accumulation steps)
 
 Constraints (each in its own method, tested alone)
-    (1) one plan:   Σ_j y_j = 1,  x_g = Σ_{j: g(j) = g} y_j
-    (2) memory:     Σ_j mem_j · y_j ≤ Σ_g U_g · x_g        (exact bytes: U_g = usable capacity)
-    (3) GPU count:  Σ_j gpus_j · y_j ≤ max_gpus
-    (4) fleet:      Σ_j gpus_j · y_j ≤ Σ_g F_g · x_g       (F_g = GPUs of type g we have)
-    (5) budget:     Σ_j cost_j · y_j ≤ budget              (cost in 1e-4 USD, rounded up)
-    (6) deadline:   Σ_j time_j · y_j ≤ deadline            (ms, rounded up)
-    (7) host RAM:   Σ_j host_j · y_j ≤ Σ_g H_g · x_g       (offloaded bytes per node)
-    (8) no-goods:   Σ_{j ∈ K} y_j = 0 for every group K already returned (top-k)
+    (0) tables:       c ↦ (g, k),  k ↦ (s, dp),  s ↦ dims   (element and table constraints)
+    (1) memory:       M_p[k] ≤ U[g] for every phase p of a step (device bytes per GPU from the
+                      profile's phases, planner.memory.profiles; U = usable bytes of the card)
+    (2) GPU count:    gpus = dp · mp[s] ≤ max_gpus,  gpus ≤ limit[g] (the fleet's GPUs of g)
+    (3) global batch: micro_batch[s] · dp · ga = global batch  (when one is given)
+    (4) host RAM:     H[k] · min(gpus, node[g]) ≤ R[g]   (offloaded bytes of a node's GPUs)
+    (5) budget:       cost[c] ≤ budget                (1e-4 USD, rounded up)
+    (6) deadline:     time[c] ≤ deadline              (ms, rounded up)
+    (7) price known:  g has a price where the objective or the budget needs one
+    (8) no-goods:     group[c] ≠ G for every group already returned (top k)
 
-Objective (lexicographic, as one integer): min Σ_j (tier_j · W + obj_j) · y_j, where tier is the
-relaxation rank (0 = as asked; then Full → LoRA → QLoRA; a shorter sequence last) and obj the
-chosen objective in integer units (:func:`objective_units`). The search hands CP-SAT the same
-order as ranks (tier, objective, then the simpler plan among equals), which keeps the numbers
-small. Only integers enter CP-SAT; the solver runs with a fixed seed and one worker, so the same
-input gives the same output.
+Objective: min rank[c]. The rank orders plans lexicographically: relaxation tier (0 = as asked;
+then Full → LoRA → QLoRA; a shorter sequence last), the objective in integer units
+(:func:`objective_units`), the cheaper hour (or the faster job for a cost objective), then the
+simpler plan (no offload, a lower ZeRO stage, fewer model-parallel ranks, the catalog's order).
+Ranks keep the numbers small and make the optimum unique, so the answer does not depend on the
+solver's path. Only integers enter CP-SAT; it runs with a fixed seed and one worker.
+
+The plans the model holds are the search's *region*: every plan of the space (the oracle's
+columns), or, with hints, every plan whose objective is no worse than the k-th best plan a
+best-first search found (an objective bound: a plan outside it cannot be in the top k). Nothing
+is removed because it does not fit: memory, GPU count, host RAM, budget and deadline are all
+decided here.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,148 +61,242 @@ def objective_units(objective: str, cols: dict[str, np.ndarray]) -> np.ndarray:
 
 
 @dataclass
-class Columns:
-    """What the model needs of each candidate column (integer arrays of equal length)."""
+class Space:
+    """The plans the model chooses among, as integer tables (see the module docstring)."""
 
-    gpu: np.ndarray
-    group: np.ndarray
-    tier: np.ndarray
-    objective: np.ndarray
-    memory_bytes: np.ndarray
-    gpus: np.ndarray
-    cost_units: np.ndarray | None = None  # 1e-4 USD
-    time_ms: np.ndarray | None = None
-    host_bytes: np.ndarray | None = None  # offloaded host memory per node
+    #: per shape s: each choice's value (name → array), model-parallel ranks, micro-batch
+    dims: dict[str, np.ndarray]
+    mp: np.ndarray
+    micro_batch: np.ndarray
+    #: per degree row k = (s, dp): its shape, degree, phases' device bytes, host bytes per GPU
+    k_shape: np.ndarray
+    k_dp: np.ndarray
+    k_phases: dict[str, np.ndarray]
+    k_host: np.ndarray
+    #: per plan c: GPU type, degree row, rank, group; cost (1e-4 USD) and time (ms) where bounded
+    c_gpu: np.ndarray
+    c_k: np.ndarray
+    c_rank: np.ndarray
+    c_group: np.ndarray
+    c_cost: np.ndarray | None = None
+    c_time: np.ndarray | None = None
 
 
 @dataclass
 class Limits:
-    usable_bytes: dict[int, int]
-    max_gpus: int | None = None
-    fleet: dict[int, int] | None = None
+    """Per GPU type (index g) and per request."""
+
+    usable_bytes: np.ndarray
+    gpu_limit: np.ndarray  # most GPUs of the type: max_gpus and the fleet
+    gpus_per_node: np.ndarray
+    host_bytes_per_node: np.ndarray  # -1 where unknown (unbounded)
+    priced: np.ndarray  # bool
+    max_gpus: int
+    global_batch: int | None = None
     budget_units: int | None = None
     deadline_ms: int | None = None
-    host_bytes: dict[int, int] = field(default_factory=dict)
+    need_price: bool = False
+    forbidden_groups: list[int] = field(default_factory=list)
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in np.asarray(values).ravel()]
 
 
 class PlanModel:
-    """CP-SAT over candidate columns; see the module docstring for the mathematics."""
+    """CP-SAT over the decisions; see the module docstring for the mathematics."""
 
-    def __init__(self, cols: Columns, limits: Limits):
-        self.cols, self.limits = cols, limits
+    def __init__(self, space: Space, limits: Limits):
+        self.space, self.limits = space, limits
         self.m = cp_model.CpModel()
-        n = len(cols.gpu)
-        self.y = [self.m.NewBoolVar(f"y[{j}]") for j in range(n)]
-        self.gpu_ids = sorted({int(g) for g in cols.gpu} | set(limits.usable_bytes))
-        self.x = {g: self.m.NewBoolVar(f"x[{g}]") for g in self.gpu_ids}
-        self._add_one_plan()
+        self.solve_s, self.solves = 0.0, 0
+        if len(np.unique(space.c_rank)) != len(space.c_rank):
+            raise ValueError("plan ranks must be distinct (they make the optimum unique)")
+        self.by_rank = {int(r): c for c, r in enumerate(space.c_rank)}
+        self._add_variables()
+        self._add_tables()
         self._add_memory()
         self._add_gpu_count()
-        self._add_fleet()
+        self._add_global_batch()
+        self._add_host_ram()
         self._add_budget()
         self._add_deadline()
-        self._add_host_ram()
-        self._set_objective()
+        self._add_price_known()
+        for group in limits.forbidden_groups:
+            self.forbid_group(group)
+        self.m.Minimize(self._sum(self.y, self.space.c_rank))
+
+    def _sum(self, literals: list, values) -> cp_model.LinearExpr:
+        return cp_model.LinearExpr.WeightedSum(literals, _ints(values))
+
+    def _int(self, name: str, values) -> cp_model.IntVar:
+        v = np.asarray(values)
+        return self.m.NewIntVar(min(int(v.min(initial=0)), 0), max(int(v.max(initial=0)), 0), name)
+
+    def _add_variables(self) -> None:
+        sp = self.space
+        self.y = [self.m.NewBoolVar(f"plan[{c}]") for c in range(len(sp.c_gpu))]
+        self.x = [self.m.NewBoolVar(f"gpu[{g}]") for g in range(len(self.limits.usable_bytes))]
+        # What each plan decides, as tables over plans (its shape's and its degree row's values).
+        self.shape_of = sp.k_shape[sp.c_k]
+        self.dims = {name: self._int(name, v) for name, v in sp.dims.items()}
+        self.dp = self._int("dp", sp.k_dp)
+        self.mp = self._int("mp", sp.mp)
+        self.gpus = self.m.NewIntVar(0, max(int(sp.k_dp.max(initial=0)) * int(sp.mp.max(initial=0)), 0), "gpus")
+
+    # (0)
+    def _add_tables(self) -> None:
+        """One plan; the GPU type is the one-hot sum of the plans on it; each choice, the degree
+        and the model-parallel ranks are the chosen plan's values (linear in the one-hot plan)."""
+        sp = self.space
+        self.m.AddExactlyOne(self.y)
+        self.plans_on = [np.flatnonzero(sp.c_gpu == g) for g in range(len(self.x))]
+        for var, members in zip(self.x, self.plans_on):
+            self.m.Add(var == sum(self.y[c] for c in members))
+        for name, values in sp.dims.items():
+            self.m.Add(self.dims[name] == self._sum(self.y, values[self.shape_of]))
+        self.m.Add(self.mp == self._sum(self.y, sp.mp[self.shape_of]))
+        self.m.Add(self.dp == self._sum(self.y, sp.k_dp[sp.c_k]))
+
+    def _per_gpu(self, values) -> cp_model.LinearExpr:
+        return self._sum(self.x, values)
+
+    def _within_each_type(self, per_plan, per_type) -> None:
+        """Σ_{c on g} v_c · y_c ≤ L_g for every GPU type g: the chosen plan's value within its
+        type's limit (one plan is chosen, so this is v_c ≤ L_g(c) for it)."""
+        per_plan, per_type = np.asarray(per_plan), np.asarray(per_type)
+        for g, members in enumerate(self.plans_on):
+            if len(members):
+                self.m.Add(self._sum([self.y[c] for c in members], per_plan[members]) <= int(per_type[g]))
 
     # (1)
-    def _add_one_plan(self) -> None:
-        self.m.AddExactlyOne(self.y)
-        for g, xg in self.x.items():
-            members = [self.y[j] for j in np.flatnonzero(self.cols.gpu == g)]
-            self.m.Add(xg == sum(members))
-
-    def _chosen(self, values: np.ndarray) -> cp_model.LinearExpr:
-        return cp_model.LinearExpr.WeightedSum(self.y, [int(v) for v in values])
-
-    def _by_gpu(self, per_gpu: dict[int, int], default: int) -> cp_model.LinearExpr:
-        return cp_model.LinearExpr.WeightedSum(
-            list(self.x.values()), [int(per_gpu.get(g, default)) for g in self.x])
+    def _add_memory(self) -> None:
+        for table in self.space.k_phases.values():
+            self._within_each_type(table[self.space.c_k], self.limits.usable_bytes)
 
     # (2)
-    def _add_memory(self) -> None:
-        self.m.Add(self._chosen(self.cols.memory_bytes) <= self._by_gpu(self.limits.usable_bytes, 0))
+    def _add_gpu_count(self) -> None:
+        sp = self.space
+        self.m.Add(self.gpus == self._sum(self.y, sp.k_dp[sp.c_k] * sp.mp[self.shape_of]))
+        self.m.Add(self.gpus <= self.limits.max_gpus)
+        self._within_each_type(self.space.k_dp[self.space.c_k] * self.space.mp[self.shape_of], self.limits.gpu_limit)
 
     # (3)
-    def _add_gpu_count(self) -> None:
-        if self.limits.max_gpus is not None:
-            self.m.Add(self._chosen(self.cols.gpus) <= self.limits.max_gpus)
+    def _add_global_batch(self) -> None:
+        """micro_batch · dp · grad_accum = global batch, with grad_accum = ⌊global batch /
+        (micro_batch · dp)⌋ of each plan: a plan whose degree does not divide the batch fails."""
+        gb = self.limits.global_batch
+        if not gb:
+            return
+        sp = self.space
+        sequences = sp.micro_batch[self.shape_of] * sp.k_dp[sp.c_k]
+        steps = gb // np.maximum(sequences, 1)
+        self.m.Add(self._sum(self.y, sequences * steps) == gb)
+        self.m.Add(self._sum(self.y, steps) >= 1)
 
     # (4)
-    def _add_fleet(self) -> None:
-        if self.limits.fleet is not None:
-            self.m.Add(self._chosen(self.cols.gpus) <= self._by_gpu(self.limits.fleet, 0))
+    def _add_host_ram(self) -> None:
+        """Offloaded bytes of the GPUs on one node: H[k] · min(gpus, node[g]), a table over plans."""
+        ram = np.asarray(self.limits.host_bytes_per_node)
+        sp = self.space
+        if not (ram >= 0).any() or not (sp.k_host > 0).any():
+            return
+        gpus = sp.k_dp[sp.c_k] * sp.mp[sp.k_shape[sp.c_k]]
+        on_node = np.minimum(gpus, np.asarray(self.limits.gpus_per_node)[sp.c_gpu])
+        per_node = sp.k_host[sp.c_k] * on_node
+        big = int(per_node.max(initial=0))
+        self._within_each_type(per_node, np.where(ram >= 0, ram, big))
 
     # (5)
     def _add_budget(self) -> None:
-        if self.limits.budget_units is not None and self.cols.cost_units is not None:
-            self.m.Add(self._chosen(self.cols.cost_units) <= self.limits.budget_units)
+        if self.limits.budget_units is not None and self.space.c_cost is not None:
+            self.m.Add(self._sum(self.y, self.space.c_cost) <= self.limits.budget_units)
 
     # (6)
     def _add_deadline(self) -> None:
-        if self.limits.deadline_ms is not None and self.cols.time_ms is not None:
-            self.m.Add(self._chosen(self.cols.time_ms) <= self.limits.deadline_ms)
+        if self.limits.deadline_ms is not None and self.space.c_time is not None:
+            self.m.Add(self._sum(self.y, self.space.c_time) <= self.limits.deadline_ms)
 
     # (7)
-    def _add_host_ram(self) -> None:
-        if self.limits.host_bytes and self.cols.host_bytes is not None:
-            big = int(self.cols.host_bytes.max(initial=0))
-            self.m.Add(self._chosen(self.cols.host_bytes) <= self._by_gpu(self.limits.host_bytes, big))
-
-    def _set_objective(self) -> None:
-        weights = self.cols.tier.astype(np.int64) * TIER_WEIGHT + self.cols.objective.astype(np.int64)
-        self.m.Minimize(self._chosen(weights))
+    def _add_price_known(self) -> None:
+        if self.limits.need_price:
+            for gi in np.flatnonzero(~np.asarray(self.limits.priced, dtype=bool)):
+                self.m.Add(self.x[int(gi)] == 0)
 
     # (8)
     def forbid_group(self, group: int) -> None:
-        members = [self.y[j] for j in np.flatnonzero(self.cols.group == group)]
-        self.m.Add(sum(members) == 0)
+        members = [self.y[c] for c in np.flatnonzero(self.space.c_group == group)]
+        if members:
+            self.m.Add(sum(members) == 0)
 
-    def pin(self, j: int) -> None:
-        """Force column j (used by the tests: a pinned forbidden column must be infeasible)."""
-        self.m.Add(self.y[j] == 1)
+    def rank_above(self, rank: int) -> None:
+        """Only plans ranked after ``rank`` (valid once the best plan of rank ``rank`` is taken:
+        every plan left ranks after it)."""
+        self.m.Add(self._sum(self.y, self.space.c_rank) >= int(rank) + 1)
+
+    def pin(self, c: int) -> None:
+        """Force plan c (the tests: a plan a constraint forbids, pinned, must be infeasible)."""
+        self.m.Add(self.y[int(c)] == 1)
+
+    def hint(self, c: int) -> None:
+        """Start the search from plan c (a hint: it never changes what is feasible)."""
+        self.m.ClearHints()
+        self.m.AddHint(self.y[int(c)], True)  # a partial hint: the rest follows from it
 
     def solve(self, time_limit_s: float) -> tuple[str, int | None]:
+        if not self.y:
+            return "infeasible", None
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = SOLVER_SEED
+        # The model is one-hot over plans with per-type knapsack rows: presolve settles it in
+        # one pass; probing and symmetry detection only cost time here (measured: bench/).
+        solver.parameters.cp_model_probing_level = 0
+        solver.parameters.max_presolve_iterations = 1
+        solver.parameters.symmetry_level = 0
         status = solver.Solve(self.m)
-        if status == cp_model.OPTIMAL:
-            return "optimal", self._picked(solver)
-        if status == cp_model.FEASIBLE:
-            return "feasible", self._picked(solver)
+        self.solve_s += solver.WallTime()
+        self.solves += 1
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            picked = int(self.by_rank[round(solver.ObjectiveValue())])  # ranks are distinct
+            return ("optimal" if status == cp_model.OPTIMAL else "feasible"), picked
         if status == cp_model.INFEASIBLE:
             return "infeasible", None
         return "unknown", None
 
-    def _picked(self, solver: cp_model.CpSolver) -> int:
-        return next(j for j, yj in enumerate(self.y) if solver.Value(yj))
 
-
-def top_k(cols: Columns, limits: Limits, k: int, time_limit_s: float) -> tuple[str, list[int]]:
-    """Solve, forbid the found plan's group, solve again, k times. Returns (status, columns)."""
-    import time
-
-    if len(cols.gpu) == 0:
-        return "infeasible", []
-    model = PlanModel(cols, limits)
+def top_k(space: Space, limits: Limits, k: int, time_limit_s: float,
+          hints: list[int] | None = None, stats: dict | None = None) -> tuple[str, list[int]]:
+    """Solve, forbid the found plan's group, solve again, k times. Returns (status, plans);
+    ``stats`` receives the seconds spent building the model and inside the solver."""
+    t0 = time.perf_counter()
+    model = PlanModel(space, limits)
+    if stats is not None:
+        stats["cpsat_build_s"] = time.perf_counter() - t0
     deadline = time.monotonic() + time_limit_s
     picked: list[int] = []
     overall = "optimal"
-    for _ in range(k):
+    hints = list(hints or [])
+    for i in range(k):
         left = deadline - time.monotonic()
         if left <= 0:
             overall = "feasible" if picked else "unknown"
             break
-        status, j = model.solve(left)
-        if j is None:
+        if i < len(hints):
+            model.hint(hints[i])
+        status, c = model.solve(left)
+        if c is None:
             if status == "unknown":
                 overall = "feasible" if picked else "unknown"
             break
         if status == "feasible":
             overall = "feasible"
-        picked.append(j)
-        model.forbid_group(int(cols.group[j]))
+        picked.append(c)
+        model.forbid_group(int(space.c_group[c]))
+        model.rank_above(int(space.c_rank[c]))
+    if stats is not None:
+        stats["cpsat_solve_s"], stats["cpsat_solves"] = model.solve_s, model.solves
     if not picked:
         return ("infeasible" if overall == "optimal" else overall), []
     return overall, picked

@@ -422,7 +422,14 @@ def grad_accum_of(req: SearchRequest, micro_batch: np.ndarray, dp: np.ndarray) -
 
 
 def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> tuple:
-    """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them.
+    """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them."""
+    mem = memory_of(req, c, dp, ga)
+    return mem["total"], mem["host"]
+
+
+def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> dict[str, Any]:
+    """``total`` and ``host`` bytes per GPU, and ``phases``: the device bytes of each phase of a
+    step (the search's one memory constraint per phase; the largest is ``total``).
 
     The seed profile is evaluated on the arrays directly. Other profiles evaluate each distinct
     layout once per search (the GPU type does not change memory, so rows repeat across types and
@@ -432,13 +439,15 @@ def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, g
     if req.stack_sets_fsdp_version:  # the stack's recipe: how its ZeRO-3/FSDP frees gathers
         x["fsdp_version"] = req.stack_recipe("fsdp_version", c["stack"])
 
-    def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         return memory_components(req.rs.profile, req.model, req.rs.overrides,
                                  base=(req.rs.workload, req.rs.layout), **arrays)
 
     if req.rs.profile == "seed":
         comps = run(x)
-        return comps["total"], comps["host"]
+        shape = np.shape(dp)
+        return {"total": np.broadcast_to(comps["total"], shape), "host": np.broadcast_to(comps["host"], shape),
+                "phases": {k: np.broadcast_to(v, shape) for k, v in comps["phases"].items()}}
     keys = sorted(x)
     stacked = np.stack([np.broadcast_to(np.asarray(x[k], dtype=np.int64), np.shape(dp)) for k in keys], axis=1)
     uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
@@ -448,10 +457,14 @@ def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, g
     if missing:
         comps = run({k: uniq[missing, j] for j, k in enumerate(keys)})
         for n, i in enumerate(missing):
-            cache[rows[i]] = (int(comps["total"][n]), int(comps["host"][n]))
-    vals = np.array([cache[r] for r in rows], dtype=np.int64).reshape(-1, 2)
+            cache[rows[i]] = (int(comps["total"][n]), int(comps["host"][n]),
+                              {k: int(v[n]) for k, v in comps["phases"].items() if v[n] > 0})
+    hits = [cache[r] for r in rows]
     inverse = inverse.reshape(-1)
-    return vals[inverse, 0], vals[inverse, 1]
+    names = sorted({name for h in hits for name in h[2]})
+    return {"total": np.array([h[0] for h in hits], dtype=np.int64)[inverse],
+            "host": np.array([h[1] for h in hits], dtype=np.int64)[inverse],
+            "phases": {n: np.array([h[2].get(n, 0) for h in hits], dtype=np.int64)[inverse] for n in names}}
 
 
 def n_lora_of(rs: ResolvedScenario) -> float:
@@ -467,7 +480,8 @@ def n_lora_of(rs: ResolvedScenario) -> float:
 
 
 def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
-             *, known_to_fit: bool = False, host_upper: np.ndarray | None = None) -> dict[str, np.ndarray]:
+             *, known_to_fit: bool = False, host_upper: np.ndarray | None = None,
+             memory: bool = True) -> dict[str, np.ndarray]:
     """Every metric and constraint flag of columns (classes ``c`` at data-parallel degree ``dp``).
 
     ``known_to_fit``: the caller has established that every column fits in memory (the search
@@ -475,7 +489,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     the per-column memory (marked −1, filled in for the few columns that become candidates) and
     take the offloaded host bytes from ``host_upper`` (their value at a smaller degree: host
     bytes per GPU never rise with dp), computing them exactly only where that bound fails the
-    node's host RAM."""
+    node's host RAM. ``memory=False`` skips memory altogether (−1; the flags say nothing fits)."""
     g = c["gpu"]
     ga = grad_accum_of(req, c["micro_batch"], dp)
     mp = c["tp"] * c["pp"] * c["cp"]
@@ -483,7 +497,9 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     node = table.gpus_per_node[g]
     billed = billed_gpus(gpus, node, table.whole_node[g])
     host_exact = True
-    if known_to_fit and req.rs.profile != "seed":
+    if not memory:  # the caller fills memory in for the columns it keeps (planner.search.candidates)
+        mem = host = np.full(np.shape(dp), -1, dtype=np.int64)
+    elif known_to_fit and req.rs.profile != "seed":
         mem = np.full(np.shape(dp), -1, dtype=np.int64)
         host = np.zeros(np.shape(dp), dtype=np.int64) if host_upper is None else host_upper.copy()
         host_exact = False
@@ -515,8 +531,13 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
             out["cost_usd" + label] = job_cost_usd(t, gpus=billed, price_usd_per_hour=rows.price_usd_per_hour)
     out["tokens_per_s"] = tokens_per_step / out["step_s"]
     out["hourly_usd"] = billed * perf_rows(table.perf, g).price_usd_per_hour
-    out["fits"] = mem <= table.usable_bytes[g]
-    per_node = np.minimum(gpus, node)
-    out["host_ok"] = host * per_node <= table.host_bytes_per_node[g]
+    out["fits"], out["host_ok"] = memory_flags(table, g, gpus, mem, host)
     out["ga_ok"] = ga >= 1
     return out
+
+
+def memory_flags(table: GpuTable, g: np.ndarray, gpus: np.ndarray, mem: np.ndarray,
+                 host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fits on the card, offloaded bytes of a node's GPUs fit its host RAM) of each column."""
+    return (mem <= table.usable_bytes[g],
+            host * np.minimum(gpus, table.gpus_per_node[g]) <= table.host_bytes_per_node[g])
