@@ -141,3 +141,26 @@ def test_unknown_recipe_cells_are_unmodelled_not_guessed():
         scenario_of({**row, "loss_impl": "magic"})
     with pytest.raises(Unmodelable, match="quant_impl"):
         scenario_of({**row, "method": "qlora", "quant_impl": "awq"})
+
+
+@pytest.mark.parametrize("cell, targets", [
+    ("q,v", ["q", "v"]),
+    ("q_proj,v_proj", ["q", "v"]),
+    ("q,k,v,o,gate,up,down", ["q", "k", "v", "o", "gate", "up", "down"]),
+    ("q,k,v,gate,up,down", ["q", "k", "v", "gate", "up", "down"]),
+    ("gate,up,down", ["gate", "up", "down"]),
+    ("q,v,o,mlp(w1,w2,w3)", ["gate", "up", "down", "q", "v", "o"]),
+    ("c_attn (fused qkv)", ["q", "k", "v"]),
+    ("query_key_value", ["q", "k", "v"]),
+    ("q,k,v (swift LoRATM.llama2)", ["q", "k", "v"]),
+    ("all-linear (q,k,v,o,gate,up,down)", ["all"]),
+    ("all", ["all"]),
+    ("all linear except lm_head (c_attn,c_proj,w1,w2)", ["all"]),
+    ("q,k,v,o,mlp(w1,w2,w3),output", ["gate", "up", "down", "q", "k", "v", "o", "lm_head"]),
+])
+def test_lora_target_cells_read_every_module_they_name(cell, targets):
+    """A row's targets as the CSVs write them (the MLP's gate/up/down were once dropped, so
+    'q,k,v,o,gate,up,down' trained attention adapters only)."""
+    from planner.validate.rows import lora_targets
+
+    assert lora_targets(cell) == targets

@@ -41,6 +41,10 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "gemma-7b": {"head_dim": 256, "tied_embeddings": True},
     # Qwen/Qwen-*: RMSNorm, SwiGLU (w1, w2 branches of intermediate_size/2), QKV bias, untied.
     "qwen": {"qkv_bias": True, "tied_embeddings": False, "fused_qkv": True},
+    # Megatron-LM's GPT-2 (the ZeRO-Offload tutorial's 10B model): LayerNorm, GELU MLP of 4x
+    # hidden, biases, learned positions, embedding tied to the output layer.
+    "gpt": {"norm": "layernorm", "gated_mlp": False, "qkv_bias": True, "o_bias": True, "mlp_bias": True,
+            "tied_embeddings": True, "position": "learned"},
     # transformers' LlamaForCausalLM built from a LlamaConfig (bench/gpu_memory.py): RMSNorm,
     # SwiGLU, no biases, untied head; the dimensions come from the row's columns.
     "llama": {"tied_embeddings": False},
@@ -57,7 +61,10 @@ LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False, "impl": "litgpt"}
 BNB_DROPPED_MATMUL_INPUT = (0, 43, 2)
 
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
-            "lm_head": "lm_head"}
+            "lm_head": "lm_head", "gate": "gate", "up": "up", "down": "down"}
+#: Module names of fused or differently named projections -> the targets they are.
+_FUSED_TARGETS = {"query_key_value": ("q", "k", "v"), "c_attn": ("q", "k", "v"), "qkv": ("q", "k", "v"),
+                  "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up")}
 
 
 def read_csv(path: str | Path, required: tuple[str, ...]) -> list[dict[str, str]]:
@@ -137,18 +144,21 @@ def _version(text: str) -> tuple[int, ...] | None:
 
 
 def lora_targets(text: str) -> list[str]:
-    """'q,v' -> [q, v]; 'mlp(...)' adds gate, up and down; 'all linear' -> all."""
-    text = text.lower()
-    if "all linear" in text:
+    """'q,v' or 'q_proj,v_proj' -> [q, v]; 'gate,up,down' and 'mlp(...)' -> the MLP's three;
+    fused projections ('query_key_value', 'c_attn') -> q, k, v; 'all linear' / 'all-linear' /
+    'all' -> all. Words in parentheses after a name only explain it."""
+    text = text.lower().strip()
+    if re.match(r"all\b", text) or "all linear" in text or "all-linear" in text:
         out = ["all"]
         return out + (["lm_head"] if "except lm_head" not in text and "lm_head" in text else [])
     out: list[str] = []
     if "mlp" in text:
         out += ["gate", "up", "down"]
         text = re.sub(r"mlp\([^)]*\)|mlp", "", text)
-    for part in re.split(r"[,\s]+", text):
-        if part in _TARGETS and _TARGETS[part] not in out:
-            out.append(_TARGETS[part])
+    text = re.sub(r"\(([^)]*)\)", lambda m: "" if "," not in m.group(1) else m.group(0), text)
+    for part in re.split(r"[,\s()]+", text):
+        names = _FUSED_TARGETS.get(part) or (_TARGETS.get(part.removesuffix("_proj")),)
+        out += [n for n in names if n and n not in out]
     return out
 
 
