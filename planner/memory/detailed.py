@@ -212,7 +212,10 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     if wl.method == "qlora":
         shapes = lora_module_shapes(model)
         out["dequant"] = max(d_in * d_out for d_in, d_out in shapes.values()) / tp * e
-    if wl.optimizer_step == "foreach" and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
+    # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
+    # (``Optimizer2State``): no list-wide temporaries.
+    foreach = wl.optimizer_step == "foreach" and not wl.optimizer_paged
+    if foreach and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
         # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list.
         # With the optimizer offloaded the step runs on the CPU (DeepSpeedCPUAdam for
         # ZeRO-Offload, arXiv 2101.06840; FSDP CPUOffload steps the CPU shards): its

@@ -68,6 +68,17 @@ def catalog_model(name: str) -> str:
     raise Unmodelable(f"model {name!r}: not in the catalog")
 
 
+def _model_cell(row: dict[str, str]) -> str:
+    """The catalog id of the row's model, or, where the row gives the dimensions itself
+    (``layers``, ``hidden`` …; a model no hub hosts), its own cell."""
+    try:
+        return catalog_model(row["model"])
+    except Unmodelable:
+        if (row.get("layers") or "").strip() and (row.get("hidden") or "").strip():
+            return row["model"]
+        raise
+
+
 def judge_row(row: dict[str, str]) -> VerdictResult:
     from planner.memory.estimate import estimate_resolved, usable_bytes
     from planner.scenario.resolve import resolve
@@ -78,7 +89,7 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
         if verdict not in VERDICTS:
             raise Unmodelable(f"verdict {verdict!r}: one of {', '.join(VERDICTS)}")
         capacity = capacity_of(row)
-        raw = scenario_of(stated_or_least({**row, "model": catalog_model(row["model"])}))
+        raw = scenario_of(stated_or_least({**row, "model": _model_cell(row)}))
         try:
             est = estimate_resolved(resolve(raw))
         except InputError as exc:
