@@ -30,7 +30,7 @@ from planner.search.cpsat import (
 )
 from planner.search.lattice import Lattice, build_lattice, degree_windows, fitting_windows
 from planner.search.space import (CLASS_KEYS, Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table,
-                                  memory_flags, memory_of, memory_total)
+                                  host_bytes_per_node, memory_flags, memory_of, memory_total)
 from planner.search.space import grad_accum_of, n_lora_of, perf_rows
 
 #: Columns evaluated per batch: the first batch is small (the bound often stops the search
@@ -366,17 +366,20 @@ def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluat
     first[k_of[::-1]] = np.arange(n)[::-1]  # a column of each degree row
     rep = {k: v[first] for k, v in a.items()}
     mem = memory_of(req, rep, e.ev["dp"][first], np.maximum(e.ev["grad_accum"][first], 1)) if n else \
-        {"phases": {}, "host": np.zeros(0, dtype=np.int64)}
+        {"phases": {}}
     cap = int(table.usable_bytes.max(initial=0)) + 1  # above every card: as infeasible as any larger value
     ram = np.where(np.isfinite(table.host_bytes_per_node), table.host_bytes_per_node, -1).astype(np.int64)
-    host_cap = int(ram.max(initial=0)) + 1
+    host_node = host_bytes_per_node(table, a["gpu"], e.ev["gpus"], e.ev["host_bytes"]) if n else np.zeros(0)
     need_price = req.objective in ("cost", "hourly") or req.budget_usd is not None
     space = Space(
         dims=dims, mp=dims["tp"] * dims["pp"] * dims["cp"], micro_batch=dims["micro_batch"],
         k_shape=degrees[:, 0], k_dp=degrees[:, 1],
         k_phases={p: np.minimum(v, cap) for p, v in mem["phases"].items()},
-        k_host=np.minimum(mem["host"], host_cap),
-        c_gpu=a["gpu"], c_k=k_of, c_rank=plan_ranks(req, a, e), c_group=np.unique(e.group, return_inverse=True)[1].ravel(),
+        c_gpu=a["gpu"], c_k=k_of, c_rank=plan_ranks(req, a, e),
+        c_group=np.unique(e.group, return_inverse=True)[1].ravel(),
+        c_grad_accum=np.asarray(e.ev["grad_accum"], dtype=np.int64) if n else np.zeros(0, dtype=np.int64),
+        # above every node's RAM is as infeasible as any larger value
+        c_host_node=np.minimum(host_node, int(ram.max(initial=0)) + 1).astype(np.int64),
         c_cost=_bounded(cost_units(e.ev["cost_usd"])) if req.budget_usd is not None and n else None,
         c_time=_bounded(time_ms(e.ev["time_s"])) if req.deadline_s is not None and n else None,
     )

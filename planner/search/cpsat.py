@@ -13,11 +13,12 @@ Variables (each an integer; the index sets are those of :class:`Space`)
 
 Constraints (each in its own method, tested alone)
     (0) tables:       c ↦ (g, k),  k ↦ (s, dp),  s ↦ dims   (element and table constraints)
-    (1) memory:       M_p[k] ≤ U[g] for every phase p of a step (device bytes per GPU from the
-                      profile's phases, planner.memory.profiles; U = usable bytes of the card)
+    (1) memory:       M_p[k] ≤ U[g] for every phase p of a step and GPU type g (device bytes
+                      per GPU from the profile's phases, planner.memory.profiles; U = usable
+                      bytes of the card), stated per type: Σ_{c on g} M_p[k(c)] · y_c ≤ U[g]
     (2) GPU count:    gpus = dp · mp[s] ≤ max_gpus,  gpus ≤ limit[g] (the fleet's GPUs of g)
-    (3) global batch: micro_batch[s] · dp · ga = global batch  (when one is given)
-    (4) host RAM:     H[k] · min(gpus, node[g]) ≤ R[g]   (offloaded bytes of a node's GPUs)
+    (3) global batch: micro_batch[s] · dp · ga[c] = global batch  (when one is given)
+    (4) host RAM:     H[c] ≤ R[g]   (offloaded bytes of the plan's GPUs on one node)
     (5) budget:       cost[c] ≤ budget                (1e-4 USD, rounded up)
     (6) deadline:     time[c] ≤ deadline              (ms, rounded up)
     (7) price known:  g has a price where the objective or the budget needs one
@@ -68,16 +69,18 @@ class Space:
     dims: dict[str, np.ndarray]
     mp: np.ndarray
     micro_batch: np.ndarray
-    #: per degree row k = (s, dp): its shape, degree, phases' device bytes, host bytes per GPU
+    #: per degree row k = (s, dp): its shape, degree, phases' device bytes
     k_shape: np.ndarray
     k_dp: np.ndarray
     k_phases: dict[str, np.ndarray]
-    k_host: np.ndarray
-    #: per plan c: GPU type, degree row, rank, group; cost (1e-4 USD) and time (ms) where bounded
+    #: per plan c: GPU type, degree row, rank, group, gradient-accumulation steps, offloaded
+    #: bytes of its GPUs on one node; cost (1e-4 USD) and time (ms) where bounded
     c_gpu: np.ndarray
     c_k: np.ndarray
     c_rank: np.ndarray
     c_group: np.ndarray
+    c_grad_accum: np.ndarray
+    c_host_node: np.ndarray
     c_cost: np.ndarray | None = None
     c_time: np.ndarray | None = None
 
@@ -183,27 +186,23 @@ class PlanModel:
 
     # (3)
     def _add_global_batch(self) -> None:
-        """micro_batch · dp · grad_accum = global batch, with grad_accum = ⌊global batch /
-        (micro_batch · dp)⌋ of each plan: a plan whose degree does not divide the batch fails."""
+        """micro_batch · dp · grad_accum = global batch, with each plan's accumulation steps
+        (⌊global batch / (micro_batch · dp)⌋): a degree that does not divide the batch fails."""
         gb = self.limits.global_batch
         if not gb:
             return
         sp = self.space
-        sequences = sp.micro_batch[self.shape_of] * sp.k_dp[sp.c_k]
-        steps = gb // np.maximum(sequences, 1)
-        self.m.Add(self._sum(self.y, sequences * steps) == gb)
-        self.m.Add(self._sum(self.y, steps) >= 1)
+        sequences = sp.micro_batch[self.shape_of] * sp.k_dp[sp.c_k] * sp.c_grad_accum
+        self.m.Add(self._sum(self.y, sequences) == gb)
+        self.m.Add(self._sum(self.y, sp.c_grad_accum) >= 1)
 
     # (4)
     def _add_host_ram(self) -> None:
-        """Offloaded bytes of the GPUs on one node: H[k] · min(gpus, node[g]), a table over plans."""
+        """Offloaded bytes of the plan's GPUs on one node within the node's host RAM."""
         ram = np.asarray(self.limits.host_bytes_per_node)
-        sp = self.space
-        if not (ram >= 0).any() or not (sp.k_host > 0).any():
+        per_node = self.space.c_host_node
+        if not (ram >= 0).any() or not (per_node > 0).any():
             return
-        gpus = sp.k_dp[sp.c_k] * sp.mp[sp.k_shape[sp.c_k]]
-        on_node = np.minimum(gpus, np.asarray(self.limits.gpus_per_node)[sp.c_gpu])
-        per_node = sp.k_host[sp.c_k] * on_node
         big = int(per_node.max(initial=0))
         self._within_each_type(per_node, np.where(ram >= 0, ram, big))
 

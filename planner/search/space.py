@@ -536,8 +536,13 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     return out
 
 
+def host_bytes_per_node(table: GpuTable, g: np.ndarray, gpus: np.ndarray, host: np.ndarray) -> np.ndarray:
+    """Offloaded bytes of the GPUs a plan puts on one node (each GPU's ``host`` bytes)."""
+    return host * np.minimum(gpus, table.gpus_per_node[g])
+
+
 def memory_flags(table: GpuTable, g: np.ndarray, gpus: np.ndarray, mem: np.ndarray,
                  host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(fits on the card, offloaded bytes of a node's GPUs fit its host RAM) of each column."""
     return (mem <= table.usable_bytes[g],
-            host * np.minimum(gpus, table.gpus_per_node[g]) <= table.host_bytes_per_node[g])
+            host_bytes_per_node(table, g, gpus, host) <= table.host_bytes_per_node[g])
