@@ -34,8 +34,9 @@ solver's path. Only integers enter CP-SAT; it runs with a fixed seed and one wor
 The plans the model holds are the search's *region*: every plan of the space (the oracle's
 columns), or, with hints, every plan whose objective is no worse than the k-th best plan a
 best-first search found (an objective bound: a plan outside it cannot be in the top k). Nothing
-is removed because it does not fit: memory, GPU count, host RAM, budget and deadline are all
-decided here.
+in the region is removed because it does not fit: memory, GPU count, host RAM, budget and
+deadline are all decided here. (Where fewer than k plans exist, the region ends at the worst the
+best-first found, whose bisection showed that no layout past it fits.)
 """
 
 from __future__ import annotations
