@@ -8,6 +8,9 @@ the seed documents count); GiB = 2**30 bytes is offered for people comparing wit
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 BYTES_PER_KIB = 1024
 BYTES_PER_MIB = 1024**2
@@ -40,14 +43,36 @@ def bytes_to_gib(n_bytes: float) -> float:
     return n_bytes / BYTES_PER_GIB
 
 
+#: Slack when a float that should be a whole number of units is rounded: products like
+#: 0.1 · 1e4 land a hair off the integer, and rounding a demand up (or a limit down) must not
+#: move it by a whole unit for that (bytes, cents, 1e-4 USD, milliseconds: one rule).
+ROUNDING_SLACK = 1e-9
+
+
+def ceil_units(x: float) -> int:
+    """A demand in whole units, rounded up: a demand is never understated."""
+    return int(math.ceil(x - ROUNDING_SLACK))
+
+
+def floor_units(x: float) -> int:
+    """A limit in whole units, rounded down: a limit is never overstated."""
+    return int(math.floor(x + ROUNDING_SLACK))
+
+
+def ceil_units_array(x: Any) -> Any:
+    """:func:`ceil_units` over an array; infinities stay infinite."""
+    x = np.asarray(x, dtype=float)
+    return np.where(np.isfinite(x), np.ceil(x - ROUNDING_SLACK), np.inf)
+
+
 def ceil_bytes(x: float) -> int:
     """Round a fractional byte demand up: a demand is never understated."""
-    return int(math.ceil(x - 1e-9))
+    return ceil_units(x)
 
 
 def floor_bytes(x: float) -> int:
     """Round a capacity down: a capacity is never overstated."""
-    return int(math.floor(x + 1e-9))
+    return floor_units(x)
 
 
 def format_bytes(n_bytes: float, *, gib: bool = False, digits: int = 2) -> str:

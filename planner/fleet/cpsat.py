@@ -34,11 +34,12 @@ verifies a solution without the solver (choices, windows, capacity over time, no
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
+
+from planner.core.units import floor_units
 
 SOLVER_SEED = 7
 #: Parallel workers of the solver: one per CPU available, at least 2 and at most 8. On 2 loaded
@@ -365,4 +366,4 @@ def lower_bound_cents(inst: FleetInstance) -> int:
             rate = per_unit / (inst.unit_gpus[t] * max(1, inst.horizon))
             best = min(best, o.cost_cents + rate * o.gpus * o.duration)
         total += best if best != float("inf") else 0.0
-    return int(math.floor(total + 1e-9))
+    return floor_units(total)

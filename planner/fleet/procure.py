@@ -43,6 +43,7 @@ import numpy as np
 from planner import catalog
 from planner.catalog.prices import Price, PriceTable, load_price_table, read_prices
 from planner.core.errors import InputError
+from planner.core.units import ceil_units, floor_units
 from planner.fleet.cpsat import (
     Choice,
     FleetInstance,
@@ -191,7 +192,7 @@ def prune_own(own: list[OwnOption]) -> list[OwnOption]:
 
 
 def _cents(usd: float) -> int:
-    return int(math.ceil(usd * 100 - 1e-9))
+    return ceil_units(usd * 100)
 
 
 @dataclass
@@ -223,12 +224,12 @@ def build_problem(p: Portfolio, runs: list[JobRun], options: list[JobOptions], t
     type_of = {g: t for t, g in enumerate(buyable)}
     fleet_runs: list[Run] = []
     for i, (job, opts) in enumerate(zip(runs, options)):
-        release = math.ceil(job.release_hours / unit_h - 1e-9)
-        deadline = math.floor(job.deadline_hours / unit_h + 1e-9)
+        release = ceil_units(job.release_hours / unit_h)
+        deadline = floor_units(job.deadline_hours / unit_h)
         own, rent = [], None
         for j in range(len(opts)):
             gid, time_h = opts.gpu_id[j], float(opts.time_s[j]) / 3600.0
-            dur = max(1, math.ceil(time_h / unit_h - 1e-9))
+            dur = max(1, ceil_units(time_h / unit_h))
             if dur > deadline - release or gid not in offers:
                 continue
             offer = offers[gid]
@@ -242,7 +243,7 @@ def build_problem(p: Portfolio, runs: list[JobRun], options: list[JobOptions], t
         own = prune_own(own)
         fleet_runs += [Run(i, k, release, deadline, own, rent) for k in range(job.count)]
     inst = FleetInstance(
-        horizon=math.floor(horizon_h / unit_h + 1e-9),
+        horizon=floor_units(horizon_h / unit_h),
         unit_gpus=[offers[g].unit_gpus for g in buyable],
         unit_cost_cents=[_cents(offers[g].unit_owned_usd(horizon_h, lifetime_h)) for g in buyable],
         runs=fleet_runs,

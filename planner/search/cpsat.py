@@ -41,12 +41,13 @@ best-first found, whose bisection showed that no layout past it fits.)
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
+
+from planner.core.units import ceil_units_array, floor_units
 
 #: Integer units of each objective inside CP-SAT (and in the oracle's ranking).
 OBJECTIVE_SCALE = {"gpus": 1.0, "hourly": 1e4, "cost": 1e4, "time": 1e3}
@@ -58,8 +59,7 @@ SOLVER_SEED = 7
 def objective_units(objective: str, cols: dict[str, np.ndarray]) -> np.ndarray:
     """The objective of each column as a non-negative integer (what CP-SAT minimises)."""
     key = {"gpus": "gpus", "hourly": "hourly_usd", "cost": "cost_usd", "time": "time_s"}[objective]
-    value = np.asarray(cols[key], dtype=float) * OBJECTIVE_SCALE[objective]
-    return np.where(np.isfinite(value), np.ceil(value - 1e-9), np.inf)
+    return ceil_units_array(np.asarray(cols[key], dtype=float) * OBJECTIVE_SCALE[objective])
 
 
 @dataclass
@@ -304,19 +304,17 @@ def top_k(space: Space, limits: Limits, k: int, time_limit_s: float,
 
 def budget_units(usd: float) -> int:
     """A budget in integer units, rounded down (a plan within it is within the real budget)."""
-    return int(math.floor(usd * OBJECTIVE_SCALE["cost"] + 1e-9))
+    return floor_units(usd * OBJECTIVE_SCALE["cost"])
 
 
 def deadline_ms(seconds: float) -> int:
-    return int(math.floor(seconds * 1e3 + 1e-9))
+    return floor_units(seconds * 1e3)
 
 
 def cost_units(cost_usd: np.ndarray) -> np.ndarray:
     """Costs in integer units, rounded up: a demand is never understated."""
-    v = np.asarray(cost_usd, dtype=float) * OBJECTIVE_SCALE["cost"]
-    return np.where(np.isfinite(v), np.ceil(v - 1e-9), np.inf)
+    return ceil_units_array(np.asarray(cost_usd, dtype=float) * OBJECTIVE_SCALE["cost"])
 
 
 def time_ms(time_s: np.ndarray) -> np.ndarray:
-    v = np.asarray(time_s, dtype=float) * 1e3
-    return np.where(np.isfinite(v), np.ceil(v - 1e-9), np.inf)
+    return ceil_units_array(np.asarray(time_s, dtype=float) * 1e3)
