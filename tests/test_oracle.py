@@ -120,3 +120,35 @@ def test_search_matches_enumeration_detailed_profile(raw):
         assert [float(outcome.evaluated.key[j]) for j in outcome.picked] == want, f"hints={hints}"
         for plan in assemble(req, raw, outcome):
             assert check_plan(raw, plan) == []
+
+
+@st.composite
+def roomy_scenarios(draw):
+    """Random scenarios that mostly have plans: small models on large cards, no money or time
+    limits (the scenarios above are mostly infeasible: CP-SAT's proof that nothing fits)."""
+    raw = draw(scenarios())
+    raw["model"] = draw(st.sampled_from([MODELS[0], "qwen2.5-0.5b", MODELS[1]]))
+    raw["search"] = {**raw["search"], "max_gpus": draw(st.sampled_from([2, 4, 8, 16])),
+                     "gpu_types": draw(st.lists(st.sampled_from(["a100-80gb", "h100", "l40s", "rtx-4090"]),
+                                                min_size=1, max_size=3, unique=True))}
+    raw.pop("constraints", None)
+    return raw
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                    HealthCheck.filter_too_much])
+@given(roomy_scenarios())
+def test_cpsat_alone_finds_the_oracle_s_optimum(raw):
+    """CP-SAT without hints (its region is the whole space, nothing filtered) returns the
+    enumeration's top k on 200 random scenarios that have plans."""
+    from hypothesis import assume
+
+    _, e_all, top_all = enumerate_all(build_request(resolve(raw)))
+    assume(len(top_all) > 0)
+    req = build_request(resolve(raw))
+    outcome = search(req, time_limit_s=60, hints=False)
+    assert outcome.status == "optimal"
+    assert len(outcome.evaluated.key) >= len(e_all.key)  # every plan, fitting or not, went in
+    assert [float(outcome.evaluated.key[j]) for j in outcome.picked] == [float(e_all.key[j]) for j in top_all]
+    for plan in assemble(req, raw, outcome):
+        assert check_plan(raw, plan) == []
