@@ -105,7 +105,7 @@ def test_verdicts_file_scores_at_least_the_published_figures():
     ran, oom = result["ran"], result["oom"]
     assert ran["rows"] >= 40 and oom["rows"] >= 15
     assert ran["share_right_modelled"] >= 0.85
-    assert oom["share_right_modelled"] >= 0.65
+    assert oom["share_right_modelled"] >= 0.70
     for r in result["results"]:  # every modelled verdict is the estimate's own rule
         if r["judged_fit"] is not None:
             assert r["judged_fit"] == (r["predicted_bytes"] <= r["usable_bytes"])
