@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import planner
@@ -351,3 +353,54 @@ def test_plans_that_do_not_fit_reach_cpsat_and_it_rejects_them():
     model = PlanModel(space, limits)
     model.pin(c)
     assert model.solve(5)[0] == "infeasible"
+
+
+def _brute_force_top_k(sp: Space, lim: Limits, k: int) -> list[int]:
+    """The oracle for the model alone: every plan checked against every constraint in Python,
+    then the best plan of each group, k groups in rank order."""
+    k_of, g_of = sp.c_k, sp.c_gpu
+    gpus = sp.k_dp[k_of] * sp.mp[sp.k_shape[k_of]]
+    ok = np.ones(len(g_of), dtype=bool)
+    for table in sp.k_phases.values():
+        ok &= table[k_of] <= lim.usable_bytes[g_of]
+    ok &= (gpus <= lim.max_gpus) & (gpus <= lim.gpu_limit[g_of])
+    ok &= (lim.host_bytes_per_node[g_of] < 0) | (sp.c_host_node <= lim.host_bytes_per_node[g_of])
+    if lim.budget_units is not None:
+        ok &= sp.c_cost <= lim.budget_units
+    best: dict[int, int] = {}
+    for c in np.flatnonzero(ok)[np.argsort(sp.c_rank[ok], kind="stable")]:
+        best.setdefault(int(sp.c_group[c]), int(c))
+    return sorted(best.values(), key=lambda c: sp.c_rank[c])[:k]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.booleans())
+def test_the_model_against_brute_force_with_and_without_hints(seed, k, use_hints):
+    """Random tables (memory per phase, degrees, host bytes, costs, groups, ranks): CP-SAT's top k
+    equals the brute-force top k, and feasible hints of distinct groups never change it."""
+    rng = np.random.default_rng(seed)
+    n_k, n_c = 40, 150
+    sp = Space(
+        dims={"tp": rng.choice([1, 2, 4], 20), "zero": rng.integers(0, 4, 20)},
+        mp=rng.choice([1, 2, 4], 20), micro_batch=rng.choice([1, 2], 20),
+        k_shape=rng.integers(0, 20, n_k), k_dp=rng.choice([1, 2, 4, 8], n_k),
+        k_phases={"a": rng.integers(10, 120, n_k), "b": rng.integers(10, 120, n_k)},
+        c_gpu=rng.integers(0, 3, n_c), c_k=rng.integers(0, n_k, n_c), c_rank=rng.permutation(n_c),
+        c_group=rng.integers(0, 25, n_c), c_grad_accum=np.ones(n_c, dtype=np.int64),
+        c_host_node=rng.integers(0, 50, n_c), c_cost=rng.integers(1, 1000, n_c),
+    )
+    lim = Limits(usable_bytes=np.array([60, 90, 110]), gpu_limit=np.array([16, 8, 32]),
+                 gpus_per_node=np.array([8, 8, 8]), host_bytes_per_node=np.array([-1, 40, 30]),
+                 priced=np.array([True, True, True]), max_gpus=24, budget_units=800)
+    want = _brute_force_top_k(sp, lim, k)
+    hints = _brute_force_top_k(sp, lim, 2 * k)[::-1][:k] if use_hints else None  # worse ones, shuffled
+    status, got = top_k(sp, lim, k, time_limit_s=20, hints=hints)
+    assert got == want
+    assert status == ("optimal" if want else "infeasible")
+
+
+def test_a_hint_that_does_not_fit_never_hides_the_answer():
+    """top_k takes its hints as feasible plans; one that is not (plan 0 needs 50 bytes of a
+    40-byte card) bounds nothing: the answer is still plan 2."""
+    status, got = top_k(space(), limits(usable_bytes=np.array([40, 100])), k=1, time_limit_s=5, hints=[0])
+    assert (status, got) == ("optimal", [2])
