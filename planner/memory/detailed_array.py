@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.core.arrays import unique_rows
 from planner.memory.breakdown import decode
 from planner.memory.detailed import detailed_memory
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
@@ -33,7 +34,7 @@ def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Wor
     arrays = np.broadcast_arrays(*(np.asarray(x[k]) for k in keys))
     shape = arrays[0].shape
     stacked = np.stack([a.ravel().astype(np.float64) for a in arrays], axis=1)
-    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    uniq, inverse = unique_rows(stacked)
     totals = np.empty(len(uniq), dtype=np.int64)
     hosts = np.empty(len(uniq), dtype=np.int64)
     phases: dict[str, np.ndarray] = {}

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.core.arrays import unique_rows
 from planner.perf.timing import JOB_STARTUP_S, billed_gpus, model_flops, step_time_s
 from planner.search.cpsat import (
     TIER_WEIGHT, Limits, Space, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
@@ -355,8 +356,8 @@ def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluat
     shape_keys = [k for k in CLASS_KEYS if k != "gpu"]
     n = len(e.key)
     if n:
-        shapes, s_of = np.unique(np.stack([a[k] for k in shape_keys], axis=1), axis=0, return_inverse=True)
-        degrees, k_of = np.unique(np.stack([s_of.ravel(), e.ev["dp"]], axis=1), axis=0, return_inverse=True)
+        shapes, s_of = unique_rows(np.stack([a[k] for k in shape_keys], axis=1).astype(np.int64))
+        degrees, k_of = unique_rows(np.stack([s_of, e.ev["dp"]], axis=1).astype(np.int64))
     else:
         shapes = np.zeros((0, len(shape_keys)), dtype=np.int64)
         degrees, s_of, k_of = np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)

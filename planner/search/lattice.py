@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.core.arrays import unique_rows
 from planner.search.space import Classes, GpuTable, SearchRequest, grad_accum_of, memory_total
 
 #: Data-parallel degrees evaluated together as one unit of work.
@@ -62,7 +63,7 @@ def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
     if not req.global_batch:
         return Lattice(np.maximum(dmax // ep, 0), None, None, ep)
     q = req.global_batch // a["micro_batch"]
-    uniq, q_index = np.unique(np.stack([q, ep], axis=1), axis=0, return_inverse=True)
+    uniq, q_index = unique_rows(np.stack([q, ep], axis=1).astype(np.int64))
     q_index = q_index.ravel()
     divs = [[d for d in range(u_ep, int(u_q) + 1, u_ep) if u_q % d == 0] for u_q, u_ep in uniq]
     width = max(1, max(len(d) for d in divs))

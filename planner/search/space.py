@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.core.arrays import unique_rows
 from planner import catalog
 from planner.core.arch import has_full_architecture
 from planner.perf.timing import (GpuPerf, billed_gpus, default_global_batch, job_cost_usd, job_time_s,
@@ -450,7 +451,7 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
                 "phases": {k: np.broadcast_to(v, shape) for k, v in comps["phases"].items()}}
     keys = sorted(x)
     stacked = np.stack([np.broadcast_to(np.asarray(x[k], dtype=np.int64), np.shape(dp)) for k in keys], axis=1)
-    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    uniq, inverse = unique_rows(stacked)
     rows = [tuple(r) for r in uniq.tolist()]
     cache = req.memory_cache
     missing = [i for i, r in enumerate(rows) if r not in cache]
