@@ -324,14 +324,21 @@ def _lexicographic_cut(req: SearchRequest, cls: Classes, e: Evaluated, seeds: Ev
     return np.flatnonzero(rank <= last)
 
 
+#: Keys of a region's columns holding one phase's device bytes per GPU (``PHASE_PREFIX + phase``).
+PHASE_PREFIX = "phase_bytes:"
+
+
 def _fill_memory(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluated) -> None:
     """Memory and host bytes of the region's plans (the same formulas as ``planner estimate``),
     the flags they decide, and how many plans break each constraint (for explanations)."""
     if not len(e.key):
         return
     c = {k: v[e.cls_index] for k, v in cls.a.items()}
-    mem, host = memory_total(req, c, e.ev["dp"], np.maximum(e.ev["grad_accum"], 1))
+    memory = memory_of(req, c, e.ev["dp"], np.maximum(e.ev["grad_accum"], 1))
+    mem, host = memory["total"], memory["host"]
     e.ev["memory_bytes"], e.ev["host_bytes"] = mem, host
+    for phase, values in memory["phases"].items():  # CP-SAT's memory rows (decision_space)
+        e.ev[PHASE_PREFIX + phase] = values
     e.ev["fits"], e.ev["host_ok"] = memory_flags(table, c["gpu"], e.ev["gpus"], mem, host)
     ok = np.ones(len(e.key), dtype=bool)
     for name, mask in feasible(req, e.ev).items():
@@ -340,10 +347,11 @@ def _fill_memory(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluated
 
 
 def _seed_rows(e: Evaluated, seeds: Evaluated) -> np.ndarray:
-    """The rows of ``e`` that are seeds (the best-first's plans within the region)."""
-    where = {(int(c), int(d)): j for j, (c, d) in enumerate(zip(e.cls_index, e.ev.get("dp", [])))}
-    found = (where.get((int(c), int(d))) for c, d in zip(seeds.cls_index, seeds.ev.get("dp", [])))
-    return np.array([j for j in found if j is not None], dtype=np.int64)
+    """The rows of ``e`` that are seeds (the best-first's plans within the region), in row order."""
+    if not len(e.key) or not len(seeds.key):
+        return np.zeros(0, dtype=np.int64)
+    width = int(max(e.ev["dp"].max(), seeds.ev["dp"].max())) + 1  # (class, dp) as one integer
+    return np.flatnonzero(np.isin(e.cls_index * width + e.ev["dp"], seeds.cls_index * width + seeds.ev["dp"]))
 
 
 #: Where a plan's cost or time is unknown (no price): above any budget or deadline.
@@ -365,9 +373,7 @@ def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluat
     dims = {k: shapes[:, i] for i, k in enumerate(shape_keys)}
     first = np.zeros(len(degrees), dtype=np.int64)
     first[k_of[::-1]] = np.arange(n)[::-1]  # a column of each degree row
-    rep = {k: v[first] for k, v in a.items()}
-    mem = memory_of(req, rep, e.ev["dp"][first], np.maximum(e.ev["grad_accum"][first], 1)) if n else \
-        {"phases": {}}
+    phases = {key.removeprefix(PHASE_PREFIX): v[first] for key, v in e.ev.items() if key.startswith(PHASE_PREFIX)}
     cap = int(table.usable_bytes.max(initial=0)) + 1  # above every card: as infeasible as any larger value
     ram = np.where(np.isfinite(table.host_bytes_per_node), table.host_bytes_per_node, -1).astype(np.int64)
     host_node = host_bytes_per_node(table, a["gpu"], e.ev["gpus"], e.ev["host_bytes"]) if n else np.zeros(0)
@@ -375,7 +381,7 @@ def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluat
     space = Space(
         dims=dims, mp=dims["tp"] * dims["pp"] * dims["cp"], micro_batch=dims["micro_batch"],
         k_shape=degrees[:, 0], k_dp=degrees[:, 1],
-        k_phases={p: np.minimum(v, cap) for p, v in mem["phases"].items()},
+        k_phases={p: np.minimum(v, cap) for p, v in phases.items()},
         c_gpu=a["gpu"], c_k=k_of, c_rank=plan_ranks(req, a, e),
         c_group=np.unique(e.group, return_inverse=True)[1].ravel(),
         c_grad_accum=np.asarray(e.ev["grad_accum"], dtype=np.int64) if n else np.zeros(0, dtype=np.int64),

@@ -362,9 +362,10 @@ def _next_model(space: Space, limits: Limits, sub: _Submodel | None, last: int, 
         ok &= rank <= upper
     rows = np.flatnonzero(ok)
     if sub is None or upper is not None or len(rows) < REBUILD_SHARE * len(sub.rows):
-        return _Submodel(space, limits, rows, stats)
-    for g in forbidden:
+        return _Submodel(space, limits, rows, stats, forbidden)
+    for g in forbidden - sub.excluded:  # groups taken since its plans were chosen
         sub.model.forbid_group(g)
+    sub.excluded |= forbidden
     sub.model.rank_above(last)
     return sub
 
@@ -372,9 +373,10 @@ def _next_model(space: Space, limits: Limits, sub: _Submodel | None, last: int, 
 class _Submodel:
     """A :class:`PlanModel` over some of the plans (``rows``), for :func:`top_k`."""
 
-    def __init__(self, space: Space, limits: Limits, rows: np.ndarray, stats: dict):
+    def __init__(self, space: Space, limits: Limits, rows: np.ndarray, stats: dict, excluded: set[int]):
         t0 = time.perf_counter()
         self.rows = rows
+        self.excluded = set(excluded)  # groups whose plans ``rows`` leaves out or the model forbids
         self.model = PlanModel(space.take(rows), limits)
         stats["cpsat_build_s"] += time.perf_counter() - t0
 
