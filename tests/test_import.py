@@ -263,11 +263,11 @@ def test_torchtune_linear_cross_entropy_and_optimizer_in_bwd(tmp_path):
     assert "loss" not in dpo.values and _warned(dpo, "loss._component_")
 
 
-def test_axolotl_liger_and_cut_cross_entropy_are_the_fused_loss(tmp_path):
+def test_axolotl_liger_and_cut_cross_entropy_losses_are_read(tmp_path):
     base = {**AXOLOTL, "plugins": ["axolotl.integrations.liger.LigerPlugin"]}
     assert _found(tmp_path, "ax.yaml", {**base, "liger_fused_linear_cross_entropy": True}).values["loss"] == "fused"
     cce = {**AXOLOTL, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
-    assert _found(tmp_path, "ax.yaml", cce).values["loss"] == "fused"  # the plugin's default is on
+    assert _found(tmp_path, "ax.yaml", cce).values["loss"] == "cce"  # the plugin's default is on
     assert _found(tmp_path, "ax.yaml", {**AXOLOTL, "chunked_cross_entropy": True}).values["loss"] == "chunked"
 
 

@@ -252,3 +252,87 @@ def test_a_phase_that_gathers_nothing_fragments_like_any_other():
     assert _reserved_view("optimizer step", parts, total, gather, sharded) == pytest.approx(
         total + gather + ALLOCATOR_FRAGMENTATION * 20.0)
     assert _reserved_view("backward start", parts, total, gather, sharded) == pytest.approx(total + sharded * 20.0)
+
+
+# --- Unsloth's kernels and the logit-free losses ----------------------------------------------
+
+def _llama_recipe(**kw):
+    from planner.memory.activations import LayerRecipe
+    return LayerRecipe(e=2, lora_targets=frozenset({"q", "k", "v", "o", "gate", "up", "down"}),
+                       trainable_base=False, c=4, lora_rank=16, **kw)
+
+
+def test_unsloth_layer_keeps_its_inputs_and_the_gate_and_up_outputs():
+    """Unsloth's LoRA autograd (unsloth/kernels/fast_lora.py at d9ed4bef, 2024-12):
+    ``LoRA_MLP.save_for_backward(..., X, e, g)`` (the SwiGLU product is recomputed in backward),
+    ``LoRA_QKV`` and ``LoRA_W`` save X; ``Fast_RMS_Layernorm`` keeps its input and rsqrt; the
+    attention kernel q, k, v, out and an FP32 lse. Per token: 4·e·h (two norm inputs, two norm
+    outputs) + 8 + e·(2·h_q + 2·h_kv) + 4·a + 2·e·f; its backward makes one f-wide gradient."""
+    from planner import catalog
+    from planner.memory import activations as act
+
+    m = catalog.get_model("llama-3.1-8b")
+    b, s, e = 1, 4096, 2
+    h, f, a, d = m.hidden, m.ffn, m.heads, m.head_dim_eff
+    per_token = 4 * e * h + 2 * 4 + e * (2 * a * d + 2 * m.kv_heads_eff * d) + 4 * a + 2 * e * f
+    unsloth = act.layer_saved(m, _llama_recipe(unsloth=True), b, s)
+    assert unsloth.total() == pytest.approx(b * s * per_token)
+    standard = act.layer_saved(m, _llama_recipe(), b, s)
+    assert standard.total() > unsloth.total() + 2 * b * s * e * f  # act(gate)·up and the product
+    grads = act.backward_temporaries(m, _llama_recipe(unsloth=True), b, s).total()
+    assert grads == pytest.approx(b * s * e * (f + 2 * h))
+    # LoRA dropout (or full fine-tuning) leaves Unsloth's fast path: the generic layer again
+    dropped = _llama_recipe(unsloth=True, lora_dropout=True)
+    assert act.layer_saved(m, dropped, b, s).total() == act.layer_saved(
+        m, _llama_recipe(lora_dropout=True), b, s).total()
+
+
+def test_logit_free_losses_do_not_grow_with_the_vocabulary():
+    """Cut Cross-Entropy (apple/ml-cross-entropy) keeps an FP32 log-sum-exp per token and makes
+    the hidden states' gradient; no tensor is vocabulary-wide. Unsloth's 2025 fused loss runs
+    loss and gradient in the forward with the logits in the compute dtype and FP32 at once."""
+    from planner import catalog
+    from planner.memory.activations import loss_bytes
+
+    m = catalog.get_model("llama-3.1-8b")
+    big = m.model_copy(update={"vocab": 4 * m.vocab})
+    tokens, e, h = 8192, 2, m.hidden
+    assert loss_bytes(m, e, tokens, "cce") == loss_bytes(big, e, tokens, "cce")
+    saved, peak, held = loss_bytes(m, e, tokens, "cce")
+    assert (saved, peak, held) == (4 * tokens, (e * h + 4 + 8) * tokens, 0)
+    saved, peak, _ = loss_bytes(m, e, tokens, "in_forward")
+    assert saved == e * h * tokens and peak == ((e + 4) * m.vocab + e * h) * tokens
+    assert loss_bytes(big, e, tokens, "in_forward")[1] > peak
+
+
+#: The Unsloth blog's Llama 3.3 table (unsloth.ai/blog/llama3-3, Dec 2024): Llama 3.3 70B
+#: Instruct, 4-bit QLoRA on all seven projections, rank 32, batch 1, sequences padded to the
+#: length, one 80 GB A100: Unsloth with Apple's Cut Cross-Entropy reaches 89,389 tokens,
+#: Hugging Face with FlashAttention-2 6,916. A maximum context is where the peak meets the card.
+UNSLOTH_70B = {"model": "llama-3.3-70b",
+               "workload": {"method": "qlora", "precision": "mixed", "lora_rank": 32,
+                            "micro_batch": 1, "lora_targets": ["all"], "adapter_dtype": "fp32"},
+               "layout": {"gpu": "a100-sxm-80gb", "gpus": 1, "checkpointing": "full"}}
+
+
+#: Within this share of the card: a maximum context found by search sits just under it.
+MAX_CONTEXT_TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize("seq_len, extra_workload, extra_layout", [
+    # Unsloth: its kernels, CCE, offloaded checkpointing (the blog's settings)
+    (89389, {"kernels": "unsloth", "loss": "cce"}, {"activation_offload": True}),
+    # TRL's SFTTrainer after prepare_model_for_kbit_training: FP32 norms, 16-bit embeddings
+    (6916, {"kbit_prep": "trl"}, {}),
+])
+def test_unsloth_and_hf_max_context_meet_an_80gb_card(seq_len, extra_workload, extra_layout):
+    raw = {**UNSLOTH_70B,
+           "workload": {**UNSLOTH_70B["workload"], "seq_len": seq_len, **extra_workload},
+           "layout": {**UNSLOTH_70B["layout"], **extra_layout}}
+    est = _estimate(raw)
+    card = est.capacity_bytes
+    assert abs(est.total_bytes - card) / card <= MAX_CONTEXT_TOLERANCE
+    if "kernels" in extra_workload:  # before Unsloth's kernels and CCE were modelled: 118.5 GB
+        generic = _estimate({**raw, "workload": {**raw["workload"], "kernels": "standard",
+                                                 "loss": "fused"}})
+        assert generic.total_bytes > 1.3 * card

@@ -276,12 +276,25 @@ class Workload(StrictModel):
     optimizer_step: Literal["foreach", "fused", "in_backward"] = "foreach"
     # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
     # training loop keeps through backward (torchtune before its chunked loss); "compiled":
-    # torch.compile fuses the upcast, log-softmax and their backward (torchtitan with compile)
-    loss: Literal["standard", "chunked", "fused", "held_fp32", "compiled"] = "standard"
+    # torch.compile fuses the upcast, log-softmax and their backward (torchtitan with compile);
+    # "cce": Cut Cross-Entropy (Wijmans et al. 2024, apple/ml-cross-entropy) computes the loss
+    # and its gradient block by block from the hidden states and the classifier: no logits;
+    # "in_forward": the loss and the hidden states' gradient computed in the forward, the
+    # logits upcast to FP32 (Unsloth's fused cross-entropy, 2025: one chunk unless the FP32
+    # logits exceed half the free memory); "inplace": the logits in the compute dtype, their
+    # gradient written into them (Unsloth's Fast_CrossEntropyLoss before 2025)
+    loss: Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward",
+                  "inplace"] = "standard"
     # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
     # first): no earlier step's outputs are still held by the training loop at the peak
     peak_at_first_step: bool = False
     compile: bool = False  # torch.compile: fused norms and activations
+    # "unsloth": Unsloth's hand-written LoRA autograd and Triton kernels for Llama-style layers
+    # (unsloth/kernels/fast_lora.py, rms_layernorm.py, swiglu.py): LoRA_MLP keeps its input and
+    # the gate and up outputs, recomputes the SwiGLU product in backward and writes the
+    # gradients into those buffers; LoRA_QKV and LoRA_W keep their input only; RMSNorm keeps
+    # its input and rsqrt
+    kernels: Literal["standard", "unsloth"] = "standard"
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
 
     @property

@@ -64,7 +64,7 @@ REQUIRED_PLAN = ("model", "method", "precision", "optimizer", "seq_len")
 #: What a plan keeps from a config: what is trained. The layout is the search's to choose.
 PLAN_KEYS = ("model", "method", "precision", "optimizer", "seq_len", "global_batch", "lora_rank",
              "lora_alpha", "lora_targets", "quant_bits", "double_quant", "lora_dropout", "quant_type",
-             "loss", "optimizer_paged", "compile", "fp8")
+             "loss", "optimizer_paged", "compile", "kernels", "fp8")
 TT_OPTIM = {"AdamW": "adamw", "Adam": "adamw", "AdamW8bit": "adam8bit", "PagedAdamW8bit": "paged_adamw8bit",
             "SGD": "sgd", "PagedAdamW": "adamw", "PagedAdamW32bit": "adamw"}
 #: torchtune's losses: the chunked cross-entropy, and the one that never builds the logits.
@@ -341,10 +341,11 @@ def read_llamafactory(cfg: dict, f: Found, where: str, base: Path) -> None:
     _read_lf_checkpointing(cfg, f, where, tool)
     _read_lf_kernels(cfg, f, where)
     for key, what in (("use_galore", "GaLore"), ("use_apollo", "APOLLO"), ("use_badam", "BAdam"),
-                      ("use_adam_mini", "Adam-mini"), ("use_muon", "Muon"), ("use_llama_pro", "LLaMA Pro"),
-                      ("use_unsloth", "Unsloth")):
+                      ("use_adam_mini", "Adam-mini"), ("use_muon", "Muon"), ("use_llama_pro", "LLaMA Pro")):
         if _true(cfg.get(key)):
             f.warn(f"{where}.{key}", f"{what} changes the optimizer or which weights train; not modelled")
+    if _true(cfg.get("use_unsloth")):  # Unsloth's FastLanguageModel: its LoRA kernels
+        f.set("kernels", "unsloth", where + ".use_unsloth")
     if _true(cfg.get("fp8")):
         f.set("fp8", True, where + ".fp8")
 
@@ -635,7 +636,7 @@ def _read_ax_loss(cfg: dict, f: Found, where: str) -> None:
     elif _true(cfg.get("cut_cross_entropy")) or ("CutCrossEntropyPlugin" in plugins
                                                 and cfg.get("cut_cross_entropy") is not False):
         # the plugin's cut_cross_entropy defaults to True
-        f.set("loss", "fused", where + (".cut_cross_entropy" if cfg.get("cut_cross_entropy") else ".plugins"))
+        f.set("loss", "cce", where + (".cut_cross_entropy" if cfg.get("cut_cross_entropy") else ".plugins"))
     elif _true(cfg.get("chunked_cross_entropy")):
         f.set("loss", "chunked", where + ".chunked_cross_entropy")
         cfg.get("chunked_cross_entropy_num_chunks")

@@ -13,7 +13,7 @@ c bytes of the LoRA adapters, r LoRA rank, V vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.core.arch import lora_module_shapes
 from planner.core.memo import by_spec
@@ -62,6 +62,8 @@ class LayerRecipe:
     #: FP32 embeddings too (``prepare_model_for_kbit_training`` alone): RoPE tables in FP32, and
     #: the FP32 lm_head's autocast copy is saved for its input's gradient.
     fp32_embeddings: bool = False
+    #: Unsloth's LoRA kernels (``Workload.kernels``) run the layer: see :func:`_unsloth_layer`.
+    unsloth: bool = False
 
 
 @dataclass
@@ -227,11 +229,41 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     """
     inv = Inventory()
     tokens = b * s
+    if unsloth_runs(model, rec):
+        _unsloth_layer(inv, model, rec, tokens)
+        return inv
     h1_rg = _attention_block(inv, model, rec, tokens, s)
     _mlp_block(inv, model, rec, tokens, h1_rg)
     if rec.autocast and rec.c != rec.e:
         _autocast_weight_casts(inv, model, rec)
     return inv
+
+
+def unsloth_runs(model: ModelSpec, rec: LayerRecipe) -> bool:
+    """Unsloth's kernels replace the layer: a LoRA run of a Llama-style decoder (two RMSNorms,
+    gated MLP, no experts) with flash/SDPA attention and no LoRA dropout (Unsloth patches its
+    fast LoRA path only then: ``patch_peft_model`` in unsloth/models/llama.py)."""
+    return (rec.unsloth and not rec.trainable_base and model.gated_mlp and model.moe is None
+            and model.norm == "rmsnorm" and model.norms_per_layer == 2 and model.impl != "litgpt"
+            and not rec.lora_dropout and not attention_is_eager(model, rec))
+
+
+def _unsloth_layer(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
+    """What a decoder layer keeps under Unsloth's kernels (unsloth/kernels at d9ed4bef, 2024-12):
+    each RMSNorm its input and rsqrt (``Fast_RMS_Layernorm``); ``LoRA_QKV`` and ``LoRA_W`` their
+    input X only (lora_A's output is recomputed from X in backward, the adapters are cast to
+    the input's dtype on the fly); the attention kernel q, k, v, its output and FP32 lse;
+    ``LoRA_MLP`` X, the gate output e and the up output g (``save_for_backward(..., X, e, g)``),
+    the SwiGLU product being recomputed in backward. Checkpointing is assumed (Unsloth's own,
+    which re-enters the layer with its input requiring a gradient)."""
+    h, e = model.hidden, rec.e
+    _norm(inv, "norm1", True, False, h, replace(rec, fused=True), "rmsnorm", tokens, model)
+    inv.add("norm1.out", tokens * e * h, split=False)
+    _attention_kernel(inv, model, rec, tokens, 0, eager=False)
+    _norm(inv, "norm2", True, False, h, replace(rec, fused=True), "rmsnorm", tokens, model)
+    inv.add("norm2.out", tokens * e * h, split=False)
+    inv.add("mlp.gate_out", tokens * e * model.ffn)
+    inv.add("mlp.up_out", tokens * e * model.ffn)
 
 
 def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
@@ -394,7 +426,10 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     inv = Inventory()
     tokens, e = b * s, FP32 if rec.fp32_stream else rec.e
     f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
-    inv.add("grad.mlp", tokens * e * f * (3 if model.gated_mlp else 2))
+    # Unsloth's LoRA_MLP backward makes one f-wide gradient (dY·W_downᵀ) and writes the SwiGLU
+    # product and the gate and up gradients into it and the saved e and g (``swiglu.py``).
+    mlp_grads = 1 if unsloth_runs(model, rec) else (3 if model.gated_mlp else 2)
+    inv.add("grad.mlp", tokens * e * f * mlp_grads)
     inv.add("grad.residual", tokens * e * 2 * model.hidden, split=False)
     return inv
 
@@ -490,6 +525,9 @@ HELD_FP32_SAVED_COPIES = 2
 HELD_FP32_PEAK_COPIES = 4
 #: Chunks of torchtune's ``CEWithChunkedOutputLoss`` (``num_output_chunks = 8``).
 LOSS_CHUNKS = 8
+#: Cut Cross-Entropy's backward indexes the valid tokens with an int64 tensor
+#: (``_build_flat_valids`` in apple/ml-cross-entropy).
+CCE_INDEX_BYTES = 8
 
 
 @by_spec
@@ -514,10 +552,15 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
     ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
     log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient; the loss
     ``compiled`` does the same for the whole unchunked cross-entropy (torchtitan since 2025-04).
+    ``cce`` (Cut Cross-Entropy) never forms logits: an FP32 log-sum-exp per token, and at its
+    backward the gradient of the hidden states (e·h per token) and the token indices.
+    ``in_forward`` (Unsloth's fused loss, 2025): the loss and its gradient run in the forward,
+    the logits in the compute dtype and FP32 at once; the hidden states' gradient is kept.
+    ``inplace`` (Unsloth's Triton cross-entropy, 2024): e-byte logits, gradient in place.
     """
     saved, peak, held = _loss_bytes(model, e, tokens, loss, tp, compiled, batch, first_step,
                                     carried, head_dequant)
-    if model.logit_softcap and loss != "fused":
+    if model.logit_softcap and loss not in ("fused", "cce", "in_forward", "inplace"):
         # tanh(logits / cap) · cap keeps the tanh output (e per logit) until its backward, which
         # runs after the loss's (HF Gemma 2; litgpt, per chunk of its LoRA head since 2024-12).
         cap = e * model.vocab / tp * tokens
@@ -557,6 +600,27 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
     elif loss == "chunked":
         saved = e * v
         peak = e * v + (e if compiled else 3 * FP32) * v / LOSS_CHUNKS
+    elif loss == "cce":
+        # Cut Cross-Entropy (apple/ml-cross-entropy): the forward keeps an FP32 log-sum-exp per
+        # token; the backward adds each vocabulary block's share into a zeroed gradient of the
+        # hidden states (``tl_lock_add``, the hidden states' dtype) and indexes the tokens
+        # (int64). Nothing vocabulary-wide exists.
+        return FP32 * tokens, (e * model.hidden + FP32 + CCE_INDEX_BYTES) * tokens, 0.0
+    elif loss == "inplace":
+        # Unsloth's ``Fast_CrossEntropyLoss`` (unsloth/kernels/cross_entropy_loss.py, 2024):
+        # ``save_for_backward(logits, logsumexp, labels)`` with the logits in the compute dtype
+        # (upcast to FP32 only in the kernel's registers); the backward writes the gradient
+        # into the saved logits and returns them.
+        saved = e * v + FP32
+        peak = saved
+    elif loss == "in_forward":
+        # Unsloth's ``unsloth_fused_ce_loss`` (unsloth_zoo 2025.9, fused_losses/
+        # cross_entropy_loss.py): in the forward, each chunk's logits (e bytes) are upcast to
+        # FP32 for the cross-entropy, and ``torch.func.grad_and_value`` writes the hidden states'
+        # gradient (e·h per token, kept for backward). Chunks are sized to half the free memory:
+        # one chunk unless the FP32 logits exceed it, so sized here as one.
+        saved = e * model.hidden
+        peak = (e + FP32) * v + e * model.hidden
     else:
         saved = 0.0
         peak = 3 * FP32 * model.hidden

@@ -88,6 +88,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         lora_dropout=lora and wl.lora_dropout > 0,
         input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"),
         fused=wl.compile,
+        unsloth=lora and wl.kernels == "unsloth",
         fp8=wl.fp8,
         frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
         autocast=lora and wl.precision in ("mixed", "fp16"),

@@ -186,9 +186,12 @@ def _zero(text: str) -> int:
 
 
 
+#: ``kernels`` cells: the layer kernels a run used (Workload.kernels); blank = standard.
+KERNELS = ("standard", "unsloth")
 #: ``loss_impl`` cells -> the workload's ``loss`` (and the names other files use for them).
 LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunked", "fused": "fused",
-              "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled"}
+              "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled",
+              "cce": "cce", "in-forward": "in_forward", "inplace": "inplace"}
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq"}
 #: ``framework`` values on the Hugging Face stack, when a file has no ``hf_model`` column.
 HF_FRAMEWORKS = frozenset({"hf-trainer", "hf-accelerate", "trl", "axolotl", "llama-factory", "peft"})
@@ -270,6 +273,11 @@ def _loss(row: dict[str, str]) -> dict[str, Any]:
             wl["loss"] = LOSS_IMPLS[impl]
     if _yes(row, "compile"):
         wl["compile"] = True
+    kernels = _cell(row, "kernels")
+    if kernels:
+        if kernels not in KERNELS:
+            raise Unmodelable(f"kernels {kernels!r}: one of {', '.join(KERNELS)}")
+        wl["kernels"] = kernels
     return wl
 
 
