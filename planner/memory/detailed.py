@@ -34,12 +34,17 @@ NCCL_COMMUNICATOR_BYTES = 500 * 10**6
 #: ``max_memory_allocated``. GMLake (ASPLOS'24): the PyTorch allocator wastes ~15 % on average
 #: (up to 33 %) on LLM training; persistent states, allocated once, fragment little.
 ALLOCATOR_FRAGMENTATION = 0.15
-#: The same share under ZeRO-3 / FSDP1 across GPUs: every layer's parameters are gathered into
-#: fresh blocks and freed again in the forward, the recomputation and the backward, on the
-#: all-gather stream (``record_stream``: a block returns to that stream's pool only once the GPU
-#: is done with it), interleaved with the activations' allocations of other sizes. GMLake
-#: (ASPLOS'24, Fig. 3) measures the caching allocator's fragmentation rising as ZeRO-3,
-#: recomputation and LoRA are combined. FSDP2 frees its gathers with stream waits instead
+#: The same share under ZeRO-3 / FSDP1 across GPUs with recomputed layers: every layer's
+#: parameters are gathered into fresh blocks and freed again in the forward, the recomputation
+#: and the backward, on the all-gather stream (``record_stream``: a block returns to that
+#: stream's pool only once the GPU is done with it), interleaved with the recomputed layer's
+#: allocations of other sizes. GMLake (ASPLOS'24, Fig. 3) measures the caching allocator's
+#: fragmentation rising as ZeRO-3, recomputation and LoRA are combined. Without recomputation
+#: the saved activations are a stack (made in forward order, freed in reverse), and the
+#: unsharded share holds: llm-foundry's MPT throughput runs (FSDP1 full shard, no activation
+#: checkpointing, the largest micro-batch that fit; data/verdicts.csv) would need 10-30 % more
+#: than their cards with this share on their 50-70 GB of activations, and fit within a few
+#: per cent of the card with the unsharded one. FSDP2 frees its gathers with stream waits instead
 #: (``Layout.fsdp_version``); torchtitan's FSDP2 rows of data/measured_calibration.csv keep the
 #: 0.15 above. Guess: 0.4. Sharded runs show 0.3–0.9 of their churning memory between
 #: max_reserved (or nvidia-smi) and max_allocated (Answer.AI fsdp_qlora, median 0.5; PEFT's
@@ -291,9 +296,10 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
 
 def _fragmentation(layout: Layout) -> float:
     """The allocator's fragmentation share: the sharded one where FSDP1 or DeepSpeed ZeRO-3
-    gathers units (``fsdp_version`` 1; see :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
+    gathers units (``fsdp_version`` 1) into a backward that recomputes the layers (see
+    :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
     gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
-    sharded = gathers and layout.fsdp_version == 1
+    sharded = gathers and layout.fsdp_version == 1 and layout.checkpointing != "none"
     return ALLOCATOR_FRAGMENTATION_SHARDED if sharded else ALLOCATOR_FRAGMENTATION
 
 

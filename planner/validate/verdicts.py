@@ -26,6 +26,7 @@ VERDICTS = ("ran", "oom")
 @dataclass(frozen=True)
 class VerdictResult:
     id: str
+    source: str  # the project (memory_loso.source_of)
     model: str
     method: str
     verdict: str  # what happened: ran | oom
@@ -38,6 +39,11 @@ class VerdictResult:
     @property
     def right(self) -> bool:
         return self.judged_fit is not None and self.judged_fit == (self.verdict == "ran")
+
+    @property
+    def within_card(self) -> bool:
+        """Predicted at most the card's capacity (the fit rule without its margin)."""
+        return self.predicted_bytes is not None and self.predicted_bytes <= (self.capacity_bytes or 0)
 
 
 def capacity_of(row: dict[str, str]) -> int:
@@ -82,9 +88,11 @@ def _model_cell(row: dict[str, str]) -> str:
 def judge_row(row: dict[str, str]) -> VerdictResult:
     from planner.memory.estimate import estimate_resolved, usable_bytes
     from planner.scenario.resolve import resolve
+    from planner.validate.memory_loso import source_of
 
     verdict = row["verdict"].strip().lower()
-    base = {"id": row["id"], "model": row["model"], "method": row["method"], "verdict": verdict}
+    base = {"id": row["id"], "source": source_of(row), "model": row["model"], "method": row["method"],
+            "verdict": verdict}
     try:
         if verdict not in VERDICTS:
             raise Unmodelable(f"verdict {verdict!r}: one of {', '.join(VERDICTS)}")
@@ -138,7 +146,12 @@ def validate_verdicts(path: str | Path) -> dict[str, Any]:
     from planner.memory.estimate import FIT_MARGIN
 
     results = [judge_row(row) for row in read_rows(path)]
+    ran_missed = [r for r in results if r.verdict == "ran" and r.judged_fit is False]
     return {"fit_margin": FIT_MARGIN, **summarize(results),
+            # runs that ran, judged out of memory by the margin alone: predicted within the card
+            "ran_judged_oom_within_card": sum(r.within_card for r in ran_missed),
+            "by_source": {s: summarize([r for r in results if r.source == s])
+                          for s in sorted({r.source for r in results})},
             "unmodelled": [{"id": r.id, "reason": r.reason} for r in results if r.reason],
             "results": [asdict(r) | {"right": r.right} for r in results]}
 
@@ -166,4 +179,12 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
             summary.add_row(label, str(s["rows"]), str(s["modelled"]), str(s["right"]),
                             f"{s['share_right'] * 100:.0f} %",
                             "—" if s["share_right_modelled"] is None else f"{s['share_right_modelled'] * 100:.0f} %")
-    return [rows, summary]
+    by_source = Table(title=f"by source ({result['ran_judged_oom_within_card']} runs that ran were judged "
+                            "out of memory by the margin alone: predicted within their card)",
+                      header_style="bold")
+    for col in ("source", "ran: judged to fit", "oom: judged not to fit"):
+        by_source.add_column(col, justify="left" if col == "source" else "right")
+    for source, s in result["by_source"].items():
+        by_source.add_row(source, *(f"{s[v]['right']} / {s[v]['rows']}" if s[v]["rows"] else "—"
+                                    for v in VERDICTS))
+    return [rows, summary, by_source]
