@@ -39,12 +39,12 @@ ALLOCATOR_FRAGMENTATION = 0.15
 #: and the backward, on the all-gather stream (``record_stream``: a block returns to that
 #: stream's pool only once the GPU is done with it), interleaved with the recomputed layer's
 #: allocations of other sizes. GMLake (ASPLOS'24, Fig. 3) measures the caching allocator's
-#: fragmentation rising as ZeRO-3, recomputation and LoRA are combined. Without recomputation
-#: the saved activations are a stack (made in forward order, freed in reverse), and the
-#: unsharded share holds: llm-foundry's MPT throughput runs (FSDP1 full shard, no activation
-#: checkpointing, the largest micro-batch that fit; data/verdicts.csv) would need 10-30 % more
-#: than their cards with this share on their 50-70 GB of activations, and fit within a few
-#: per cent of the card with the unsharded one. FSDP2 frees its gathers with stream waits instead
+#: fragmentation rising as ZeRO-3, recomputation and LoRA are combined. The saved activations
+#: (the layers' checkpoints, or every layer's tensors without checkpointing) are a stack, made
+#: in forward order and freed in reverse, and keep the unsharded share: llm-foundry's MPT
+#: throughput runs (FSDP1 full shard, no activation checkpointing, the largest micro-batch that
+#: fit; data/verdicts.csv) would need 10-30 % more than their cards with this share on their
+#: 50-70 GB of saved activations, and come within a few per cent of the card without it. FSDP2 frees its gathers with stream waits instead
 #: (``Layout.fsdp_version``); torchtitan's FSDP2 rows of data/measured_calibration.csv keep the
 #: 0.15 above. Guess: 0.4. Sharded runs show 0.3–0.9 of their churning memory between
 #: max_reserved (or nvidia-smi) and max_allocated (Answer.AI fsdp_qlora, median 0.5; PEFT's
@@ -284,7 +284,8 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         for name, parts in _phases(model, wl, layout, st, buf, states, a).items():
             total = sum(parts.values())
             label = name + (" (last stage)" if last and layout.pp > 1 else "")
-            phase_reserved[label] = _reserved_view(name, parts, total, buf["gather"], frag)
+            phase_reserved[label] = _reserved_view(name, parts, total, buf["gather"], frag,
+                                                   _layer_churn(name, parts, a))
             if best is None or total > best[0]:
                 best = (total, label, parts, a["host"])
     allocated, phase, parts, act_host = best
@@ -296,10 +297,9 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
 
 def _fragmentation(layout: Layout) -> float:
     """The allocator's fragmentation share: the sharded one where FSDP1 or DeepSpeed ZeRO-3
-    gathers units (``fsdp_version`` 1) into a backward that recomputes the layers (see
-    :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
+    gathers units (``fsdp_version`` 1; see :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
     gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
-    sharded = gathers and layout.fsdp_version == 1 and layout.checkpointing != "none"
+    sharded = gathers and layout.fsdp_version == 1
     return ALLOCATOR_FRAGMENTATION_SHARDED if sharded else ALLOCATOR_FRAGMENTATION
 
 
@@ -308,7 +308,8 @@ def _fragmentation_note(wl: Workload, layout: Layout) -> str:
     frag = ALLOCATOR_FRAGMENTATION if wl.method == "inference" else _fragmentation(layout)
     if frag == ALLOCATOR_FRAGMENTATION:
         return f"{frag:.0%}"
-    return f"{frag:.0%} (FSDP1/DeepSpeed ZeRO-3 gathers; {ALLOCATOR_FRAGMENTATION:.0%} in the optimizer step)"
+    return (f"{frag:.0%} (FSDP1/DeepSpeed ZeRO-3 gathers; {ALLOCATOR_FRAGMENTATION:.0%} on the saved "
+            "activations and in the optimizer step)")
 
 
 def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_accum: int | None,
@@ -380,10 +381,19 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
     return phases
 
 
+def _layer_churn(name: str, parts: dict[str, float], a: dict[str, float]) -> float:
+    """What a phase allocates and frees beside the gathered units, apart from the saved
+    activations: those are a stack (made in forward order, freed in reverse) and fragment like
+    any unsharded memory."""
+    transient = sum(v for k, v in parts.items() if k not in STATE_PARTS)
+    return transient - (a["saved"] if name == "backward start" else 0.0)
+
+
 def _reserved_view(name: str, parts: dict[str, float], total: float, gather: float,
-                   frag: float) -> float:
+                   frag: float, layered: float | None = None) -> float:
     """One phase's reserved view: its ``total`` allocated, the gather blocks still cached and
-    the fragmentation of its churning memory."""
+    the fragmentation of its churning memory: ``frag`` of what churns beside the gathers
+    (``layered``; all of it when not given), the unsharded share of the rest."""
     # Model states (gradients included) are allocated in the same sizes every step, so
     # the allocator hands the same blocks back: only the rest churns and fragments.
     # Gradients count as states whether or not they outlive a micro-batch (with
@@ -401,7 +411,9 @@ def _reserved_view(name: str, parts: dict[str, float], total: float, gather: flo
     # The sharded fragmentation comes from gathers interleaved with activations; a phase that
     # gathers nothing (the optimizer step's temporaries) fragments like any other.
     share = min(frag, ALLOCATOR_FRAGMENTATION) if gathers_nothing else frag
-    return total + cached + share * max(transient, 0.0)
+    churn = max(transient, 0.0)
+    layered = churn if layered is None else min(max(layered, 0.0), churn)
+    return total + cached + share * layered + min(share, ALLOCATOR_FRAGMENTATION) * (churn - layered)
 
 
 #: Error band per method: the 90th percentile of |predicted − measured| / measured that
