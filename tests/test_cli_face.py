@@ -72,7 +72,7 @@ def test_no_fit_explanation_shows_one_memory_unit(tmp_path):
     path = tmp_path / "nofit.yaml"
     path.write_text("name: nofit\nmodel: llama-3.1-70b\n"
                     "workload: {method: full, seq_len: 4096, micro_batch: 1, global_batch: 8}\n"
-                    "layout: {gpu: rtx-4090, gpus: 1}\n")
+                    "layout: {gpu: rtx-4090, gpus: 1, offload: none}\n")
     gb, gib = run("plan", str(path)), run("plan", str(path), "--gib")
     assert gb.exit_code == 1 and gib.exit_code == 1
     assert "Why: memory" in gb.output and "GiB" not in gb.output and re.search(r"\d GB", gb.output)

@@ -407,3 +407,9 @@ def test_an_optimizer_without_a_rule_can_be_replaced_by_the_flag(tmp_path):
     res = runner.invoke(app, ["estimate", "--config", args, *flags])
     assert res.exit_code == 2 and "args.json.optim: 'lion_32bit'" in res.output
     assert _estimate("--config", args, *flags, "--optimizer", "adamw")["method"] == "full"
+
+
+def test_a_deepspeed_stage_3_config_is_deepspeed_s_zero_3(tmp_path):
+    f = _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 3}})
+    assert f.values["zero"] == 3 and f.values["zero3_impl"] == "deepspeed"
+    assert "zero3_impl" not in _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 2}}).values

@@ -102,9 +102,9 @@ def test_fsdp_qlora_70b_on_two_24gb_gpus():
            "layout": {"gpu": "rtx-4090", "gpus": 2, "zero": 3, "offload": "optimizer+params",
                       "checkpointing": "full", "full_state_dict": True}}
     est = _estimate(raw)
-    measured = 19.6 * GB
+    measured = 19.6 * GB  # nvidia-smi, with memory to spare: the device view
     assert 10 * GB < est.total_bytes < 24 * GB
-    assert abs(est.total_bytes - measured) / measured <= ERROR_BANDS["qlora"]
+    assert abs(est.predicted["device_bytes"] - measured) / measured <= ERROR_BANDS["qlora"]
     assert "full state dict" not in " ".join(est.assumptions)
     # the save phase itself: one unit beside the states at rest, far below the step's peak
     no_save = _estimate({**raw, "layout": {**raw["layout"], "full_state_dict": False}})
@@ -161,7 +161,8 @@ def test_reserved_view_is_the_largest_over_phases():
     assert totals == sorted(totals, reverse=True)
     mem = detailed_memory(model, wl, Layout(zero=1), Overrides(), dp=2)
     p = mem.predicted
-    assert p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"] == mem.total_bytes
+    assert p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"]
+    assert p["needed_bytes"] == mem.total_bytes <= p["device_bytes"]
 
 
 # --- 3. ZeRO-3/FSDP gather buffers: the root unit and two layer units in flight ---------------
@@ -240,21 +241,22 @@ def test_saved_activations_keep_the_unsharded_share():
     assert 0 < excess(24) == pytest.approx(excess(48), rel=0.02)
 
 
-def test_llm_foundry_largest_micro_batches_meet_their_cards():
+def test_llm_foundry_largest_micro_batches_fit_their_cards():
     """llm-foundry's MPT throughput tables (``scripts/train/benchmarking/README.md`` at 8c8dd48,
     rows of data/verdicts.csv): FSDP1 full shard, no activation checkpointing, the largest
-    micro-batch per model and card. Each ran, so its peak is at most its card; the search that
-    chose it makes it close to the card. The 137 rows predict a median 0.88 of their cards and
-    at most 1.06 (with the sharded share charged on their saved activations: up to 1.23)."""
+    micro-batch per model and card. Each ran, and each is judged to fit: the 137 rows need a
+    median 0.80 of their cards and at most 0.94 (with the sharded fragmentation charged on their
+    saved activations and the reserved view as the total, up to 1.23 and 87 of them called out
+    of memory)."""
     from planner.validate.verdicts import judge_row, read_rows
 
     rows = [r for r in read_rows(ROOT / "data" / "verdicts.csv")
             if r["source"].startswith("llm-foundry") and r["grad_ckpt"].startswith("no")]
     assert len(rows) >= 100
-    ratios = sorted(j.predicted_bytes / j.capacity_bytes for j in map(judge_row, rows))
-    assert ratios[-1] <= 1.08, ratios[-5:]
-    assert sum(r <= 1.05 for r in ratios) >= 0.95 * len(ratios)
-    assert ratios[len(ratios) // 2] >= 0.80
+    judged = [judge_row(r) for r in rows]
+    assert all(j.right for j in judged), [j.id for j in judged if not j.right]
+    ratios = sorted(j.predicted_bytes / j.capacity_bytes for j in judged)
+    assert ratios[len(ratios) // 2] >= 0.70  # the largest micro-batches: near the card
 
 
 def test_sharded_reserved_rows_of_other_sources():
@@ -350,8 +352,9 @@ UNSLOTH_70B = {"model": "llama-3.3-70b",
                "layout": {"gpu": "a100-sxm-80gb", "gpus": 1, "checkpointing": "full"}}
 
 
-#: Within this share of the card: a maximum context found by search sits just under it.
-MAX_CONTEXT_TOLERANCE = 0.05
+#: Within this share of the card: a maximum context found by search needs about the card (the
+#: blog does not say how finely it searched).
+MAX_CONTEXT_TOLERANCE = 0.08
 
 
 @pytest.mark.parametrize("seq_len, extra_workload, extra_layout", [
@@ -367,7 +370,68 @@ def test_unsloth_and_hf_max_context_meet_an_80gb_card(seq_len, extra_workload, e
     est = _estimate(raw)
     card = est.capacity_bytes
     assert abs(est.total_bytes - card) / card <= MAX_CONTEXT_TOLERANCE
+    longer = _estimate({**raw, "workload": {**raw["workload"], "seq_len": int(1.3 * seq_len)}})
+    assert longer.total_bytes > card
     if "kernels" in extra_workload:  # before Unsloth's kernels and CCE were modelled: 118.5 GB
         generic = _estimate({**raw, "workload": {**raw["workload"], "kernels": "standard",
                                                  "loss": "fused"}})
-        assert generic.total_bytes > 1.3 * card
+        assert generic.total_bytes > 1.2 * card
+
+
+# --- What a run needs at its card's limit -----------------------------------------------------
+
+def test_trapped_fragmentation_is_the_median_of_the_oom_messages():
+    """TRAPPED_FRAGMENTATION(_SHARDED): medians of "reserved but unallocated" / "allocated" in
+    the OOM messages of LLM training steps (data/oom_tracebacks.csv), split by ZeRO-3/FSDP."""
+    import csv
+    import statistics
+
+    from planner.memory import detailed
+
+    with open(ROOT / "data" / "oom_tracebacks.csv", newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["phase"] in ("train", "train?")]
+    share = {s: statistics.median(float(r["reserved_unallocated_gib"]) / float(r["allocated_gib"])
+                                  for r in rows if r["sharded"] == s) for s in ("yes", "no")}
+    assert detailed.TRAPPED_FRAGMENTATION_SHARDED == pytest.approx(share["yes"], abs=5e-4)
+    assert detailed.TRAPPED_FRAGMENTATION == pytest.approx(share["no"], abs=5e-4)
+
+
+def test_needed_bytes_are_allocated_plus_what_cannot_be_released():
+    """At the card's limit the allocator releases its free cached segments and retries before it
+    fails: a run needs allocated + the trapped share + CUDA context + NCCL, never more than the
+    reserved view of an unconstrained run shows."""
+    from planner.memory import detailed
+
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "lora", "seq_len": 4096, "micro_batch": 4},
+           "layout": {"gpus": 1, "checkpointing": "full"}}
+    p = _estimate(raw).predicted
+    fixed = detailed.CUDA_CONTEXT_BYTES
+    assert p["needed_bytes"] == pytest.approx(
+        p["allocated_bytes"] * (1 + detailed.TRAPPED_FRAGMENTATION) + fixed, rel=1e-6)
+    assert p["needed_bytes"] < p["device_bytes"]
+    sharded = _estimate({**raw, "layout": {"gpus": 2, "zero": 3, "checkpointing": "full"}}).predicted
+    assert sharded["needed_bytes"] == pytest.approx(
+        sharded["allocated_bytes"] * (1 + detailed.TRAPPED_FRAGMENTATION_SHARDED)
+        + fixed + detailed.NCCL_COMMUNICATOR_BYTES, rel=1e-6)
+
+
+def test_deepspeed_zero3_keeps_a_flat_gradient_partition_and_an_fp32_copy_at_the_step():
+    """DeepSpeed's ZeRO-3 (``DeepSpeedZeroOptimizer_Stage3``) allocates a flat partition of every
+    gradient at initialisation and keeps it; at the step each sub-group's partition is copied to
+    FP32 for the optimizer. FSDP makes its sharded gradients in backward and frees them at
+    ``zero_grad``. The chenyaofo LLaMA-7B benchmark (DeepSpeed 0.14.2, 8×A800, ZeRO-3, micro-batch
+    2 × 4096, checkpointing; data/measured_calibration_more.csv row 1033) measured 14.8 GiB
+    allocated between steps and 20.4 GiB at the peak: with the partition, within 6 %
+    (13 % low without it)."""
+    from planner.validate.score import read_rows, validate_rows
+
+    raw = {"model": "llama-2-7b", "workload": {"method": "full", "seq_len": 4096, "micro_batch": 2,
+                                               "optimizer_step": "fused"},
+           "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}}
+    fsdp = _estimate(raw)
+    ds = _estimate({**raw, "layout": {**raw["layout"], "zero3_impl": "deepspeed"}})
+    n = fsdp.params / 8
+    assert ds.predicted["allocated_bytes"] - fsdp.predicted["allocated_bytes"] == pytest.approx(2 * n, rel=0.02)
+    assert ds.components.get("gradients", 0) == pytest.approx(2 * n, rel=0.02)
+    row = next(r for r in read_rows(ROOT / "data" / "measured_calibration_more.csv") if r["id"] == "1033")
+    assert abs(validate_rows([row], "detailed")[0].signed_error) <= 0.06

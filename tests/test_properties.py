@@ -146,7 +146,8 @@ def test_detailed_components_sum_to_total_and_are_never_negative(workload, layou
     assert all(v >= 0 for v in mem.components.values())
     assert mem.host_bytes >= 0
     p = mem.predicted
-    assert 0 <= p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"] == mem.total_bytes
+    assert 0 <= p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"]
+    assert p["allocated_bytes"] <= p["needed_bytes"] == mem.total_bytes <= p["device_bytes"]
     # The search states one memory constraint per phase: together they must say exactly "the
     # total fits", so the largest phase is the total and none is above it.
     phases = mem.phase_bytes

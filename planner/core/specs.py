@@ -70,6 +70,7 @@ Precision = Literal["mixed", "bf16", "fp16", "fp32"]
 Checkpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "flash"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
+Zero3Impl = Literal["fsdp", "deepspeed"]
 Profile = Literal["seed", "detailed"]
 Objective = Literal["gpus", "hourly", "cost", "time"]
 Vendor = Literal["nvidia", "amd", "huawei", "intel", "google"]
@@ -341,6 +342,10 @@ class Layout(StrictModel):
     #: caching allocator's segments), 2 for FSDP2 (``fully_shard``: stream-to-stream waits, the
     #: frees deterministic). The detailed profile's reserved view.
     fsdp_version: Literal[1, 2] = 1
+    #: Who implements ZeRO-3: "fsdp" (PyTorch FSDP: sharded gradients made in backward, freed at
+    #: zero_grad) or "deepspeed" (stage3.py: a flat partition of every gradient allocated at
+    #: initialisation and kept, and an FP32 copy of it made at the optimizer step).
+    zero3_impl: Zero3Impl = "fsdp"
 
 
 #: Bounds of the overrides: finite, non-negative and at most what one GPU could ever hold, so no
@@ -363,7 +368,7 @@ class Overrides(StrictModel):
     lora_bytes_per_param: Annotated[NonNegFloat | None, Field(le=MAX_BYTES_PER_PARAM)] = None
     base_bytes_per_param: Annotated[PosFloat | None, Field(le=MAX_BYTES_PER_PARAM)] = None
     #: Share of the card kept free; unset: the profile's fit rule (seed: 10 % reserve; detailed:
-    #: predicted device bytes plus a fit margin within capacity, planner.memory.estimate).
+    #: predicted bytes needed plus a fit margin within capacity, planner.memory.estimate).
     reserve: Annotated[float | None, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = None
 
 
@@ -394,6 +399,9 @@ class StackSpec(StrictModel):
     #: Its recipe where memory depends on it: how its ZeRO-3/FSDP frees gathered parameters
     #: (``Layout.fsdp_version``: 1 for FSDP1 and DeepSpeed's record_stream frees, 2 for FSDP2).
     fsdp_version: Literal[1, 2] = 1
+    #: Who implements its ZeRO-3 (``Layout.zero3_impl``): DeepSpeed keeps a flat gradient
+    #: partition and copies it to FP32 at the step.
+    zero3_impl: Zero3Impl = "fsdp"
     #: Its recipe where time depends on it: element-wise work fused into fewer kernels
     #: (Transformer Engine in Megatron-Core; the time model's ``fused_elementwise_share``).
     fused_kernels: bool = False

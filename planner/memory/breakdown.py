@@ -12,8 +12,8 @@ from typing import Any, get_args
 
 import numpy as np
 
-from planner.core.specs import (Attention, Checkpointing, Layout, Method, Offload, Optimizer, Precision,
-                                Workload)
+from planner.core.specs import (Attention, Checkpointing, Layout, Method, Offload, Optimizer,
+                                Precision, Workload, Zero3Impl)
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,11 @@ OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
 ATTENTION: tuple[str, ...] = get_args(Attention)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
+ZERO3_IMPLS: tuple[str, ...] = get_args(Zero3Impl)
 #: Array keys whose values are codes into one of the tuples above.
 CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS,
-                                     "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS}
+                                     "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS,
+                                     "zero3_impl": ZERO3_IMPLS}
 
 
 def decode(key: str, value: Any) -> Any:

@@ -52,6 +52,18 @@ ALLOCATOR_FRAGMENTATION = 0.15
 #: on those peaks (MdAPE 16.3 %) and 0.4 calls fewer of the published runs that ran on 24 GB
 #: cards out of memory (data/verdicts.csv).
 ALLOCATOR_FRAGMENTATION_SHARDED = 0.4
+#: What the caching allocator cannot give back when memory runs out, as a share of what is
+#: allocated. Before it raises an out-of-memory error PyTorch frees every cached segment with no
+#: live block and retries (``CUDACachingAllocator`` ``release_cached_blocks``); what stays is the
+#: free space inside segments that still hold live blocks. The reserved view above is what a run
+#: shows where memory is plentiful; at its card's limit a run needs only allocated + this. The
+#: medians of "reserved by PyTorch but unallocated" over "allocated by PyTorch" in the OOM
+#: messages of 37 LLM training runs whose sharding is known (data/oom_tracebacks.csv, a test
+#: recomputes them): 25 unsharded runs 1.1 %, 12 under ZeRO-3/FSDP 4.8 %.
+TRAPPED_FRAGMENTATION = 0.011
+TRAPPED_FRAGMENTATION_SHARDED = 0.048
+#: DeepSpeed ZeRO-3's ``sub_group_size`` default (elements the optimizer steps at a time).
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1e9
 #: FSDP / ZeRO-3 units gathered at once: the one computing and the one prefetched (FSDP
 #: ``BackwardPrefetch.BACKWARD_PRE`` and forward prefetch hold two units' unsharded parameters).
 ZERO3_LIVE_UNITS = 2
@@ -78,6 +90,8 @@ class Peak:
     notes: tuple[str, ...]
     #: Device bytes of each phase (and stage) of the step: its reserved view + context + NCCL.
     phase_device: dict[str, float] | None = None
+    #: What each phase needs to run at the card's limit (see :data:`TRAPPED_FRAGMENTATION`).
+    phase_needed: dict[str, float] | None = None
 
 
 def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool) -> act.LayerRecipe:
@@ -220,6 +234,11 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         out["dequant"] = max(d_in * d_out for d_in, d_out in shapes.values()) / tp * e
     # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
     # (``Optimizer2State``): no list-wide temporaries.
+    if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
+        # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32 for
+        # the optimizer (``_prepare_fp32_grad_for_sub_group``; sub_group_size 1e9 by default).
+        n = st.trainable / (layout.dp * layout.cp)
+        out["optimizer_temp"] += min(n, DEEPSPEED_SUB_GROUP_ELEMENTS) * 4
     foreach = wl.optimizer_step == "foreach" and not wl.optimizer_paged
     if foreach and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
         # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list.
@@ -229,7 +248,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         n = st.trainable / _opt_shard(layout)
         mixed = wl.precision in ("mixed", "fp16", "fp32")
         c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
-        out["optimizer_temp"] = n * (4 if mixed else (c if wl.method != "full" else e))
+        out["optimizer_temp"] += n * (4 if mixed else (c if wl.method != "full" else e))
     del pp
     return out
 
@@ -277,7 +296,9 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     best: tuple[float, str, dict[str, float], float] | None = None
     frag = _fragmentation(layout)
     fixed = CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
+    trapped = _trapped(layout)
     phase_reserved: dict[str, float] = {}
+    phase_needed: dict[str, float] = {}
     stages = [True] if layout.pp == 1 else [False, True]
     for last in stages:
         a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
@@ -286,13 +307,26 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             label = name + (" (last stage)" if last and layout.pp > 1 else "")
             phase_reserved[label] = _reserved_view(name, parts, total, buf["gather"], frag,
                                                    _layer_churn(name, parts, a))
+            phase_needed[label] = min(phase_reserved[label], total * (1.0 + trapped))
             if best is None or total > best[0]:
                 best = (total, label, parts, a["host"])
     allocated, phase, parts, act_host = best
     reserved = max(phase_reserved.values())
     notes.append(f"peak phase: {phase}")
     return Peak(phase, parts, allocated, reserved, reserved + fixed, st.host + act_host, tuple(notes),
-                {k: v + fixed for k, v in phase_reserved.items()})
+                {k: v + fixed for k, v in phase_reserved.items()},
+                {k: v + fixed for k, v in phase_needed.items()})
+
+
+def _deepspeed_zero3(layout: Layout) -> bool:
+    return layout.zero == 3 and layout.zero3_impl == "deepspeed"
+
+
+def _trapped(layout: Layout) -> float:
+    """The share of allocated memory the allocator cannot release at the card's limit
+    (:data:`TRAPPED_FRAGMENTATION`): the sharded one where ZeRO-3/FSDP gathers units."""
+    gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
+    return TRAPPED_FRAGMENTATION_SHARDED if gathers else TRAPPED_FRAGMENTATION
 
 
 def _fragmentation(layout: Layout) -> float:
@@ -319,7 +353,9 @@ def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_
     dev = st.device
     grads = dev.get("gradients", 0.0)
     persistent = {k: v for k, v in dev.items() if k != "gradients"}
-    accumulating = (grad_accum or 1) > 1 or layout.pp > 1
+    # DeepSpeed ZeRO-3 allocates its flat gradient partition at initialisation and keeps it
+    # (``DeepSpeedZeroOptimizer_Stage3``: ``grad_partitions_flat_buffer``).
+    accumulating = (grad_accum or 1) > 1 or layout.pp > 1 or _deepspeed_zero3(layout)
     reduced = grads  # after the last micro-batch's reduce-scatter: each GPU's shard only
     if accumulating and grads:
         if (layout.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
@@ -455,30 +491,37 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
         allocated = sum(parts.values())
         reserved = allocated + ALLOCATOR_FRAGMENTATION * (allocated - parts["weights"])
         device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(served)
-        peak = Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",))
+        needed = min(reserved, allocated * (1.0 + TRAPPED_FRAGMENTATION)) + device - reserved
+        peak = Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",),
+                    {"forward": device}, {"forward": needed})
     else:
         peak = detailed_peak(model, wl, layout, overrides, dp=dp, grad_accum=grad_accum)
     components = {k: ceil_bytes(v) for k, v in peak.parts.items() if v > 0}
     allocated = sum(components.values())
     reserved = max(ceil_bytes(peak.reserved), allocated)
     device = max(ceil_bytes(peak.device), reserved)
-    components["overhead"] = device - allocated
-    phase_bytes = None
-    if peak.phase_device:
-        # Each phase's device bytes, rounded up; the highest is the total exactly (the total
-        # also rounds each component up), so "every phase fits" is "the total fits".
-        phase_bytes = {k: ceil_bytes(v) for k, v in peak.phase_device.items()}
-        phase_bytes[max(phase_bytes, key=phase_bytes.get)] = device
+    # The total a plan must fit: each phase's needed bytes, rounded up; the highest is the total
+    # exactly (the total also rounds each component up), so "every phase fits" is "the total fits".
+    phase_bytes = {k: ceil_bytes(v) for k, v in peak.phase_needed.items()}
+    needed = min(max(max(phase_bytes.values()), allocated), device)
+    phase_bytes[max(phase_bytes, key=phase_bytes.get)] = needed
+    components["overhead"] = needed - allocated
+    served = layout.model_copy(update={"dp": dp})
+    trapped = TRAPPED_FRAGMENTATION if wl.method == "inference" else _trapped(served)
     notes = list(peak.notes) + [
         "detailed profile: per-layer saved tensors, logits and loss, peak over step phases",
-        f"reserved = allocated + {_fragmentation_note(wl, layout.model_copy(update={'dp': dp}))} of the memory "
-        f"that churns in a step; device = reserved + CUDA context + NCCL",
+        f"reserved = allocated + {_fragmentation_note(wl, served)} of the memory "
+        f"that churns in a step; device = reserved + CUDA context + NCCL (what nvidia-smi shows "
+        f"where memory is plentiful)",
+        f"needed = allocated + {trapped:.1%} the allocator cannot release at the card's limit "
+        f"+ CUDA context + NCCL (at most the device view): the total a plan must fit",
     ]
     return MemoryBreakdown(
         components=components,
         host_bytes=ceil_bytes(peak.host),
         assumptions=tuple(notes),
-        predicted={"allocated_bytes": allocated, "reserved_bytes": reserved, "device_bytes": device},
+        predicted={"allocated_bytes": allocated, "reserved_bytes": reserved, "device_bytes": device,
+                   "needed_bytes": needed},
         error_band=ERROR_BANDS.get(wl.method),
         phase_bytes=phase_bytes,
     )

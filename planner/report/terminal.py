@@ -38,6 +38,10 @@ def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
         table.add_row(name.replace("_", " "), fmt(value))
     table.add_section()
     table.add_row("[bold]total[/bold]", f"[bold]{fmt(est.total_bytes)}[/bold]")
+    device = (est.predicted or {}).get("device_bytes")
+    if device is not None and device != est.total_bytes:
+        # the allocator keeps freed blocks cached while memory allows: nvidia-smi shows more
+        table.add_row("nvidia-smi, memory to spare", fmt(device))
     if est.host_bytes:
         table.add_row("offloaded to host (per GPU)", fmt(est.host_bytes))
     if est.capacity_bytes is not None:

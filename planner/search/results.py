@@ -101,8 +101,9 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
     lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
-    if "stack" in fields and "fsdp_version" not in raw.get("layout", {}):
-        lay["fsdp_version"] = get_stack(fields["stack"]).fsdp_version  # the stack's recipe
+    for key in ("fsdp_version", "zero3_impl"):  # the stack's recipe
+        if "stack" in fields and key not in raw.get("layout", {}):
+            lay[key] = getattr(get_stack(fields["stack"]), key)
     out = deep_merge(out, {"workload": wl, "layout": lay})
     if out["workload"].get("global_batch") is None:
         out["workload"].pop("global_batch", None)

@@ -26,7 +26,8 @@ from planner.perf.timing import (GpuPerf, billed_gpus, default_global_batch, job
 from planner.core.errors import InputError
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
-from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
+from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS,
+                                       ZERO3_IMPLS)
 from planner.catalog.stacks import get_stack, stacks
 from planner.scenario.legality import offload_illegal, pp_divides, stack_runs, tp_gpu_fault, tp_model_fault
 from planner.scenario.resolve import ResolvedScenario
@@ -102,7 +103,12 @@ class SearchRequest:
     def stack_sets_fsdp_version(self) -> bool:
         """The stack's FSDP version decides memory: the detailed profile, and the scenario does not
         pin ``layout.fsdp_version``."""
-        return self.rs.profile != "seed" and "fsdp_version" not in self.rs.scenario.layout.model_fields_set
+        return self.stack_sets("fsdp_version")
+
+    def stack_sets(self, key: str) -> bool:
+        """The stack's recipe for a layout ``key`` decides memory: the detailed profile, and the
+        scenario does not pin it."""
+        return self.rs.profile != "seed" and key not in self.rs.scenario.layout.model_fields_set
 
 
 def build_tiers(rs: ResolvedScenario) -> list[Tier]:
@@ -439,6 +445,9 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
     if req.stack_sets_fsdp_version:  # the stack's recipe: how its ZeRO-3/FSDP frees gathers
         x["fsdp_version"] = req.stack_recipe("fsdp_version", c["stack"])
+    if req.stack_sets("zero3_impl"):  # and who implements its ZeRO-3
+        impl = np.array([ZERO3_IMPLS.index(st.zero3_impl) for st in req.stacks], dtype=np.int64)
+        x["zero3_impl"] = impl[c["stack"]]
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         return memory_components(req.rs.profile, req.model, req.rs.overrides,

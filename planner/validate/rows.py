@@ -350,6 +350,9 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
     # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
     if litgpt and zero == 3 and t.method == "lora":
         out["fsdp_mixed_units"] = True
+    # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
+    if zero == 3 and ("zero3" in fsdp or "zero-3" in fsdp or "deepspeed" in fsdp):
+        out["zero3_impl"] = "deepspeed"
     # FSDP2 (``fully_shard``): torchtitan always, torchtune's distributed recipes since v0.3.
     if zero == 3 and "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune")):
         out["fsdp_version"] = 2

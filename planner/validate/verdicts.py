@@ -4,7 +4,7 @@ Each row of a verdicts file (``data/verdicts.csv``) is a configuration that is k
 (``ran``) or to have run out of memory (``oom``) on stated GPUs. The row is read into a scenario by
 the same reader as the measured rows (:func:`planner.validate.rows.scenario_of`), its GPU's
 capacity from its ``planner_gpu`` or ``capacity_gib`` column, and the planner's fit verdict is the one ``plan`` and
-``estimate`` give: predicted device bytes plus the fit margin within capacity
+``estimate`` give: predicted bytes needed plus the fit margin within capacity
 (:func:`planner.memory.estimate.usable_bytes`). A row the planner cannot model is listed with its
 reason and counts as a wrong verdict.
 """
@@ -159,7 +159,7 @@ def validate_verdicts(path: str | Path) -> dict[str, Any]:
 def render_tables(result: dict[str, Any]) -> list[Any]:
     from rich.table import Table
 
-    rows = Table(title=f"fit verdicts (predicted device bytes · (1 + {result['fit_margin']:.0%}) ≤ capacity; GB = 1e9)",
+    rows = Table(title=f"fit verdicts (predicted bytes needed · (1 + {result['fit_margin']:.0%}) ≤ capacity; GB = 1e9)",
                  header_style="bold")
     for col in ("id", "model", "method", "happened", "capacity", "usable", "predicted", "judged", "right"):
         rows.add_column(col, justify="right" if col in ("capacity", "usable", "predicted") else "left")
