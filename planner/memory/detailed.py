@@ -34,23 +34,22 @@ NCCL_COMMUNICATOR_BYTES = 500 * 10**6
 #: ``max_memory_allocated``. GMLake (ASPLOS'24): the PyTorch allocator wastes ~15 % on average
 #: (up to 33 %) on LLM training; persistent states, allocated once, fragment little.
 ALLOCATOR_FRAGMENTATION = 0.15
-#: The same share under ZeRO-3 / FSDP1 across GPUs with recomputed layers: every layer's
-#: parameters are gathered into fresh blocks and freed again in the forward, the recomputation
-#: and the backward, on the all-gather stream (``record_stream``: a block returns to that
-#: stream's pool only once the GPU is done with it), interleaved with the recomputed layer's
-#: allocations of other sizes. GMLake (ASPLOS'24, Fig. 3) measures the caching allocator's
-#: fragmentation rising as ZeRO-3, recomputation and LoRA are combined. The saved activations
-#: (the layers' checkpoints, or every layer's tensors without checkpointing) are a stack, made
-#: in forward order and freed in reverse, and keep the unsharded share: llm-foundry's MPT
-#: throughput runs (FSDP1 full shard, no activation checkpointing, the largest micro-batch that
-#: fit; data/verdicts.csv) would need 10-30 % more than their cards with this share on their
-#: 50-70 GB of saved activations, and come within a few per cent of the card without it. FSDP2 frees its gathers with stream waits instead
-#: (``Layout.fsdp_version``); torchtitan's FSDP2 rows of data/measured_calibration.csv keep the
-#: 0.15 above. Guess: 0.4. Sharded runs show 0.3–0.9 of their churning memory between
-#: max_reserved (or nvidia-smi) and max_allocated (Answer.AI fsdp_qlora, median 0.5; PEFT's
-#: FSDP/ZeRO-3 guides, 0.3–0.9; data/measured_calibration_more.csv); 0.4 and 0.5 score the same
-#: on those peaks (MdAPE 16.3 %) and 0.4 calls fewer of the published runs that ran on 24 GB
-#: cards out of memory (data/verdicts.csv).
+#: The same share under ZeRO-3 / FSDP1 across GPUs: every layer's parameters are gathered into
+#: fresh blocks and freed again in the forward, the recomputation and the backward, on the
+#: all-gather stream (``record_stream``: a block returns to that stream's pool only once the GPU
+#: is done with it), interleaved with the other allocations of the layer being run. GMLake
+#: (ASPLOS'24, Fig. 3) measures the caching allocator's fragmentation rising as ZeRO-3,
+#: recomputation and LoRA are combined. The saved activations (the layers' checkpoints, or every
+#: layer's tensors without checkpointing) are a stack, made in forward order and freed in
+#: reverse, and keep the unsharded share: llm-foundry's MPT throughput runs (FSDP1 full shard,
+#: no activation checkpointing, the largest micro-batch that fit; data/verdicts.csv) would show
+#: 10-30 % more than their cards with this share on their 50-70 GB of saved activations. FSDP2
+#: frees its gathers with stream waits instead (``Layout.fsdp_version``); torchtitan's FSDP2 rows
+#: of data/measured_calibration.csv keep the 0.15 above. Guess: 0.4. Sharded runs show 0.3–0.9
+#: of their churning memory between max_reserved (or nvidia-smi) and max_allocated (Answer.AI
+#: fsdp_qlora, median 0.5; PEFT's FSDP/ZeRO-3 guides, 0.3–0.9; data/measured_calibration_more.csv);
+#: over both measured files 0.4 and 0.5 score within 0.1 % of each other (mean absolute error),
+#: and leave-one-source-out refits pick 0.25–1.0 (``planner validate … --loso``).
 ALLOCATOR_FRAGMENTATION_SHARDED = 0.4
 #: What the caching allocator cannot give back when memory runs out, as a share of what is
 #: allocated. Before it raises an out-of-memory error PyTorch frees every cached segment with no
@@ -88,9 +87,8 @@ class Peak:
     device: float
     host: float
     notes: tuple[str, ...]
-    #: Device bytes of each phase (and stage) of the step: its reserved view + context + NCCL.
-    phase_device: dict[str, float] | None = None
-    #: What each phase needs to run at the card's limit (see :data:`TRAPPED_FRAGMENTATION`).
+    #: What each phase (and stage) of the step needs to run at the card's limit: allocated + the
+    #: trapped share (at most its reserved view) + context + NCCL (:data:`TRAPPED_FRAGMENTATION`).
     phase_needed: dict[str, float] | None = None
 
 
@@ -232,13 +230,13 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     if wl.method == "qlora":
         shapes = lora_module_shapes(model)
         out["dequant"] = max(d_in * d_out for d_in, d_out in shapes.values()) / tp * e
-    # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
-    # (``Optimizer2State``): no list-wide temporaries.
     if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
         # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32 for
         # the optimizer (``_prepare_fp32_grad_for_sub_group``; sub_group_size 1e9 by default).
         n = st.trainable / (layout.dp * layout.cp)
         out["optimizer_temp"] += min(n, DEEPSPEED_SUB_GROUP_ELEMENTS) * 4
+    # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
+    # (``Optimizer2State``): no list-wide temporaries.
     foreach = wl.optimizer_step == "foreach" and not wl.optimizer_paged
     if foreach and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
         # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list.
@@ -314,7 +312,6 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     reserved = max(phase_reserved.values())
     notes.append(f"peak phase: {phase}")
     return Peak(phase, parts, allocated, reserved, reserved + fixed, st.host + act_host, tuple(notes),
-                {k: v + fixed for k, v in phase_reserved.items()},
                 {k: v + fixed for k, v in phase_needed.items()})
 
 
@@ -493,7 +490,7 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
         device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(served)
         needed = min(reserved, allocated * (1.0 + TRAPPED_FRAGMENTATION)) + device - reserved
         peak = Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",),
-                    {"forward": device}, {"forward": needed})
+                    {"forward": needed})
     else:
         peak = detailed_peak(model, wl, layout, overrides, dp=dp, grad_accum=grad_accum)
     components = {k: ceil_bytes(v) for k, v in peak.parts.items() if v > 0}
