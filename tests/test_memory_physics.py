@@ -435,3 +435,18 @@ def test_deepspeed_zero3_keeps_a_flat_gradient_partition_and_an_fp32_copy_at_the
     assert ds.components.get("gradients", 0) == pytest.approx(2 * n, rel=0.02)
     row = next(r for r in read_rows(ROOT / "data" / "measured_calibration_more.csv") if r["id"] == "1033")
     assert abs(validate_rows([row], "detailed")[0].signed_error) <= 0.06
+
+
+def test_a_fused_rmsnorm_keeps_its_input_and_rsqrt_only():
+    """torchtitan's Triton ``fused_rmsnorm`` (``save_for_backward(x, weight, rstd)``) against the
+    Hugging Face RMSNorm (an FP32 copy of its input, rsqrt, and the normalised output for a
+    trainable weight): 2·(4h + e·h) − 2·e·h fewer bytes per token and layer in full fine-tuning."""
+    from planner import catalog
+    from planner.memory import activations as act
+
+    m = catalog.get_model("llama-2-13b")
+    rec = act.LayerRecipe(e=2, trainable_base=True)
+    tokens, h = 2 * 4096, m.hidden
+    plain = act.layer_saved(m, rec, 2, 4096).total()
+    fused = act.layer_saved(m, act.LayerRecipe(e=2, trainable_base=True, fused_norm=True), 2, 4096).total()
+    assert plain - fused == pytest.approx(tokens * 2 * 4 * h)

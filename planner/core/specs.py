@@ -290,12 +290,14 @@ class Workload(StrictModel):
     # first): no earlier step's outputs are still held by the training loop at the peak
     peak_at_first_step: bool = False
     compile: bool = False  # torch.compile: fused norms and activations
+    # "fused_rmsnorm": a fused RMSNorm kernel (torchtitan's Triton ``fused_rmsnorm``, Liger's)
+    # keeps only its input and rsqrt: no FP32 copy, no normalised output;
     # "unsloth": Unsloth's hand-written LoRA autograd and Triton kernels for Llama-style layers
     # (unsloth/kernels/fast_lora.py, rms_layernorm.py, swiglu.py): LoRA_MLP keeps its input and
     # the gate and up outputs, recomputes the SwiGLU product in backward and writes the
     # gradients into those buffers; LoRA_QKV and LoRA_W keep their input only; RMSNorm keeps
     # its input and rsqrt
-    kernels: Literal["standard", "unsloth"] = "standard"
+    kernels: Literal["standard", "fused_rmsnorm", "unsloth"] = "standard"
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
 
     @property

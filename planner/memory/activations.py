@@ -64,6 +64,8 @@ class LayerRecipe:
     fp32_embeddings: bool = False
     #: Unsloth's LoRA kernels (``Workload.kernels``) run the layer: see :func:`_unsloth_layer`.
     unsloth: bool = False
+    #: A fused RMSNorm kernel (``Workload.kernels`` fused_rmsnorm): input and rsqrt only.
+    fused_norm: bool = False
 
 
 @dataclass
@@ -104,7 +106,8 @@ def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, r
     if not (rg or weight_trainable):
         return
     litgpt = model is not None and model.impl == "litgpt"
-    if kind == "rmsnorm" and not rec.fused and model is not None and not model.norm_upcast:
+    fused = rec.fused or (rec.fused_norm and kind == "rmsnorm")
+    if kind == "rmsnorm" and not fused and model is not None and not model.norm_upcast:
         inv.add(f"{name}.input", tokens * rec.e * h, split=False)
         inv.add(f"{name}.rstd", tokens * rec.e, split=False)
         if weight_trainable:
@@ -113,7 +116,7 @@ def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, r
     if kind == "layernorm":
         inv.add(f"{name}.input", tokens * rec.e * h, split=False)
         inv.add(f"{name}.stats", tokens * 2 * FP32, split=False)
-    elif rec.fused:
+    elif fused:
         inv.add(f"{name}.input", tokens * rec.e * h, split=False)
         inv.add(f"{name}.rstd", tokens * FP32, split=False)
     else:

@@ -106,6 +106,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"),
         fused=wl.compile,
         unsloth=lora and wl.kernels == "unsloth",
+        fused_norm=wl.kernels == "fused_rmsnorm",
         fp8=wl.fp8,
         frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
         autocast=lora and wl.precision in ("mixed", "fp16"),

@@ -191,7 +191,7 @@ def _zero(text: str) -> int:
 
 
 #: ``kernels`` cells: the layer kernels a run used (Workload.kernels); blank = standard.
-KERNELS = ("standard", "unsloth")
+KERNELS = ("standard", "fused_rmsnorm", "unsloth")
 #: ``loss_impl`` cells -> the workload's ``loss`` (and the names other files use for them).
 LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunked", "fused": "fused",
               "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled",
