@@ -413,3 +413,15 @@ def test_a_deepspeed_stage_3_config_is_deepspeed_s_zero_3(tmp_path):
     f = _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 3}})
     assert f.values["zero"] == 3 and f.values["zero3_impl"] == "deepspeed"
     assert "zero3_impl" not in _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 2}}).values
+
+
+def test_fused_kernels_are_read(tmp_path):
+    """Liger's RMSNorm (axolotl ``liger_rms_norm``, LLaMA-Factory ``enable_liger_kernel``) is the
+    fused RMSNorm; LLaMA-Factory's ``use_unsloth`` runs Unsloth's kernels instead."""
+    ax = {**AXOLOTL, "plugins": ["axolotl.integrations.liger.LigerPlugin"], "liger_rms_norm": True}
+    assert _found(tmp_path, "ax.yaml", ax).values["kernels"] == "fused_rmsnorm"
+    lf = {"model_name_or_path": "Qwen/Qwen3-4B", "stage": "sft", "finetuning_type": "lora",
+          "enable_liger_kernel": True}
+    got = _found(tmp_path, "lf.yaml", lf).values
+    assert got["kernels"] == "fused_rmsnorm" and got["loss"] == "fused"
+    assert _found(tmp_path, "lf.yaml", {**lf, "use_unsloth": True}).values["kernels"] == "unsloth"

@@ -102,7 +102,7 @@ AX_IGNORED = (
 )
 AX_TUNING = (
     "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel", "liger_rope",
-    "liger_rms_norm", "liger_glu_activation", "liger_layer_norm", "liger_swiglu", "fsdp_config.*backward_prefetch",
+    "liger_glu_activation", "liger_layer_norm", "liger_swiglu", "fsdp_config.*backward_prefetch",
     "fsdp_config.*forward_prefetch", "fsdp_config.*use_orig_params", "fsdp_config.*limit_all_gathers",
     "fsdp_config.*cpu_offload_pin_memory", "embeddings_skip_upcast", "lora_on_cpu", "flash_attn_rms_norm",
     "flash_attn_fuse_qkv", "flash_attn_fuse_mlp", "flash_attn_cross_entropy", "torch_empty_cache_steps",
@@ -438,6 +438,8 @@ def _read_lf_kernels(cfg: dict, f: Found, where: str) -> None:
         f.facts["asks_fa2"] = where + ".flash_attn"
     if _true(cfg.get("enable_liger_kernel")):
         f.set("loss", "fused", where + ".enable_liger_kernel")
+        if not _true(cfg.get("use_unsloth")):  # Liger's RMSNorm (its SwiGLU is not counted)
+            f.set("kernels", "fused_rmsnorm", where + ".enable_liger_kernel")
     if _true(cfg.get("pure_bf16")):
         f.set("precision", "bf16", where + ".pure_bf16")
 
@@ -626,8 +628,10 @@ def _read_ax_attention(cfg: dict, f: Found, where: str) -> None:
 
 
 def _read_ax_loss(cfg: dict, f: Found, where: str) -> None:
-    """The loss: Liger's or Cut Cross-Entropy's fused one, or the chunked one."""
+    """The loss: Liger's or Cut Cross-Entropy's fused one, or the chunked one; Liger's RMSNorm."""
     plugins = " ".join(map(str, cfg.get("plugins") or []))
+    if _true(cfg.get("liger_rms_norm")):
+        f.set("kernels", "fused_rmsnorm", where + ".liger_rms_norm")
     if _true(cfg.get("liger_fused_linear_cross_entropy")):
         f.set("loss", "fused", where + ".liger_fused_linear_cross_entropy")
         if "liger" not in plugins.lower():
