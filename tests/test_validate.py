@@ -120,6 +120,23 @@ def test_rows_read_their_qlora_stack_from_columns(hf_model, kbit_prep, prep, pre
     assert scenario_of(worded)["workload"] == wl
 
 
+@pytest.mark.parametrize("cell, precision", [
+    ("bf16-true (HF Trainer, bf16 weights, no fp32 master)", "bf16"),
+    ("bf16 with fp32 master weights", "mixed"), ("bf16-mixed", "mixed"), ("bf16-true", "bf16"),
+])
+def test_full_fine_tuning_precision_cells(cell, precision):
+    """FP32 master weights only where the cell says so: "no fp32 master" says the opposite
+    (ms-swift's full fine-tuning rows were read with FP32 masters and predicted at twice their
+    measured 79 GiB)."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "full", "precision": cell, "optimizer": "torch AdamW", "framework": "",
+           "hf_model": "no"}
+    assert scenario_of(row)["workload"]["precision"] == precision
+
+
 @pytest.mark.parametrize("version, keeps", [("0.42.0", True), ("<0.43.2", True), ("0.43.2", False),
                                             ("0.45.1", False), ("", False)])
 def test_bitsandbytes_before_0_43_2_keeps_matmul_inputs(version, keeps):

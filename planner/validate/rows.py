@@ -225,7 +225,8 @@ def _text_of(row: dict[str, str]) -> RowText:
 
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # Precision: FP32 master weights ("mixed") only where the row says so.
-    if "fp32 master" in t.prec or "deepspeed" in t.opt and t.method == "full":
+    fp32_master = "fp32 master" in t.prec and "no fp32 master" not in t.prec
+    if fp32_master or "deepspeed" in t.opt and t.method == "full":
         precision = "mixed"
     elif "-mixed" in t.prec and "fp16" not in t.prec:
         precision = "mixed"  # Lightning's "bf16-mixed": FP32 weights, 16-bit autocast
