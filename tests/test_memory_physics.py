@@ -450,3 +450,22 @@ def test_a_fused_rmsnorm_keeps_its_input_and_rsqrt_only():
     plain = act.layer_saved(m, rec, 2, 4096).total()
     fused = act.layer_saved(m, act.LayerRecipe(e=2, trainable_base=True, fused_norm=True), 2, 4096).total()
     assert plain - fused == pytest.approx(tokens * 2 * 4 * h)
+
+
+def test_a_fit_that_needs_the_cache_given_back_is_tight(monkeypatch):
+    """llm-foundry's MPT-3B at micro-batch 3 × 8192 on 8 H100s (FSDP full shard, no checkpointing;
+    a published throughput row, data/verdicts.csv): it needs less than the card at its limit, but
+    where memory is plentiful its reserved memory would exceed the card: it fits, marked tight
+    (even with no error band to put its headroom in)."""
+    from planner.validate.rows import scenario_of
+    from planner.validate.verdicts import read_rows
+
+    monkeypatch.setitem(ERROR_BANDS, "full", 0.0)
+    row = next(r for r in read_rows(ROOT / "data" / "verdicts.csv") if r["id"] == "V112")
+    raw = scenario_of(row)
+    raw["layout"]["gpu"] = row["planner_gpu"]
+    est = estimate_resolved(resolve(raw))
+    assert est.fits and est.predicted["device_bytes"] > est.capacity_bytes
+    assert est.tight
+    roomy = estimate_resolved(resolve({**raw, "layout": {**raw["layout"], "gpu": "h200-sxm-141gb"}}))
+    assert roomy.fits and not roomy.tight

@@ -45,9 +45,11 @@ class Estimate(BaseModel):
     host_bytes: int
     assumptions: list[str]
     warnings: list[str]
-    #: allocated_bytes, reserved_bytes, device_bytes (profiles that model the allocator).
+    #: allocated_bytes, reserved_bytes, device_bytes, needed_bytes (profiles that model the
+    #: allocator).
     predicted: dict[str, int] | None = None
-    #: The relative error validation measured for this method; tight: headroom inside it.
+    #: The relative error validation measured for this method; tight: headroom inside it, or a
+    #: fit that relies on the allocator giving back its cache (device view above capacity).
     error_band: float | None = None
     tight: bool | None = None
     #: What ``--config`` read: each scenario key, its value and the config key it came from.
@@ -107,7 +109,10 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         headroom = usable - total
         fits = total <= usable
         if mem.error_band is not None:
-            tight = fits and headroom < mem.error_band * total
+            # also tight: it fits only because the allocator gives its cache back at the limit
+            # (what nvidia-smi shows where memory is plentiful is more than the card)
+            device = (mem.predicted or {}).get("device_bytes", total)
+            tight = fits and (headroom < mem.error_band * total or device > capacity)
     lay = rs.layout
     return Estimate(
         scenario=rs.name,

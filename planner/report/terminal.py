@@ -125,7 +125,8 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
     if any(p.relaxations for p in result.plans):
         captions.append("* relaxed: " + "; ".join(sorted({r for p in result.plans for r in p.relaxations})))
     if any(p.memory.get("tight") for p in result.plans):
-        captions.append("tight: the headroom lies inside the error that validation measured for this method")
+        captions.append("tight: the headroom lies inside the error that validation measured for this method, "
+                        "or the plan fits only as the allocator gives back its cache at the card's limit")
     if captions:
         table.caption = "\n".join(captions)
     return table
