@@ -27,7 +27,7 @@ class MemoryBreakdown:
     predicted: dict[str, int] | None = None
     #: Relative error that validation measured for this kind of run (e.g. 0.12 = ±12 %).
     error_band: float | None = None
-    #: Profiles that model the phases of a step: device bytes of each phase (the largest is
+    #: Profiles that model the phases of a step: the bytes each phase must fit (the largest is
     #: the total); the search states one memory constraint per phase.
     phase_bytes: dict[str, int] | None = None
 

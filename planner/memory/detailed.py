@@ -210,7 +210,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
            "zero_buckets": layout.zero_bucket_elements * e}
-    if layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params"):
+    if _gathers_units(layout):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
         unit = max(layer * w_b, end * e)
         out["unit"] = unit
@@ -320,18 +320,22 @@ def _deepspeed_zero3(layout: Layout) -> bool:
     return layout.zero == 3 and layout.zero3_impl == "deepspeed"
 
 
+def _gathers_units(layout: Layout) -> bool:
+    """ZeRO-3/FSDP gathers each unit's parameters: they are sharded over data (or context)
+    parallel ranks, or offloaded to the host."""
+    return layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
+
+
 def _trapped(layout: Layout) -> float:
     """The share of allocated memory the allocator cannot release at the card's limit
     (:data:`TRAPPED_FRAGMENTATION`): the sharded one where ZeRO-3/FSDP gathers units."""
-    gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
-    return TRAPPED_FRAGMENTATION_SHARDED if gathers else TRAPPED_FRAGMENTATION
+    return TRAPPED_FRAGMENTATION_SHARDED if _gathers_units(layout) else TRAPPED_FRAGMENTATION
 
 
 def _fragmentation(layout: Layout) -> float:
     """The allocator's fragmentation share: the sharded one where FSDP1 or DeepSpeed ZeRO-3
     gathers units (``fsdp_version`` 1; see :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
-    gathers = layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
-    sharded = gathers and layout.fsdp_version == 1
+    sharded = _gathers_units(layout) and layout.fsdp_version == 1
     return ALLOCATOR_FRAGMENTATION_SHARDED if sharded else ALLOCATOR_FRAGMENTATION
 
 

@@ -27,8 +27,8 @@ _LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing"
 
 def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Workload,
                         layout: Layout, **x: Any) -> dict[str, np.ndarray]:
-    """``total`` (device bytes, as an estimate's ``total_bytes``), ``host`` and ``phases`` (device
-    bytes of each phase of the step, 0 where a layout has no such phase) for every element of
+    """``total`` (the bytes a plan must fit, as an estimate's ``total_bytes``), ``host`` and
+    ``phases`` (those of each phase of the step, 0 where a layout has no such phase) for every element of
     the broadcast arrays ``x`` (the keys of :func:`planner.memory.seed.seed_components`); the scenario's
     other recipe details come from ``workload`` and ``layout``."""
     keys = sorted(x)

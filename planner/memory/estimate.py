@@ -68,7 +68,8 @@ SEED_RESERVE = 0.10
 #: The detailed profile's fit margin. Its total (the bytes a run needs at the card's limit)
 #: already holds the CUDA context, NCCL buffers, the fragmentation the allocator cannot release,
 #: logits and workspaces, so no flat reserve is taken on top: a plan fits when the predicted
-#: bytes plus this share of them are within the card's capacity. The share is the median absolute error of the profile on the measured peaks
+#: bytes plus this share of them are within the card's capacity. The share is the median
+#: absolute error of the profile on the measured peaks
 #: of ``data/measured_calibration.csv`` (3.7 %, ``planner validate``), rounded up: a prediction
 #: one typical error short of the card is still called a fit; one within the method's 90 % error
 #: band is marked ``tight``.

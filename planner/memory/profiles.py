@@ -52,9 +52,9 @@ def memory_breakdown(name: str, model: ModelSpec, workload: Workload, layout: La
 
 def memory_components(name: str, model: ModelSpec, overrides: Overrides, *,
                       base: tuple[Workload, Layout] | None = None, **x: Any) -> dict[str, Any]:
-    """Per-GPU memory of many layouts at once (arrays broadcast): ``total`` (device bytes),
-    ``host`` (offloaded bytes) and ``phases`` (device bytes of each phase of a step; the largest
-    is ``total``). ``base`` (the scenario's workload and layout) supplies the recipe
+    """Per-GPU memory of many layouts at once (arrays broadcast): ``total`` (the bytes a plan
+    must fit), ``host`` (offloaded bytes) and ``phases`` (those of each phase of a step; the
+    largest is ``total``). ``base`` (the scenario's workload and layout) supplies the recipe
     details the arrays lack."""
     workload, layout = base if base is not None else (Workload(), Layout())
     return profile(name).many(model, overrides, workload=workload, layout=layout, **x)

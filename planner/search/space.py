@@ -26,8 +26,8 @@ from planner.perf.timing import (GpuPerf, billed_gpus, default_global_batch, job
 from planner.core.errors import InputError
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
-from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS,
-                                       ZERO3_IMPLS)
+from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, CODES, METHODS, OFFLOADS, OPTIMIZERS,
+                                       PRECISIONS)
 from planner.catalog.stacks import get_stack, stacks
 from planner.scenario.legality import offload_illegal, pp_divides, stack_runs, tp_gpu_fault, tp_model_fault
 from planner.scenario.resolve import ResolvedScenario
@@ -96,14 +96,12 @@ class SearchRequest:
         return self.rs.model
 
     def stack_recipe(self, name: str, stack: np.ndarray) -> np.ndarray:
-        """A recipe field of each row's stack (``fsdp_version``, ``fused_kernels``), by stack index."""
-        return np.array([getattr(st, name) for st in self.stacks], dtype=np.int64)[stack]
-
-    @property
-    def stack_sets_fsdp_version(self) -> bool:
-        """The stack's FSDP version decides memory: the detailed profile, and the scenario does not
-        pin ``layout.fsdp_version``."""
-        return self.stack_sets("fsdp_version")
+        """A recipe field of each row's stack (``fsdp_version``, ``fused_kernels``; a coded one such
+        as ``zero3_impl`` as its code), by stack index."""
+        values = [getattr(st, name) for st in self.stacks]
+        if name in CODES:
+            values = [CODES[name].index(v) for v in values]
+        return np.array(values, dtype=np.int64)[stack]
 
     def stack_sets(self, key: str) -> bool:
         """The stack's recipe for a layout ``key`` decides memory: the detailed profile, and the
@@ -367,7 +365,7 @@ def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndar
     memory; ``StackSpec.fsdp_version``). Where both fit, the earlier row (the preferred stack)
     wins the tie."""
     versions = req.stack_recipe("fsdp_version", np.arange(len(req.stacks)))
-    if not req.stack_sets_fsdp_version or not len(part["zero"]) or not (versions == 2).any():
+    if not req.stack_sets("fsdp_version") or not len(part["zero"]) or not (versions == 2).any():
         return part
     wanted = (part["zero"] == 3) & (versions[part["stack"]] == 1)
     alt = np.full(len(wanted), -1, dtype=np.int64)
@@ -429,25 +427,24 @@ def grad_accum_of(req: SearchRequest, micro_batch: np.ndarray, dp: np.ndarray) -
 
 
 def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> tuple:
-    """(device bytes per GPU, host bytes per GPU), exactly as ``planner estimate`` sums them."""
+    """(bytes per GPU a plan must fit, host bytes per GPU), exactly as ``planner estimate`` sums them."""
     mem = memory_of(req, c, dp, ga)
     return mem["total"], mem["host"]
 
 
 def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> dict[str, Any]:
-    """``total`` and ``host`` bytes per GPU, and ``phases``: the device bytes of each phase of a
-    step (the search's one memory constraint per phase; the largest is ``total``).
+    """``total`` and ``host`` bytes per GPU, and ``phases``: the bytes each phase of a step must
+    fit (the search's one memory constraint per phase; the largest is ``total``).
 
     The seed profile is evaluated on the arrays directly. Other profiles evaluate each distinct
     layout once per search (the GPU type does not change memory, so rows repeat across types and
     across the bisection's probes): results are kept in ``req.memory_cache``."""
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
-    if req.stack_sets_fsdp_version:  # the stack's recipe: how its ZeRO-3/FSDP frees gathers
-        x["fsdp_version"] = req.stack_recipe("fsdp_version", c["stack"])
-    if req.stack_sets("zero3_impl"):  # and who implements its ZeRO-3
-        impl = np.array([ZERO3_IMPLS.index(st.zero3_impl) for st in req.stacks], dtype=np.int64)
-        x["zero3_impl"] = impl[c["stack"]]
+    # the stack's recipe: how its ZeRO-3/FSDP frees gathers, and who implements its ZeRO-3
+    for key in ("fsdp_version", "zero3_impl"):
+        if req.stack_sets(key):
+            x[key] = req.stack_recipe(key, c["stack"])
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         return memory_components(req.rs.profile, req.model, req.rs.overrides,

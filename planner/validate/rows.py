@@ -45,14 +45,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # hidden, biases, learned positions, embedding tied to the output layer.
     "gpt": {"norm": "layernorm", "gated_mlp": False, "qkv_bias": True, "o_bias": True, "mlp_bias": True,
             "tied_embeddings": True, "position": "learned"},
-    # llm-foundry's MPT as its throughput benchmarks build it (MPTConfig defaults: learned
-    # positions, biases, LayerNorm, GELU MLP of 4x hidden, tied embeddings): the GPT facts.
-    "mpt": {"norm": "layernorm", "gated_mlp": False, "qkv_bias": True, "o_bias": True, "mlp_bias": True,
-            "tied_embeddings": True, "position": "learned"},
     # transformers' LlamaForCausalLM built from a LlamaConfig (bench/gpu_memory.py): RMSNorm,
     # SwiGLU, no biases, untied head; the dimensions come from the row's columns.
     "llama": {"tied_embeddings": False},
 }
+
+# llm-foundry's MPT as its throughput benchmarks build it (MPTConfig defaults: learned positions,
+# biases, LayerNorm, GELU MLP of 4x hidden, tied embeddings): the GPT facts.
+ARCHITECTURES["mpt"] = ARCHITECTURES["gpt"]
 
 #: Row model names that are catalog entries under another name.
 CATALOG_NAMES = {"phi-3-mini-4k": "phi-3-mini"}
