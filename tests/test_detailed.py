@@ -225,6 +225,49 @@ def test_legacy_bitsandbytes_keeps_every_frozen_input():
     assert per_layer * (model.layers - 1) < legacy - now <= per_layer * model.layers
 
 
+def test_llm_int8_matmuls_keep_their_input_and_its_int8_copy_per_module():
+    """bitsandbytes' MatMul8bitLt (autograd/_functions.py, 0.40.0 to 0.44.1) keeps
+    ``(CAt, subA, A)`` whenever its input needs a gradient: the layer's own input, shared by the
+    modules that read it, plus an int8 copy (1 byte per element) per module; 0.45.0 keeps A
+    alone. A LoRA layer on q and v, per token: the MLP's input (h) and product (f) in fp16 once
+    (the adapters on q and v already save the attention's input); int8 copies for q, k, v, o,
+    gate, up (6 × h) and down (f)."""
+    model = planner.catalog.get_model("llama-2-7b")
+    wl = {"method": "qlora", "quant_bits": 8, "precision": "fp16", "seq_len": 1024,
+          "lora_targets": ["q", "v"]}
+    base = {"model": "llama-2-7b", "workload": wl, "layout": {"checkpointing": "none"}}
+
+    def acts(**extra):
+        merged = planner.scenario.resolve.deep_merge(base, {"workload": extra})
+        return planner.estimate(merged).components["activations"]
+
+    dropped, now, with_copy = (acts(bnb_keeps_input=False), acts(),
+                               acts(int8_keeps_transposed=True))
+    tokens, h, f = 1024, model.hidden, model.ffn
+    inputs = tokens * 2 * (h + f)
+    assert inputs * (model.layers - 1) < now - dropped <= inputs * model.layers
+    copies = tokens * (6 * h + f)
+    assert copies * (model.layers - 1) < with_copy - now <= copies * model.layers
+
+
+def test_llm_int8_temporaries_follow_the_bitsandbytes_release():
+    """The largest LLM.int8 temporary at 4,096 tokens is the MLP's forward: up to 0.44 an int8
+    input and its col32 layout (2 bytes per input element) and int32, FP16 and cloned FP16
+    results (8 bytes per output element); from 0.45 1 + 6 bytes."""
+    from planner.core.specs import Layout, Workload
+    from planner.memory.detailed import buffer_terms
+    from planner.memory.model_states import StateParts
+
+    model = planner.catalog.get_model("llama-2-7b")
+    t, h, f = 4096, model.hidden, model.ffn
+    for transposed, expected in ((True, t * (2 * h + 8 * f)), (False, t * (h + 6 * f))):
+        wl = Workload(method="qlora", quant_bits=8, precision="fp16", seq_len=t,
+                      int8_keeps_transposed=transposed)
+        states = StateParts(device={}, host=0.0, trainable=0.0, largest_grad=0.0)
+        layout = Layout(gpus=1, dp=1)
+        assert buffer_terms(model, wl, layout, states)["dequant"] == pytest.approx(expected)
+
+
 def test_soft_capped_attention_is_eager_in_litgpt_and_keeps_its_tanh():
     """Gemma 2 under litgpt: soft-capped scores bypass SDPA, so a layer keeps the s² scores' tanh,
     FP32 softmax and its bf16 copy (2 + 4 + 2 bytes per score) beside q, K and V."""

@@ -149,6 +149,25 @@ def test_bitsandbytes_before_0_43_2_keeps_matmul_inputs(version, keeps):
     assert scenario_of(row)["workload"]["bnb_keeps_input"] is keeps
 
 
+@pytest.mark.parametrize("version, keeps, transposed", [
+    ("0.37.2", False, True), ("0.39.1", False, True), ("0.41.1", True, True),
+    ("0.44.1", True, True), ("0.45.0", True, False), ("", None, False)])
+def test_an_8_bit_lora_row_is_the_llm_int8_base_of_its_bitsandbytes(version, keeps, transposed):
+    """bitsandbytes' MatMul8bitLt keeps ``(CAt, subA)`` up to 0.39, ``(CAt, subA, A)`` from 0.40.0
+    and ``CAt`` only for a trainable weight from 0.45.0 (autograd/_functions.py at each tag);
+    a blank version is the current release."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "lora", "quant_bits": "8", "precision": "fp16-mixed",
+           "optimizer": "adamw", "bitsandbytes": version}
+    wl = scenario_of(row)["workload"]
+    assert (wl["method"], wl["quant_bits"]) == ("qlora", 8)
+    assert wl["bnb_keeps_input"] is keeps
+    assert wl["int8_keeps_transposed"] is transposed
+
+
 def test_unknown_recipe_cells_are_unmodelled_not_guessed():
     from planner.validate.rows import Unmodelable, scenario_of
 
@@ -174,6 +193,7 @@ def test_unknown_recipe_cells_are_unmodelled_not_guessed():
     ("all", ["all"]),
     ("all linear except lm_head (c_attn,c_proj,w1,w2)", ["all"]),
     ("q,k,v,o,mlp(w1,w2,w3),output", ["gate", "up", "down", "q", "k", "v", "o", "lm_head"]),
+    ("c_proj,c_attn,q_attn", ["o", "down", "q", "k", "v"]),  # GPTBigCode: attn and mlp c_proj
 ])
 def test_lora_target_cells_read_every_module_they_name(cell, targets):
     """A row's targets as the CSVs write them (the MLP's gate/up/down were once dropped, so

@@ -94,9 +94,19 @@ def test_unstated_checkpointing_is_read_as_the_least_memory():
 
 
 def test_eight_bit_lora_is_not_passed_off_as_16_bit():
+    """An LLM.int8 LoRA row is read with 1-byte linear weights: Mistral 7B's base is about
+    7.5 GB (7.0B int8 linears, 0.26B 16-bit embeddings and head), never its 14.5 GB in bf16."""
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+    from planner.validate.rows import scenario_of
+    from planner.validate.verdicts import catalog_model, stated_or_least
+
     row = next(r for r in read_rows(VERDICTS) if r["id"] == "V051")
-    got = judge_row(row)
-    assert got.judged_fit is None and "8-bit" in got.reason and not got.right
+    raw = scenario_of(stated_or_least({**row, "model": catalog_model(row["model"])}))
+    assert (raw["workload"]["method"], raw["workload"]["quant_bits"]) == ("qlora", 8)
+    weights = estimate_resolved(resolve(raw)).components["weights"]
+    assert 7.0e9 < weights < 8.0e9
+    assert judge_row(row).reason is None
 
 
 def test_verdicts_file_scores_at_least_the_published_figures():

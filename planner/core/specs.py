@@ -257,15 +257,21 @@ class Workload(StrictModel):
     lora_rank: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=65_536)] = 16
     lora_alpha: PosFloat | None = None
     lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "all", "lm_head"]] = ["all"]
+    #: Bits per quantized base weight: 4 (NF4, GPTQ) or 8 (bitsandbytes LLM.int8, ``Linear8bitLt``).
     quant_bits: Literal[4, 8] = 4
     double_quant: bool = True
     allow_relax: list[Literal["method", "seq_len"]] = []
     # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: QuantType = "nf4"
-    # bitsandbytes before 0.43.2 (July 2024): each 4-bit matmul keeps its input on its autograd
-    # context (``ctx.tensors = (A, B)``), alive for as long as the graph
-    bnb_keeps_input: bool = False
+    # Whether a bitsandbytes matmul keeps its input on its autograd context (``ctx.tensors``),
+    # alive for as long as the graph. None: the current bitsandbytes, whose 4-bit matmul does not
+    # (0.43.2, July 2024, dropped ``ctx.tensors = (A, B)``) and whose LLM.int8 matmul does (from
+    # 0.40.0, ``ctx.tensors = (CAt, subA, A)``).
+    bnb_keeps_input: bool | None = None
+    # bitsandbytes before 0.45.0 (December 2024): each LLM.int8 matmul also keeps an int8 copy of
+    # its input (``CAt``, one byte per element) whenever that input needs a gradient.
+    int8_keeps_transposed: bool = False
     # how a Hugging Face QLoRA script readies the 4-bit model: "peft" = peft's
     # prepare_model_for_kbit_training (norms, embeddings and lm_head to FP32), "trl" = TRL's
     # SFTTrainer after it (embeddings and lm_head back to 16 bits, norms FP32), "none"

@@ -27,6 +27,8 @@ FP32 = 4
 CUDA_DROPOUT_MASK_BYTES = 1.0
 #: Bytes per element of an FP8 (e4m3) tensor: Float8 linears save their input cast to FP8.
 FP8_BYTES = 1
+#: An int8 element (bitsandbytes LLM.int8 quantized activations).
+INT8_ELEMENT_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,12 @@ class LayerRecipe:
     #: whenever that input needs a gradient, though the weight is frozen (``ctx.tensors = (A, B)``;
     #: bitsandbytes PR #1270, July 2024, dropped it): a QLoRA base then saves what full FT saves.
     frozen_saves_input: bool = False
+    #: bitsandbytes' LLM.int8 matmul (``MatMul8bitLt``) keeps the layer's own input (its FP16
+    #: cast is only for quantizing), so modules reading one tensor share it.
+    int8: bool = False
+    #: bitsandbytes before 0.45.0: each LLM.int8 matmul whose input needs a gradient also keeps
+    #: ``CAt``, an int8 copy of that input (1 byte per element), on its context.
+    int8_transposed: bool = False
     #: The forward runs under ``torch.autocast`` (AMP: HF Trainer/accelerate with bf16 or fp16):
     #: a LoRA module's saved input and lora_A output are autocast copies in the compute dtype,
     #: and the FP32 adapter weights' compute-dtype casts are saved too.
@@ -143,7 +151,7 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
     if (rec.trainable_base or rec.frozen_saves_input and x_rg) and modules:
         if rec.fp8:
             inv.add(f"{x_name}.fp8", tokens * FP8_BYTES * x_width, split=split_input)
-        elif rec.trainable_base or x_bytes == rec.e:
+        elif rec.trainable_base or x_bytes == rec.e or rec.int8:
             inv.add(x_name, tokens * x_bytes * x_width, split=split_input)
             if not rec.trainable_base:
                 inv.on_context.add(x_name)
@@ -151,6 +159,10 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
             for m in modules:
                 inv.add(f"{m}.bnb_input", tokens * rec.e * x_width, split=split_input)
                 inv.on_context.add(f"{m}.bnb_input")
+    if rec.int8_transposed and x_rg and not rec.trainable_base:
+        for m in modules:
+            inv.add(f"{m}.int8_cat", tokens * INT8_ELEMENT_BYTES * x_width, split=split_input)
+            inv.on_context.add(f"{m}.int8_cat")
     copy = rec.e if rec.autocast else rec.c  # dtype of what an adapter saves
     # The tensor lora_A reads: x, cast to the adapter dtype, then by autocast to e.
     pre = x_bytes if (rec.autocast and rec.lora_shares_input) else rec.c

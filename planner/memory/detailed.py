@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from planner.memory import activations as act
 from planner.core.arch import lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
-from planner.memory.model_states import (StateParts, bnb_prepared, compute_bytes, model_states,
-                            quantized_head, quantized_linear_bytes)
+from planner.memory.model_states import (StateParts, bnb_keeps_input, bnb_prepared, compute_bytes,
+                                         int8_base, model_states, quantized_head,
+                                         quantized_linear_bytes)
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
@@ -108,7 +109,9 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         unsloth=lora and wl.kernels == "unsloth",
         fused_norm=wl.kernels == "fused_rmsnorm",
         fp8=wl.fp8,
-        frozen_saves_input=wl.method == "qlora" and wl.quant_type == "nf4" and wl.bnb_keeps_input,
+        frozen_saves_input=bnb_keeps_input(wl),
+        int8=int8_base(wl),
+        int8_transposed=int8_base(wl) and wl.int8_keeps_transposed,
         autocast=lora and wl.precision in ("mixed", "fp16"),
         lora_shares_input=wl.method == "qlora" and wl.quant_type == "nf4",
         fp32_stream=bnb_prepared(wl) and (wl.kbit_prep == "peft" or not _norm_keeps_dtype(model)),
@@ -231,6 +234,9 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     if wl.method == "qlora":
         shapes = lora_module_shapes(model)
         out["dequant"] = max(d_in * d_out for d_in, d_out in shapes.values()) / tp * e
+        if int8_base(wl):
+            out["dequant"] = max(_int8_matmul_transient(wl, d_in, d_out, layout.cp)
+                                 for d_in, d_out in shapes.values()) / tp
     if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
         # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32 for
         # the optimizer (``_prepare_fp32_grad_for_sub_group``; sub_group_size 1e9 by default).
@@ -250,6 +256,21 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         out["optimizer_temp"] += n * (4 if mixed else (c if wl.method != "full" else e))
     del pp
     return out
+
+
+def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> float:
+    """The larger of an LLM.int8 linear's forward and backward temporaries (bitsandbytes
+    ``MatMul8bitLt``, t tokens). Before 0.45.0 the forward quantizes the input (``CA``, and its
+    col32 layout for ``igemmlt``: 2 bytes per input element), multiplies into an int32 result,
+    dequantizes it to FP16 and clones the 3-D output (4 + 2 + 2 bytes per output element); the
+    backward quantizes the output gradient both ways (``double_quant``: 2 bytes per element) and
+    dequantizes the weight from its tiled layout (int8, then FP16: 3 bytes per weight). From
+    0.45.0: one int8 input, int32 and FP16 results (t·(d_in + 6·d_out)); the FP16 weight in
+    backward (2 bytes per weight)."""
+    t = wl.micro_batch * wl.seq_len / cp
+    if wl.int8_keeps_transposed:  # the release that keeps CAt: the col32/igemmlt path
+        return max(t * (2 * d_in + 8 * d_out), 2 * t * d_out + 3 * d_in * d_out)
+    return max(t * (d_in + 6 * d_out), 2 * d_in * d_out)
 
 
 def _opt_shard(layout: Layout) -> int:

@@ -82,11 +82,31 @@ def quantized_head(model: ModelSpec, workload: Workload) -> bool:
     return workload.method == "qlora" and model.impl == "litgpt" and workload.quant_type == "nf4"
 
 
+def bnb_base(workload: Workload) -> bool:
+    """A bitsandbytes base under LoRA: NF4 at 4 bits, LLM.int8 (``Linear8bitLt``) at 8."""
+    return workload.method == "qlora" and workload.quant_type == "nf4"
+
+
+def int8_base(workload: Workload) -> bool:
+    """An LLM.int8 base (bitsandbytes ``load_in_8bit``)."""
+    return bnb_base(workload) and workload.quant_bits == 8
+
+
+def bnb_keeps_input(workload: Workload) -> bool:
+    """Whether the base's bitsandbytes matmuls keep their inputs (``Workload.bnb_keeps_input``;
+    unset: the current release, which keeps them for LLM.int8 only)."""
+    if not bnb_base(workload):
+        return False
+    keeps = workload.bnb_keeps_input
+    return int8_base(workload) if keeps is None else keeps
+
+
 def bnb_prepared(workload: Workload) -> bool:
-    """A bitsandbytes 4-bit QLoRA base whose 16-bit weights a script cast to FP32
-    (``kbit_prep``): norms FP32, and with ``peft`` embeddings and lm_head too."""
-    return (workload.method == "qlora" and workload.quant_type == "nf4"
-            and workload.quant_bits == 4 and workload.kbit_prep != "none")
+    """A bitsandbytes base whose 16-bit weights a script cast to FP32 (``kbit_prep``): norms
+    FP32, and with ``peft`` embeddings and lm_head too (``prepare_model_for_kbit_training``; its
+    2023 predecessor ``prepare_model_for_int8_training`` cast only norms named ``layer_norm``,
+    which Llama's are not: such a run is ``none``)."""
+    return bnb_base(workload) and workload.kbit_prep != "none"
 
 
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:

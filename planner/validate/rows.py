@@ -63,12 +63,19 @@ LITGPT_MODEL = {"fused_qkv": True, "tied_embeddings": False, "impl": "litgpt"}
 #: bitsandbytes 0.43.2 (2024-07, PR #1270) stopped keeping a 4-bit matmul's input on its autograd
 #: context: a row's ``bitsandbytes`` version before it keeps the inputs (``bnb_keeps_input``).
 BNB_DROPPED_MATMUL_INPUT = (0, 43, 2)
+#: bitsandbytes 0.40.0 (2023-07) made the LLM.int8 matmul keep its input too
+#: (``ctx.tensors = (CAt, subA, A)``, was ``(CAt, subA)``); 0.45.0 (2024-12) keeps ``CAt``, the
+#: int8 copy of the input, only for a trainable weight.
+BNB_INT8_KEEPS_INPUT = (0, 40, 0)
+BNB_INT8_DROPPED_TRANSPOSE = (0, 45, 0)
 
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
             "lm_head": "lm_head", "gate": "gate", "up": "up", "down": "down"}
 #: Module names of fused or differently named projections -> the targets they are.
 _FUSED_TARGETS = {"query_key_value": ("q", "k", "v"), "c_attn": ("q", "k", "v"), "qkv": ("q", "k", "v"),
-                  "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up")}
+                  "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up"),
+                  # GPT-2 / GPTBigCode: ``c_proj`` names both attn.c_proj and mlp.c_proj
+                  "c_proj": ("o", "down"), "c_fc": ("up",)}
 
 
 def read_csv(path: str | Path, required: tuple[str, ...]) -> list[dict[str, str]]:
@@ -217,7 +224,7 @@ def _text_of(row: dict[str, str]) -> RowText:
     if method not in ("full", "lora", "qlora"):
         raise Unmodelable(f"method {method!r}: only full, lora and qlora runs are modelled")
     if method == "lora" and _cell(row, "quant_bits") == "8":
-        raise Unmodelable("an 8-bit base (LLM.int8 LoRA): not modelled")
+        method = "qlora"  # LoRA over an LLM.int8 base: the planner's quantized-base LoRA, 8 bits
     framework = _framework(row)
     hf = _yes(row, "hf_model") if _cell(row, "hf_model") else framework in HF_FRAMEWORKS
     return RowText(method, row["optimizer"].lower(), row["precision"].lower(), framework, hf)
@@ -256,12 +263,17 @@ def _adapters(t: RowText, row: dict[str, str]) -> dict[str, Any]:
 
 
 def _quantized_base(row: dict[str, str]) -> dict[str, Any]:
-    """The 4-bit base of a QLoRA row (``quant_impl``, ``double_quant``), how its script readied
-    it (``kbit_prep``) and whether its bitsandbytes kept matmul inputs (``bitsandbytes``)."""
+    """The quantized base of a row: 4-bit (``quant_impl``, ``double_quant``) or LLM.int8
+    (``quant_bits`` 8), how its script readied it (``kbit_prep``) and what its bitsandbytes
+    kept on the matmuls' contexts (``bitsandbytes``)."""
     quant = QUANT_IMPLS.get(_cell(row, "quant_impl") or "bnb-nf4")
     if quant is None:
         raise Unmodelable(f"quant_impl {row.get('quant_impl')!r}: one of {', '.join(QUANT_IMPLS)}")
     version = _version(_cell(row, "bitsandbytes"))
+    if _cell(row, "quant_bits") == "8":  # LLM.int8; a blank version is the current release
+        return {"quant_bits": 8, "kbit_prep": _cell(row, "kbit_prep") or "none",
+                "bnb_keeps_input": None if version is None else version >= BNB_INT8_KEEPS_INPUT,
+                "int8_keeps_transposed": version is not None and version < BNB_INT8_DROPPED_TRANSPOSE}
     return {"quant_type": quant, "double_quant": _yes(row, "double_quant"),
             "kbit_prep": _cell(row, "kbit_prep") or "none",
             "bnb_keeps_input": quant == "nf4" and version is not None and version < BNB_DROPPED_MATMUL_INPUT}
