@@ -409,10 +409,13 @@ def test_an_optimizer_without_a_rule_can_be_replaced_by_the_flag(tmp_path):
     assert _estimate("--config", args, *flags, "--optimizer", "adamw")["method"] == "full"
 
 
-def test_a_deepspeed_stage_3_config_is_deepspeed_s_zero_3(tmp_path):
-    f = _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 3}})
-    assert f.values["zero"] == 3 and f.values["zero3_impl"] == "deepspeed"
-    assert "zero3_impl" not in _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 2}}).values
+def test_a_deepspeed_zero_config_is_deepspeed_s_zero(tmp_path):
+    """Stages 1-3 of a DeepSpeed config are DeepSpeed's (its FP32 gradient partition at the step);
+    stage 0 shards nothing."""
+    for stage in (1, 2, 3):
+        f = _found(tmp_path, "ds.json", {"zero_optimization": {"stage": stage}})
+        assert f.values["zero"] == stage and f.values["zero_impl"] == "deepspeed"
+    assert "zero_impl" not in _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 0}}).values
 
 
 def test_fused_kernels_are_read(tmp_path):

@@ -429,12 +429,15 @@ def test_deepspeed_zero3_keeps_a_flat_gradient_partition_and_an_fp32_copy_at_the
                                                "optimizer_step": "fused"},
            "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}}
     fsdp = _estimate(raw)
-    ds = _estimate({**raw, "layout": {**raw["layout"], "zero3_impl": "deepspeed"}})
+    ds = _estimate({**raw, "layout": {**raw["layout"], "zero_impl": "deepspeed"}})
     n = fsdp.params / 8
     assert ds.predicted["allocated_bytes"] - fsdp.predicted["allocated_bytes"] == pytest.approx(2 * n, rel=0.02)
     assert ds.components.get("gradients", 0) == pytest.approx(2 * n, rel=0.02)
     row = next(r for r in read_rows(ROOT / "data" / "measured_calibration_more.csv") if r["id"] == "1033")
     assert abs(validate_rows([row], "detailed")[0].signed_error) <= 0.06
+    # the key's earlier name still reads
+    old_key = _estimate({**raw, "layout": {**raw["layout"], "zero3_impl": "deepspeed"}})
+    assert old_key.total_bytes == ds.total_bytes
 
 
 def test_a_fused_rmsnorm_keeps_its_input_and_rsqrt_only():

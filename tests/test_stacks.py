@@ -135,7 +135,7 @@ def test_a_plan_s_memory_is_its_stack_s_recipe():
 
 def test_a_deepspeed_stack_plans_with_deepspeed_s_zero_3():
     """Restricted to the DeepSpeed stack, a ZeRO-3 plan carries DeepSpeed's gradient partition:
-    its memory is the estimate pinned to ``zero3_impl: deepspeed``, above FSDP's."""
+    its memory is the estimate pinned to ``zero_impl: deepspeed``, above FSDP's."""
     from planner.search.checker import check_plan
 
     raw = {"name": "ds", "model": "llama-3.1-8b",
@@ -149,7 +149,7 @@ def test_a_deepspeed_stack_plans_with_deepspeed_s_zero_3():
     assert plan.stack == "hf-deepspeed" and check_plan(raw, plan) == []
     body = {k: v for k, v in raw.items() if k not in ("name", "search")}
     pinned = {impl: planner.estimate({**body, "layout": {**raw["layout"], "tp": plan.tp, "pp": plan.pp,
-                                                         "zero3_impl": impl}}) for impl in ("fsdp", "deepspeed")}
+                                                         "zero_impl": impl}}) for impl in ("fsdp", "deepspeed")}
     assert plan.memory["total_bytes"] == pinned["deepspeed"].total_bytes > pinned["fsdp"].total_bytes
 
 

@@ -168,6 +168,32 @@ def test_an_8_bit_lora_row_is_the_llm_int8_base_of_its_bitsandbytes(version, kee
     assert wl["int8_keeps_transposed"] is transposed
 
 
+@pytest.mark.parametrize("cell, precision", [
+    ("fp32", "fp32"), ("fp32 compute (no --bf16 flag)", "fp32"),
+    ("amp_bf16 (FSDP mixed_precision PURE)", "mixed"), ("bf16 compute / fp32 master", "mixed")])
+def test_fp32_and_composer_precision_cells(cell, precision):
+    """A run in FP32 is read as FP32 (it was read as pure bf16), Composer's amp_bf16 as FP32
+    weights under bf16 autocast."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "full", "precision": cell, "optimizer": "torch AdamW", "framework": "",
+           "hf_model": "no"}
+    assert scenario_of(row)["workload"]["precision"] == precision
+
+
+@pytest.mark.parametrize("cell, mode", [
+    ("no", "none"), ("no (axolotl default false, not set)", "none"), ("off", "none"),
+    ("yes", "full"), ("yes (per Block)", "full"), ("selective", "selective")])
+def test_a_qualified_no_is_no_checkpointing(cell, mode):
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    assert scenario_of({**row, "grad_ckpt": cell})["layout"]["checkpointing"] == mode
+
+
 def test_unknown_recipe_cells_are_unmodelled_not_guessed():
     from planner.validate.rows import Unmodelable, scenario_of
 
@@ -176,7 +202,9 @@ def test_unknown_recipe_cells_are_unmodelled_not_guessed():
     with pytest.raises(Unmodelable, match="loss_impl"):
         scenario_of({**row, "loss_impl": "magic"})
     with pytest.raises(Unmodelable, match="quant_impl"):
-        scenario_of({**row, "method": "qlora", "quant_impl": "awq"})
+        scenario_of({**row, "method": "qlora", "quant_impl": "exl2"})
+    with pytest.raises(Unmodelable, match="zero_reduce_bucket 'auto'"):
+        scenario_of({**row, "zero_reduce_bucket": "auto"})
 
 
 @pytest.mark.parametrize("cell, targets", [

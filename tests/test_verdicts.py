@@ -109,6 +109,30 @@ def test_eight_bit_lora_is_not_passed_off_as_16_bit():
     assert judge_row(row).reason is None
 
 
+def test_deepspeed_zero2_step_holds_the_fp32_gradient_partition():
+    """DeepSpeed ZeRO-1/2 ``step`` (stage_1_and_2.py, v0.9.0 and v0.14.2) flattens the rank's
+    16-bit gradient partition into an FP32 copy for the optimizer. V347 (LLaMA-Factory #1221,
+    LLaMA-7B full fine-tuning, ZeRO-2 on 8 x V100-32GB) ran out of memory in the Adam step
+    with 28.28 GiB allocated and 3.14 GiB (the FP32 partition) asked for: with the copy the
+    verdict is out of memory; without it (FSDP's ZeRO-2, whose sharded gradients are the FP32
+    ones) the same run would be judged to fit."""
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+    from planner.validate.rows import scenario_of
+    from planner.validate.verdicts import _model_cell, stated_or_least
+
+    row = next(r for r in read_rows(VERDICTS) if r["id"] == "V347")
+    got = judge_row(row)
+    assert got.verdict == "oom" and got.judged_fit is False
+    raw = scenario_of(stated_or_least({**row, "model": _model_cell(row)}))
+    assert raw["layout"]["zero_impl"] == "deepspeed"
+    ds = estimate_resolved(resolve(raw))
+    fsdp = estimate_resolved(resolve({**raw, "layout": {**raw["layout"], "zero_impl": "fsdp"}}))
+    partition = 6.74e9 / 8  # LLaMA-7B over 8 data-parallel ranks
+    assert ds.components["buffers"] - fsdp.components["buffers"] == pytest.approx(4 * partition, rel=0.01)
+    assert fsdp.total_bytes <= got.usable_bytes < ds.total_bytes
+
+
 def test_verdicts_file_scores_at_least_the_published_figures():
     """The figures the README quotes (a floor: physics that loses a verdict fails here)."""
     result = validate_verdicts(VERDICTS)

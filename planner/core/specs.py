@@ -11,6 +11,7 @@ import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -70,7 +71,7 @@ Precision = Literal["mixed", "bf16", "fp16", "fp32"]
 Checkpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "flash"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
-Zero3Impl = Literal["fsdp", "deepspeed"]
+ZeroImpl = Literal["fsdp", "deepspeed"]
 Profile = Literal["seed", "detailed"]
 Objective = Literal["gpus", "hourly", "cost", "time"]
 Vendor = Literal["nvidia", "amd", "huawei", "intel", "google"]
@@ -350,10 +351,12 @@ class Layout(StrictModel):
     #: caching allocator's segments), 2 for FSDP2 (``fully_shard``: stream-to-stream waits, the
     #: frees deterministic). The detailed profile's reserved view.
     fsdp_version: Literal[1, 2] = 1
-    #: Who implements ZeRO-3: "fsdp" (PyTorch FSDP: sharded gradients made in backward, freed at
-    #: zero_grad) or "deepspeed" (stage3.py: a flat partition of every gradient allocated at
-    #: initialisation and kept, and an FP32 copy of it made at the optimizer step).
-    zero3_impl: Zero3Impl = "fsdp"
+    #: Who implements the ZeRO stage: "fsdp" (PyTorch FSDP: sharded gradients made in backward,
+    #: freed at zero_grad; also Megatron's distributed optimizer) or "deepspeed" (stage3.py: a flat
+    #: partition of every gradient allocated at initialisation and kept, and an FP32 copy of it
+    #: made at the optimizer step; stage_1_and_2.py: the FP32 copy of its gradient partition at
+    #: the step). ``zero3_impl`` is read as this key too.
+    zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
 
 
 #: Bounds of the overrides: finite, non-negative and at most what one GPU could ever hold, so no
@@ -407,9 +410,9 @@ class StackSpec(StrictModel):
     #: Its recipe where memory depends on it: how its ZeRO-3/FSDP frees gathered parameters
     #: (``Layout.fsdp_version``: 1 for FSDP1 and DeepSpeed's record_stream frees, 2 for FSDP2).
     fsdp_version: Literal[1, 2] = 1
-    #: Who implements its ZeRO-3 (``Layout.zero3_impl``): DeepSpeed keeps a flat gradient
-    #: partition and copies it to FP32 at the step.
-    zero3_impl: Zero3Impl = "fsdp"
+    #: Who implements its ZeRO stages (``Layout.zero_impl``): DeepSpeed copies its gradient
+    #: partition to FP32 at the step, and at stage 3 keeps a flat gradient partition.
+    zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
     #: Its recipe where time depends on it: element-wise work fused into fewer kernels
     #: (Transformer Engine in Megatron-Core; the time model's ``fused_elementwise_share``).
     fused_kernels: bool = False

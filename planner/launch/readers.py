@@ -340,8 +340,8 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
     stage = zero.get("stage", 0)
     if _is_int(stage):
         f.set("zero", stage, where + ".zero_optimization.stage")
-        if stage == 3:
-            f.set("zero3_impl", "deepspeed", where + ".zero_optimization.stage")
+        if stage in (1, 2, 3):
+            f.set("zero_impl", "deepspeed", where + ".zero_optimization.stage")
         if "stage" not in zero:
             f.notes.append(f"{where}.zero_optimization.stage: not set; DeepSpeed's default 0 applies")
     _read_ds_offload(zero, stage, f, where)

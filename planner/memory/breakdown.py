@@ -13,7 +13,7 @@ from typing import Any, get_args
 import numpy as np
 
 from planner.core.specs import (Attention, Checkpointing, Layout, Method, Offload, Optimizer,
-                                Precision, Workload, Zero3Impl)
+                                Precision, Workload, ZeroImpl)
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,11 @@ OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
 ATTENTION: tuple[str, ...] = get_args(Attention)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
-ZERO3_IMPLS: tuple[str, ...] = get_args(Zero3Impl)
+ZERO_IMPLS: tuple[str, ...] = get_args(ZeroImpl)
 #: Array keys whose values are codes into one of the tuples above.
 CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS,
                                      "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS,
-                                     "zero3_impl": ZERO3_IMPLS}
+                                     "zero_impl": ZERO_IMPLS}
 
 
 def decode(key: str, value: Any) -> Any:

@@ -242,6 +242,12 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         # the optimizer (``_prepare_fp32_grad_for_sub_group``; sub_group_size 1e9 by default).
         n = st.trainable / (layout.dp * layout.cp)
         out["optimizer_temp"] += min(n, DEEPSPEED_SUB_GROUP_ELEMENTS) * 4
+    if (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload == "none"
+            and wl.precision in ("mixed", "fp16")):
+        # DeepSpeed ZeRO-1/2 (stage_1_and_2.py ``step``) flattens the rank's 16-bit gradient
+        # partition and converts it to the FP32 master's dtype for the optimizer, alive through
+        # the step: 4 bytes per element of the partition.
+        out["optimizer_temp"] += st.trainable / (layout.dp * layout.cp) * 4
     # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
     # (``Optimizer2State``): no list-wide temporaries.
     foreach = wl.optimizer_step == "foreach" and not wl.optimizer_paged
@@ -338,7 +344,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
 
 
 def _deepspeed_zero3(layout: Layout) -> bool:
-    return layout.zero == 3 and layout.zero3_impl == "deepspeed"
+    return layout.zero == 3 and layout.zero_impl == "deepspeed"
 
 
 def _gathers_units(layout: Layout) -> bool:

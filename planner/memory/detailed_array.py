@@ -22,7 +22,7 @@ TOTAL_CEILING = 2**62
 #: Array keys that belong to the workload / the layout, and how their codes decode.
 _WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
 _LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention", "fsdp_version",
-               "zero3_impl")
+               "zero_impl")
 
 
 def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Workload,

@@ -97,7 +97,7 @@ class SearchRequest:
 
     def stack_recipe(self, name: str, stack: np.ndarray) -> np.ndarray:
         """A recipe field of each row's stack (``fsdp_version``, ``fused_kernels``; a coded one such
-        as ``zero3_impl`` as its code), by stack index."""
+        as ``zero_impl`` as its code), by stack index."""
         values = [getattr(st, name) for st in self.stacks]
         if name in CODES:
             values = [CODES[name].index(v) for v in values]
@@ -442,7 +442,7 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
     # the stack's recipe: how its ZeRO-3/FSDP frees gathers, and who implements its ZeRO-3
-    for key in ("fsdp_version", "zero3_impl"):
+    for key in ("fsdp_version", "zero_impl"):
         if req.stack_sets(key):
             x[key] = req.stack_recipe(key, c["stack"])
 

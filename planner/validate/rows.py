@@ -97,7 +97,12 @@ class Unmodelable(ValueError):
 
 def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
     text = (row.get(key) or "").strip()
-    return float(text) if text else default
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise Unmodelable(f"{key} {text!r}: not a number") from None
 
 
 def model_of(row: dict[str, str]) -> dict[str, Any]:
@@ -177,7 +182,8 @@ def _checkpointing(text: str) -> str:
     text = text.lower()
     if text.startswith("selective"):
         return "selective"
-    return "none" if text in ("", "no") else "full"
+    # "no (the flag was not passed)": a qualified no is still no
+    return "none" if text == "" or re.match(r"(no|off|false|none)\b", text) else "full"
 
 
 def _zero(text: str) -> int:
@@ -203,7 +209,9 @@ KERNELS = ("standard", "fused_rmsnorm", "unsloth")
 LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunked", "fused": "fused",
               "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled",
               "cce": "cce", "in-forward": "in_forward", "inplace": "inplace"}
-QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq"}
+#: AutoAWQ's GEMM checkpoints pack int4 weights with an FP16 scale and an int4 zero point per group
+#: of 128 inputs, as GPTQ does: the same bytes per weight (``awq`` reads as ``gptq``).
+QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}
 #: ``framework`` values on the Hugging Face stack, when a file has no ``hf_model`` column.
 HF_FRAMEWORKS = frozenset({"hf-trainer", "hf-accelerate", "trl", "axolotl", "llama-factory", "peft"})
 
@@ -235,8 +243,10 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     fp32_master = "fp32 master" in t.prec and "no fp32 master" not in t.prec
     if fp32_master or "deepspeed" in t.opt and t.method == "full":
         precision = "mixed"
-    elif "-mixed" in t.prec and "fp16" not in t.prec:
-        precision = "mixed"  # Lightning's "bf16-mixed": FP32 weights, 16-bit autocast
+    elif ("-mixed" in t.prec or t.prec.startswith("amp_bf16")) and "fp16" not in t.prec:
+        precision = "mixed"  # Lightning's "bf16-mixed", Composer's amp_bf16: FP32 weights, autocast
+    elif t.prec.startswith(("fp32", "float32")):
+        precision = "fp32"  # FP32 weights and compute
     elif "fp16" in t.prec:
         precision = "fp16"
     elif t.method != "full" and t.hf_stack and "bf16" in t.prec:
@@ -365,7 +375,11 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
         out["fsdp_mixed_units"] = True
     # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
     if zero == 3 and ("zero3" in fsdp or "zero-3" in fsdp or "deepspeed" in fsdp):
-        out["zero3_impl"] = "deepspeed"
+        out["zero_impl"] = "deepspeed"
+    # DeepSpeed's ZeRO-1/2 (stage_1_and_2.py; not Megatron-DeepSpeed's BF16_Optimizer, whose FP32
+    # gradient buffer the row's precision cell states).
+    if zero in (1, 2) and fsdp.startswith("zero") and "bf16_optimizer" not in fsdp:
+        out["zero_impl"] = "deepspeed"
     # FSDP2 (``fully_shard``): torchtitan always, torchtune's distributed recipes since v0.3.
     if zero == 3 and "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune")):
         out["fsdp_version"] = 2
