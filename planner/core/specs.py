@@ -413,6 +413,10 @@ class StackSpec(StrictModel):
     #: Who implements its ZeRO stages (``Layout.zero_impl``): DeepSpeed copies its gradient
     #: partition to FP32 at the step, and at stage 3 keeps a flat gradient partition.
     zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
+    #: Its training loop under FSDP accumulates gradients unsharded between optimizer steps
+    #: (``Layout.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
+    #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).
+    unsharded_grad_accumulation: bool = False
     #: Its recipe where time depends on it: element-wise work fused into fewer kernels
     #: (Transformer Engine in Megatron-Core; the time model's ``fused_elementwise_share``).
     fused_kernels: bool = False

@@ -51,12 +51,20 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
                                      "zero_impl": ZERO_IMPLS}
 
 
+#: A stack's recipe where memory depends on it (``StackSpec`` fields that set ``Layout`` keys of
+#: the same name): how its FSDP frees gathers, who implements its ZeRO stages, and whether its
+#: training loop accumulates gradients unsharded under FSDP.
+STACK_MEMORY_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation")
+#: Array keys whose values are flags.
+FLAGS = frozenset({"sp", "unsharded_grad_accumulation"})
+
+
 def decode(key: str, value: Any) -> Any:
-    """An array value back to the scenario's value: a name for coded keys, a bool for ``sp``,
-    an int otherwise (the one decoder of codes)."""
+    """An array value back to the scenario's value: a name for coded keys, a bool for flags
+    (``sp``, ``unsharded_grad_accumulation``), an int otherwise (the one decoder of codes)."""
     if key in CODES:
         return CODES[key][int(value)]
-    if key == "sp":
+    if key in FLAGS:
         return bool(value)
     return int(value)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from planner.core.arrays import unique_rows
-from planner.memory.breakdown import decode
+from planner.memory.breakdown import STACK_MEMORY_RECIPE, decode
 from planner.memory.detailed import detailed_memory
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 
@@ -21,8 +21,8 @@ TOTAL_CEILING = 2**62
 
 #: Array keys that belong to the workload / the layout, and how their codes decode.
 _WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
-_LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention", "fsdp_version",
-               "zero_impl")
+_LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention",
+               *STACK_MEMORY_RECIPE)
 
 
 def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Workload,

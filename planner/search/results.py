@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.stacks import get_stack
-from planner.memory.breakdown import decode_class
+from planner.memory.breakdown import STACK_MEMORY_RECIPE, decode_class
 from planner.memory.estimate import estimate_resolved
 from planner.search.candidates import SearchOutcome
 from planner.scenario.resolve import deep_merge, resolve
@@ -101,7 +101,7 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
     lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
-    for key in ("fsdp_version", "zero_impl"):  # the stack's recipe
+    for key in STACK_MEMORY_RECIPE:  # the stack's recipe
         if "stack" in fields and key not in raw.get("layout", {}):
             lay[key] = getattr(get_stack(fields["stack"]), key)
     out = deep_merge(out, {"workload": wl, "layout": lay})

@@ -27,7 +27,7 @@ from planner.core.errors import InputError
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
 from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, CODES, METHODS, OFFLOADS, OPTIMIZERS,
-                                       PRECISIONS)
+                                       PRECISIONS, STACK_MEMORY_RECIPE)
 from planner.catalog.stacks import get_stack, stacks
 from planner.scenario.legality import offload_illegal, pp_divides, stack_runs, tp_gpu_fault, tp_model_fault
 from planner.scenario.resolve import ResolvedScenario
@@ -441,8 +441,8 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     across the bisection's probes): results are kept in ``req.memory_cache``."""
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
-    # the stack's recipe: how its ZeRO-3/FSDP frees gathers, and who implements its ZeRO-3
-    for key in ("fsdp_version", "zero_impl"):
+    # the stack's recipe where memory depends on it
+    for key in STACK_MEMORY_RECIPE:
         if req.stack_sets(key):
             x[key] = req.stack_recipe(key, c["stack"])
 

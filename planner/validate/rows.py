@@ -366,8 +366,12 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
         out["full_state_dict"] = True
     litgpt = t.framework == "litgpt"
     # Lightning Fabric's ``no_backward_sync`` (litgpt's loop between optimizer steps) is FSDP1's
-    # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU.
-    if litgpt and zero == 3 and grad_accum > 1:
+    # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU. The Hugging
+    # Face Trainer does the same under FSDP: ``model.no_sync()`` on every micro-batch but the
+    # last (``_no_sync_in_gradient_accumulation``: all but DeepSpeed and SageMaker, 2023), then
+    # accelerate's ``accumulate`` (no_sync unless ``sync_each_batch``, added in 2024).
+    hf_loop = t.framework in HF_FRAMEWORKS and "fsdp" in fsdp and "sync_each_batch" not in fsdp
+    if (litgpt and zero == 3 or hf_loop and zero >= 2) and grad_accum > 1:
         out["unsharded_grad_accumulation"] = True
     # Lightning's FSDPStrategy sets ``use_orig_params=True`` (torch >= 2.0) and litgpt wraps each
     # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
