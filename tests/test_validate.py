@@ -194,6 +194,26 @@ def test_a_qualified_no_is_no_checkpointing(cell, mode):
     assert scenario_of({**row, "grad_ckpt": cell})["layout"]["checkpointing"] == mode
 
 
+@pytest.mark.parametrize("framework, cell, accum, unsharded", [
+    ("hf-trainer", "fsdp_full_shard", "16", True),
+    ("axolotl", "fsdp_full_shard", "4", True),
+    ("hf-trainer", "fsdp_full_shard", "1", False),
+    ("hf-trainer", "fsdp_full_shard (accelerate sync_each_batch)", "16", False),
+    ("hf-trainer", "zero3", "16", False),
+    ("torchtune", "fsdp2_full_shard", "16", False)])
+def test_hugging_face_fsdp_loops_accumulate_unsharded(framework, cell, accum, unsharded):
+    """The Trainer's ``no_sync`` under FSDP (trainer.py: every micro-batch but the last, unless
+    ``sync_each_batch``); DeepSpeed accumulates into its own partitions, torchtune syncs each
+    backward."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "full", "framework": framework, "zero_or_fsdp": cell, "grad_accum": accum,
+           "gpus": "4", "dp": "4", "precision": "bf16-mixed", "optimizer": "adamw"}
+    assert scenario_of(row)["layout"].get("unsharded_grad_accumulation", False) is unsharded
+
+
 def test_unknown_recipe_cells_are_unmodelled_not_guessed():
     from planner.validate.rows import Unmodelable, scenario_of
 

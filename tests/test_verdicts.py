@@ -133,13 +133,36 @@ def test_deepspeed_zero2_step_holds_the_fp32_gradient_partition():
     assert fsdp.total_bytes <= got.usable_bytes < ds.total_bytes
 
 
+def test_fastchat_s_fsdp_oom_is_the_unsharded_gradients():
+    """V333 (FastChat #1781): Vicuna-7B's README command (FSDP full_shard, batch 2 x 2048,
+    accumulation 16) on 4 x A100-40GB ran out of memory with 37.33 GiB allocated. The
+    Trainer's no_sync keeps the whole model's bf16 gradients on every GPU between steps: with
+    them the run needs more than the card and allocates at least what the message shows;
+    without them it would be judged to fit. The same command on 8 GPUs (V331) ran."""
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+    from planner.validate.rows import scenario_of
+    from planner.validate.verdicts import _model_cell, stated_or_least
+
+    rows = {r["id"]: r for r in read_rows(VERDICTS)}
+    got = judge_row(rows["V333"])
+    assert got.judged_fit is False
+    raw = scenario_of(stated_or_least({**rows["V333"], "model": _model_cell(rows["V333"])}))
+    assert raw["layout"]["unsharded_grad_accumulation"] is True
+    est = estimate_resolved(resolve(raw))
+    assert est.predicted["allocated_bytes"] >= 37.33 * 2**30
+    synced = estimate_resolved(resolve({**raw, "layout": {**raw["layout"], "unsharded_grad_accumulation": False}}))
+    assert synced.total_bytes <= got.usable_bytes
+    assert judge_row(rows["V331"]).judged_fit is True
+
+
 def test_verdicts_file_scores_at_least_the_published_figures():
     """The figures the README quotes (a floor: physics that loses a verdict fails here)."""
     result = validate_verdicts(VERDICTS)
     ran, oom = result["ran"], result["oom"]
     assert ran["rows"] >= 40 and oom["rows"] >= 15
     assert ran["share_right_modelled"] >= 0.95
-    assert oom["share_right_modelled"] >= 0.65
+    assert oom["share_right_modelled"] >= 0.72
     # every row of the published benchmark tables is a verdict, each source summarised
     by_source = result["by_source"]
     assert by_source["llmfoundry"]["ran"]["rows"] == 216 and by_source["torchtitan"]["oom"]["rows"] == 2
