@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from planner.memory import activations as act
 from planner.core.arch import lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
-from planner.memory.model_states import (StateParts, bnb_keeps_input, bnb_prepared, compute_bytes,
-                                         int8_base, model_states, quantized_head,
+from planner.memory.model_states import (StateParts, bnb_base, bnb_keeps_input, bnb_prepared,
+                                         compute_bytes, int8_base, model_states, quantized_head,
                                          quantized_linear_bytes)
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         int8=int8_base(wl),
         int8_transposed=int8_base(wl) and wl.int8_keeps_transposed,
         autocast=lora and wl.precision in ("mixed", "fp16"),
-        lora_shares_input=wl.method == "qlora" and wl.quant_type == "nf4",
+        lora_shares_input=bnb_base(wl),
         fp32_stream=bnb_prepared(wl) and (wl.kbit_prep == "peft" or not _norm_keeps_dtype(model)),
         fp32_embeddings=bnb_prepared(wl) and wl.kbit_prep == "peft",
     )
@@ -232,22 +232,23 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         # (DDP docs: the saving "will be equal to the total gradients size").
         out["ddp"] = st.device.get("gradients", 0.0)
     if wl.method == "qlora":
-        shapes = lora_module_shapes(model)
-        out["dequant"] = max(d_in * d_out for d_in, d_out in shapes.values()) / tp * e
+        shapes = lora_module_shapes(model).values()
         if int8_base(wl):
             out["dequant"] = max(_int8_matmul_transient(wl, d_in, d_out, layout.cp)
-                                 for d_in, d_out in shapes.values()) / tp
+                                 for d_in, d_out in shapes) / tp
+        else:
+            out["dequant"] = max(d_in * d_out for d_in, d_out in shapes) / tp * e
     if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
         # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32 for
         # the optimizer (``_prepare_fp32_grad_for_sub_group``; sub_group_size 1e9 by default).
-        n = st.trainable / (layout.dp * layout.cp)
+        n = st.trainable / _opt_shard(layout)
         out["optimizer_temp"] += min(n, DEEPSPEED_SUB_GROUP_ELEMENTS) * 4
     if (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload == "none"
             and wl.precision in ("mixed", "fp16")):
         # DeepSpeed ZeRO-1/2 (stage_1_and_2.py ``step``) flattens the rank's 16-bit gradient
         # partition and converts it to the FP32 master's dtype for the optimizer, alive through
         # the step: 4 bytes per element of the partition.
-        out["optimizer_temp"] += st.trainable / (layout.dp * layout.cp) * 4
+        out["optimizer_temp"] += st.trainable / _opt_shard(layout) * 4
     # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
     # (``Optimizer2State``): no list-wide temporaries.
     foreach = wl.optimizer_step == "foreach" and not wl.optimizer_paged

@@ -79,7 +79,7 @@ def quantized_head(model: ModelSpec, workload: Workload) -> bool:
     ``BitsandbytesPrecision`` replaces every ``torch.nn.Linear`` built under ``init_module``);
     Hugging Face's ``BitsAndBytesConfig`` keeps the output layer in 16 bits
     (``get_keys_to_not_convert``), as do torchtune and GPTQ checkpoints."""
-    return workload.method == "qlora" and model.impl == "litgpt" and workload.quant_type == "nf4"
+    return bnb_base(workload) and model.impl == "litgpt"
 
 
 def bnb_base(workload: Workload) -> bool:
@@ -260,7 +260,7 @@ def _frozen_base(model: ModelSpec, workload: Workload, place: _Placement, ledger
     bnb = False
     if workload.method == "qlora":
         q = quantized_linear_bytes(workload)
-        bnb = workload.quant_type == "nf4" and workload.quant_bits == 4
+        bnb = bnb_base(workload) and not int8_base(workload)
         q_total = q + (BNB_4BIT_MEASURED_OVERHEAD if bnb else 0.0)
         # peft's prepare_model_for_kbit_training casts every 16-bit weight to FP32; TRL casts
         # embeddings and lm_head back (``kbit_prep``); norms stay FP32 either way.
