@@ -249,3 +249,34 @@ def test_lora_target_cells_read_every_module_they_name(cell, targets):
     from planner.validate.rows import lora_targets
 
     assert lora_targets(cell) == targets
+
+
+@pytest.mark.parametrize("cell, step", [
+    ("DeepSpeed AdamW (fp32 master + states)", "fused"),
+    ("FusedAdam (DeepSpeed-Chat main.py)", "fused"),
+    ("torch AdamW (HF Trainer adamw_torch); DeepSpeed ZeRO-2 config on 1 GPU (no offload)", "foreach"),
+    ("AdamW (HF Trainer default; DeepSpeed config has no optimizer block)", "foreach"),
+    ("AdamW (torch.optim.AdamW fused=True)", "fused")])
+def test_the_trainers_torch_adamw_under_deepspeed_steps_with_foreach_kernels(cell, step):
+    """A DeepSpeed config without an optimizer block leaves the Trainer's torch AdamW (foreach by
+    default on CUDA) stepping on DeepSpeed's FP32 partition; DeepSpeed's own Adam is fused."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "optimizer": cell, "zero_or_fsdp": "zero2", "gpus": "2", "dp": "2"}
+    assert scenario_of(row)["workload"].get("optimizer_step", "foreach") == step
+
+
+@pytest.mark.parametrize("cell, zero", [("zero2", 2), ("zero1", 1), ("fsdp_shard_grad_op", 0),
+                                        ("zero3", 3)])
+def test_deepspeed_zero_1_and_2_on_one_gpu_keep_their_stage(cell, zero):
+    """One GPU shards nothing, but DeepSpeed's stage-1/2 optimizer still flattens the gradients
+    and copies them to FP32 at the step: the row keeps its stage (and DeepSpeed's recipe)."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    lay = scenario_of({**row, "zero_or_fsdp": cell, "gpus": "1", "dp": "1", "cpu_offload": "no"})["layout"]
+    assert lay["zero"] == zero
+    assert (lay.get("zero_impl") == "deepspeed") is (cell in ("zero1", "zero2", "zero3"))

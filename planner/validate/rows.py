@@ -258,9 +258,17 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
                           "optimizer_paged": "paged" in t.opt}
     if _yes(row, "optimizer_in_bwd"):
         wl["optimizer_step"] = "in_backward"
-    elif "fused" in t.opt or "deepspeed" in t.opt:
+    elif "fused" in t.opt or "deepspeed" in t.opt and not _torch_adamw(t.opt):
         wl["optimizer_step"] = "fused"  # torch fused AdamW; DeepSpeed's fused Adam kernels
     return wl
+
+
+def _torch_adamw(opt: str) -> bool:
+    """torch's AdamW named in an optimizer cell ("torch AdamW", the Hugging Face Trainer's
+    ``adamw_torch``): under DeepSpeed, whose config then names no optimizer, the Trainer's
+    optimizer steps on the flat FP32 partition with torch's default foreach kernels, not
+    DeepSpeed's fused Adam."""
+    return "torch" in opt or "hf trainer" in opt
 
 
 def _adapters(t: RowText, row: dict[str, str]) -> dict[str, Any]:
@@ -337,7 +345,10 @@ def _layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
         "attention": "eager" if row.get("flash_attn", "").strip() == "eager" else "flash",
         "activation_offload": "activations" in offload,
     }
-    if lay["gpus"] == 1 and lay["zero"] and "optimizer" not in offload:
+    # One GPU shards nothing, but DeepSpeed's ZeRO-1/2 optimizer still flattens the gradients
+    # and copies them to FP32 at the step (its recipe, below): only other stage-1/2 cells drop.
+    deepspeed_12 = row.get("zero_or_fsdp", "").lower().startswith("zero") and lay["zero"] < 3
+    if lay["gpus"] == 1 and lay["zero"] and "optimizer" not in offload and not deepspeed_12:
         lay["zero"] = 0 if lay["zero"] < 3 else 3
     if "params" in offload:
         lay["offload"] = "optimizer+params"
