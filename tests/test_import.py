@@ -26,6 +26,8 @@ ROUND_TRIPS = {
     "qlora": ({"method": "qlora", "global_batch": 32}, {}),
     "lora-a100": ({"method": "lora", "global_batch": 64}, {"gpu_types": ["a100-80gb"], "max_gpus": 8}),
     "full-8b": ({"method": "full", "global_batch": 64}, {"gpu_types": ["a100-40gb"]}),
+    "lora-embeddings": ({"method": "lora", "global_batch": 32, "modules_to_save": ["embed_tokens", "lm_head"]},
+                        {"gpu_types": ["a100-80gb"]}),
 }
 #: The Trainer has no selective recomputation: plans that round-trip exactly choose none or full.
 EXPRESSIBLE = {"checkpointing": ["none", "full"]}
@@ -304,10 +306,22 @@ def test_axolotl_bf16_full_finetune_is_pure_bf16(tmp_path):
     assert _found(tmp_path, "ax.yaml", {**AXOLOTL, "bf16": True}).values["precision"] == "mixed"  # QLoRA adapters
 
 
+def test_embeddings_and_head_trained_in_full_are_read_under_each_tools_key(tmp_path):
+    ax = _found(tmp_path, "ax.yaml", {**AXOLOTL, "lora_modules_to_save": ["embed_tokens", "lm_head"]})
+    assert ax.values["modules_to_save"] == ["embed_tokens", "lm_head"]
+    assert not _warned(ax, "lora_modules_to_save")
+    # LLaMA-Factory's comma-separated additional_target; GPT-NeoX's names for the same modules
+    lf = _found(tmp_path, "lf.yaml", {"stage": "sft", "finetuning_type": "lora",
+                                      "additional_target": "embed_in,embed_out"})
+    assert lf.values["modules_to_save"] == ["embed_tokens", "lm_head"]
+    peft = _found(tmp_path, "adapter_config.json", {"r": 8, "peft_type": "LORA", "target_modules": ["q_proj"],
+                                                    "modules_to_save": ["model.embed_tokens", "score"]})
+    assert peft.values["modules_to_save"] == ["embed_tokens"] and _warned(peft, "score")
+
+
 def test_trained_modules_the_planner_cannot_count_are_warned(tmp_path):
-    f = _found(tmp_path, "ax.yaml", {**AXOLOTL, "lora_modules_to_save": ["embed_tokens", "lm_head"],
-                                     "peft_layers_to_transform": [0, 1]})
-    assert _warned(f, "lora_modules_to_save") and _warned(f, "peft_layers_to_transform")
+    f = _found(tmp_path, "ax.yaml", {**AXOLOTL, "peft_layers_to_transform": [0, 1]})
+    assert _warned(f, "peft_layers_to_transform")
     full = {k: v for k, v in AXOLOTL.items() if k not in ("adapter", "load_in_4bit")}
     assert _warned(_found(tmp_path, "ax.yaml", {**full, "unfrozen_parameters": ["^lm_head.weight$"]}),
                    "unfrozen_parameters")
@@ -316,8 +330,8 @@ def test_trained_modules_the_planner_cannot_count_are_warned(tmp_path):
     assert _warned(peft, "modules_to_save") and _warned(peft, "layers.0")
     regex = _found(tmp_path, "adapter_config.json", {"r": 8, "target_modules": r".*\.layers\.(0|1)\..*(q_proj|v_proj)"})
     assert regex.values["lora_targets"] == ["q", "v"] and _warned(regex, "target_modules")
-    lf = _found(tmp_path, "lf.yaml", {"stage": "sft", "finetuning_type": "lora", "additional_target": "embed_tokens"})
-    assert _warned(lf, "additional_target")
+    lf = _found(tmp_path, "lf.yaml", {"stage": "sft", "finetuning_type": "lora", "additional_target": "v_head"})
+    assert _warned(lf, "additional_target") and "modules_to_save" not in lf.values
 
 
 def test_deepspeed_param_offload_alone_is_not_optimizer_offload(tmp_path):

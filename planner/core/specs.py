@@ -263,6 +263,11 @@ class Workload(StrictModel):
     double_quant: bool = True
     allow_relax: list[Literal["method", "seq_len"]] = []
     # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
+    #: Whole modules trained beside the adapters (PEFT ``modules_to_save``, LLaMA-Factory
+    #: ``additional_target``): each gets a trainable copy (the frozen original stays) with its
+    #: gradient, optimizer states and master copy, as an adapter would. Training the embeddings
+    #: and LM head is how a LoRA run learns an extended vocabulary or a new chat template.
+    modules_to_save: list[Literal["embed_tokens", "lm_head"]] = []
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: QuantType = "nf4"
     # Whether a bitsandbytes matmul keeps its input on its autograd context (``ctx.tensors``),

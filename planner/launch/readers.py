@@ -640,8 +640,7 @@ def read_peft_extras(cfg: dict, f: Found, where: str, names: dict[str, str] | No
 
     mts = get("modules_to_save")
     if mts:
-        f.warn(f"{where}.{n['modules_to_save']}", f"{_names(mts)} trained in full beside the adapters "
-               "(weights, gradients, optimizer states): the planner counts only the adapters (errs low)")
+        _modules_to_save(mts, f, f"{where}.{n['modules_to_save']}")
     for key in ("layers_to_transform", "layers_pattern"):
         if get(key) not in (None, [], ""):
             f.warn(f"{where}.{n[key]}", f"{get(key)!r}: adapters on some layers only; the planner puts "
@@ -675,6 +674,28 @@ def read_peft_extras(cfg: dict, f: Found, where: str, names: dict[str, str] | No
                 "base_model_name_or_path", "revision", "auto_mapping", "megatron_config",
                 "megatron_core", "corda_config", "eva_config"):
         get(key)  # read: no bearing on memory per GPU
+
+
+#: Module names of the input embeddings and the LM head across model families (Llama-style,
+#: GPT-2 and GPT-J, BLOOM and Falcon, GPT-NeoX, ChatGLM, Qwen-1).
+SAVED_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings")
+SAVED_HEADS = ("lm_head", "embed_out", "output_layer")
+
+
+def _modules_to_save(value: Any, f: Found, where: str) -> None:
+    """Whole modules trained beside the adapters: the embeddings and the LM head are counted
+    (``modules_to_save``); any other (a classifier ``score``) is warned about."""
+    names = [m.strip() for m in value.split(",")] if isinstance(value, str) else list(value)
+    found: list[str] = []
+    for name in (str(m) for m in names if str(m).strip()):
+        leaf = name.rsplit(".", 1)[-1]
+        kind = "embed_tokens" if leaf in SAVED_EMBEDDINGS else "lm_head" if leaf in SAVED_HEADS else None
+        if kind is None:
+            f.warn(where, f"{name}: trained in full beside the adapters, not counted (errs low)")
+        elif kind not in found:
+            found.append(kind)
+    if found:
+        f.set("modules_to_save", found, where)
 
 
 def _names(v: Any) -> str:

@@ -80,6 +80,8 @@ def lora_config(ctx: Ctx, out: Bundle) -> dict:
             out.note("hf", f"target_modules use Llama names; check them against {ctx.model.id}'s modules")
     cfg: dict = {"r": wl.lora_rank, "target_modules": modules, "task_type": "CAUSAL_LM",
                  "lora_dropout": ctx.detail("lora_dropout", 0.0)}
+    if wl.modules_to_save:
+        cfg["modules_to_save"] = list(wl.modules_to_save)
     if wl.lora_alpha is not None:
         cfg["lora_alpha"] = wl.lora_alpha
     else:
@@ -190,6 +192,9 @@ def _torchtune_lora_model(ctx: Ctx, out: Bundle) -> dict:
         model["lora_alpha"] = wl.lora_alpha
     else:
         out.need(fmt, "model.lora_alpha (the plan did not set it)")
+    if wl.modules_to_save:
+        out.need(fmt, f"a way to train {', '.join(wl.modules_to_save)} in full: torchtune's LoRA "
+                      "builders train the adapters only")
     if wl.method == "qlora":
         out.need(fmt, "model._component_: the qlora_* builder of your model (e.g. "
                       "torchtune.models.llama3_1.qlora_llama3_1_8b)")

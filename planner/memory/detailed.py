@@ -182,9 +182,11 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         # checkpointing they belong to the recomputed layer; not modelled beyond it)
         on_context = n_layers * layer.on_context_total(tp, sp) * in_flight
     if last_stage:
-        lm_head_trainable = wl.method == "full" or "lm_head" in wl.lora_targets
+        lm_head_trainable = (wl.method == "full" or "lm_head" in wl.lora_targets
+                             or "lm_head" in wl.modules_to_save)
+        embedding_trainable = wl.method == "full" or "embed_tokens" in wl.modules_to_save
         saved += act.head_saved(model, rec, b, s, lm_head_trainable=lm_head_trainable,
-                                embedding_trainable=wl.method == "full") / (tp if sp else 1)
+                                embedding_trainable=embedding_trainable) / (tp if sp else 1)
         head_q = quantized_head(model, wl)
         if head_q and rec.frozen_saves_input:  # the chunked lm_head's inputs
             on_context += b * s * rec.e * model.hidden * in_flight

@@ -127,6 +127,16 @@ def adapter_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int,
     return lora_adapters(model, targets)
 
 
+def saved_module_params(model: ModelSpec, workload: Workload) -> list[int]:
+    """Parameters of each whole module a LoRA run trains (``Workload.modules_to_save``): the
+    input embeddings, and the LM head (a separate copy even where the model ties the two)."""
+    if workload.method not in ("lora", "qlora"):
+        return []
+    counts = param_counts(model)
+    sizes = {"embed_tokens": counts.embedding, "lm_head": model.vocab * model.hidden}
+    return [sizes[m] for m in dict.fromkeys(workload.modules_to_save)]
+
+
 def _paged_share(tensor_elems: list[tuple[float, float]]) -> float:
     """Share of the elements that sit in tensors of ≥ ``PAGED_MIN_ELEMENTS`` elements."""
     total = sum(n * size for n, size in tensor_elems)
@@ -291,16 +301,21 @@ def _adapters(model: ModelSpec, workload: Workload, place: _Placement, ledger: _
     shapes = adapter_shapes(model, workload)
     r = workload.lora_rank
     n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (place.tp * place.pp)
+    saved = saved_module_params(model, workload)
+    n_saved = (sum(saved) if place.pp == 1 else max(saved, default=0)) / place.tp
+    n_lora += n_saved
     c = adapter_bytes
     master = 4 if (mixed and c < 4) else 0
     opt_b = adam_bytes(workload.optimizer, 4 if mixed else c, paged)
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
+        + [(1, n) for n in saved]
     ) if paged else 0.0
     shard = place.shard
     per = (c / shard("weights") + c / shard("gradients")
            + (opt_b * (1 - paged_share) + master) / shard("optimizer"))
     ledger.put("adapter_states", n_lora * per)
     ledger.host += n_lora * opt_b * paged_share / shard("optimizer")
-    largest = max((r * max(d_in, d_out) for _, d_in, d_out in shapes), default=0) * c
+    largest = max([r * max(d_in, d_out) for _, d_in, d_out in shapes]
+                  + [n / place.tp for n in saved], default=0) * c
     return n_lora, largest

@@ -4,7 +4,7 @@ Each row describes a real run in columns: the layout, and the recipe facts of it
 (``framework``, ``hf_model``, ``loss_impl``, ``compile``, ``grad_accum``, ``lora_dropout``,
 ``adapter_dtype``, ``quant_impl``, ``double_quant``, ``kbit_prep``, ``bitsandbytes``,
 ``optimizer_in_bwd``, ``norm_fp32``, ``mqa_sdpa_math``, ``zero_reduce_bucket``,
-``measured_unit``; ``data/README.md`` documents each and how it was read from its source). This
+``modules_to_save``, ``measured_unit``; ``data/README.md`` documents each and how it was read from its source). This
 module reads those columns into scenario keys. It reads no source name, date, commit or prose
 ``notes``, and knows no per-row figure: only architecture facts of the models (their published
 configs) and what a named framework does (litgpt's modules, FSDP2 in torchtitan and torchtune).
@@ -277,7 +277,17 @@ def _adapters(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     dtype = _cell(row, "adapter_dtype") or ("fp32" if t.hf_stack else "compute")
     return {"adapter_dtype": dtype, "lora_rank": int(_num(row, "lora_rank", 8)),
             "lora_targets": lora_targets(row.get("lora_targets", "")) or ["all"],
-            "lora_dropout": float(_num(row, "lora_dropout", 0.0))}
+            "lora_dropout": float(_num(row, "lora_dropout", 0.0)),
+            "modules_to_save": modules_to_save(_cell(row, "modules_to_save"))}
+
+
+def modules_to_save(text: str) -> list[str]:
+    """A ``modules_to_save`` cell ('embed_tokens,lm_head'; blank: none) as the workload's list."""
+    names = [p for p in re.split(r"[,\s]+", text) if p]
+    unknown = [n for n in names if n not in ("embed_tokens", "lm_head")]
+    if unknown:
+        raise Unmodelable(f"modules_to_save {', '.join(unknown)!r}: embed_tokens or lm_head")
+    return names
 
 
 def _quantized_base(row: dict[str, str]) -> dict[str, Any]:
