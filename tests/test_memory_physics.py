@@ -514,3 +514,21 @@ def test_chinese_llama_lora_with_trained_embeddings_is_out_of_memory_on_24gb():
     judged = judge_row(row)
     assert judged.verdict == "oom" and judged.right
     assert judge_row({**row, "modules_to_save": ""}).judged_fit
+
+
+def test_trl_casts_the_embeddings_back_to_16_bits_only_under_bf16_with_a_4bit_base():
+    """TRL's SFTTrainer calls ``peft_module_casting_to_bf16`` after peft's
+    ``prepare_model_for_kbit_training`` only when ``args.bf16`` and the base is 4-bit: an FP16 run
+    (a T4 or V100) or an LLM.int8 base keeps the FP32 embeddings and lm_head that peft made,
+    2 × 32,000 × 4,096 parameters on Llama-2-7B at 4 bytes instead of 2."""
+    def weights(precision, bits=4, prep="trl"):
+        return _estimate({"model": "llama-2-7b",
+                          "workload": {"method": "qlora", "precision": precision, "quant_bits": bits,
+                                       "kbit_prep": prep, "seq_len": 512},
+                          "layout": {"gpus": 1, "checkpointing": "full"}}).components["weights"]
+
+    ends = 2 * 32_000 * 4_096
+    assert weights("fp16") - weights("mixed") == pytest.approx(2 * ends)
+    assert weights("fp16") == weights("fp16", prep="peft")
+    assert weights("mixed", bits=8) == weights("mixed", bits=8, prep="peft")
+    assert weights("mixed", prep="peft") - weights("mixed") == pytest.approx(2 * ends)

@@ -280,7 +280,8 @@ class Workload(StrictModel):
     int8_keeps_transposed: bool = False
     # how a Hugging Face QLoRA script readies the 4-bit model: "peft" = peft's
     # prepare_model_for_kbit_training (norms, embeddings and lm_head to FP32), "trl" = TRL's
-    # SFTTrainer after it (embeddings and lm_head back to 16 bits, norms FP32), "none"
+    # SFTTrainer after it (embeddings and lm_head back to BF16 for a 4-bit base under bf16; FP32
+    # otherwise; norms FP32), "none"
     kbit_prep: Literal["none", "peft", "trl"] = "none"
     adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
     lora_dropout: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.0

@@ -18,8 +18,8 @@ from planner.memory import activations as act
 from planner.core.arch import lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.memory.model_states import (StateParts, bnb_base, bnb_keeps_input, bnb_prepared,
-                                         compute_bytes, int8_base, model_states, quantized_head,
-                                         quantized_linear_bytes)
+                                         compute_bytes, fp32_embeddings, int8_base, model_states,
+                                         quantized_head, quantized_linear_bytes)
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
@@ -114,8 +114,8 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         int8_transposed=int8_base(wl) and wl.int8_keeps_transposed,
         autocast=lora and wl.precision in ("mixed", "fp16"),
         lora_shares_input=bnb_base(wl),
-        fp32_stream=bnb_prepared(wl) and (wl.kbit_prep == "peft" or not _norm_keeps_dtype(model)),
-        fp32_embeddings=bnb_prepared(wl) and wl.kbit_prep == "peft",
+        fp32_stream=bnb_prepared(wl) and (fp32_embeddings(wl) or not _norm_keeps_dtype(model)),
+        fp32_embeddings=fp32_embeddings(wl),
     )
 
 

@@ -109,6 +109,17 @@ def bnb_prepared(workload: Workload) -> bool:
     return bnb_base(workload) and workload.kbit_prep != "none"
 
 
+def fp32_embeddings(workload: Workload) -> bool:
+    """Whether a prepared bitsandbytes base keeps its embeddings and lm_head in FP32: peft's
+    ``prepare_model_for_kbit_training`` casts them up, and TRL's SFTTrainer casts them back to
+    BF16 only for a 4-bit base trained with ``bf16`` (``peft_module_casting_to_bf16`` under
+    ``args.bf16 and is_loaded_in_4bit``): under FP16 (T4, V100) or LLM.int8 they stay FP32."""
+    if not bnb_prepared(workload):
+        return False
+    trl_casts_back = workload.precision != "fp16" and workload.quant_bits == 4
+    return workload.kbit_prep == "peft" or not trl_casts_back
+
+
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
     """Optimizer-state bytes per trainable parameter (bitsandbytes 32-bit paged AdamW keeps FP32
     states whatever the parameter dtype)."""
@@ -274,7 +285,7 @@ def _frozen_base(model: ModelSpec, workload: Workload, place: _Placement, ledger
         q_total = q + (BNB_4BIT_MEASURED_OVERHEAD if bnb else 0.0)
         # peft's prepare_model_for_kbit_training casts every 16-bit weight to FP32; TRL casts
         # embeddings and lm_head back (``kbit_prep``); norms stay FP32 either way.
-        e_end = 4 if bnb_prepared(workload) and workload.kbit_prep == "peft" else e
+        e_end = 4 if fp32_embeddings(workload) else e
         e_norm = 4 if bnb_prepared(workload) else e
         counts = place.counts
         emb = (counts.embedding + counts.positions) * e_end
