@@ -280,3 +280,19 @@ def test_deepspeed_zero_1_and_2_on_one_gpu_keep_their_stage(cell, zero):
     lay = scenario_of({**row, "zero_or_fsdp": cell, "gpus": "1", "dp": "1", "cpu_offload": "no"})["layout"]
     assert lay["zero"] == zero
     assert (lay.get("zero_impl") == "deepspeed") is (cell in ("zero1", "zero2", "zero3"))
+
+
+@pytest.mark.parametrize("sharding, cell, precision", [
+    ("zero2", "", "mixed"), ("zero3", "bf16-true (pure_bf16)", "mixed"), ("zero2", "fp32", "fp32"),
+    ("fsdp_full_shard", "bf16-true", "bf16"), ("none", "", "bf16")])
+def test_deepspeed_full_fine_tuning_keeps_fp32_masters_whatever_the_cell(sharding, cell, precision):
+    """DeepSpeed's ZeRO optimizers keep FP32 partitions of the trained weights in its bf16 mode as
+    in its fp16 one: a full fine-tune under a ZeRO config is mixed precision even where the row
+    leaves the precision out or calls it pure BF16; FSDP's and plain runs follow the cell."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "full", "precision": cell, "optimizer": "AdamW (HF Trainer default)",
+           "framework": "llama-factory", "zero_or_fsdp": sharding, "gpus": "4", "dp": "4"}
+    assert scenario_of(row)["workload"]["precision"] == precision

@@ -241,7 +241,10 @@ def _text_of(row: dict[str, str]) -> RowText:
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # Precision: FP32 master weights ("mixed") only where the row says so.
     fp32_master = "fp32 master" in t.prec and "no fp32 master" not in t.prec
-    if fp32_master or "deepspeed" in t.opt and t.method == "full":
+    # DeepSpeed's ZeRO optimizers keep FP32 partitions of the weights they train, whatever the
+    # 16-bit dtype (its bf16 as its fp16 mode); FP32 training keeps them as the weights.
+    deepspeed = "deepspeed" in t.opt or _cell(row, "zero_or_fsdp").startswith("zero")
+    if fp32_master or deepspeed and t.method == "full" and not t.prec.startswith(("fp32", "float32")):
         precision = "mixed"
     elif ("-mixed" in t.prec or t.prec.startswith("amp_bf16")) and "fp16" not in t.prec:
         precision = "mixed"  # Lightning's "bf16-mixed", Composer's amp_bf16: FP32 weights, autocast
