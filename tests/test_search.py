@@ -404,3 +404,20 @@ def test_a_hint_that_does_not_fit_never_hides_the_answer():
     40-byte card) bounds nothing: the answer is still plan 2."""
     status, got = top_k(space(), limits(usable_bytes=np.array([40, 100])), k=1, time_limit_s=5, hints=[0])
     assert (status, got) == ("optimal", [2])
+
+
+def test_modules_trained_in_full_cost_time_memory_and_are_checked():
+    """A LoRA plan that also trains the embeddings and LM head (``modules_to_save``) pins the same
+    layout at more memory (their states) and more time (their gradients to reduce, their optimizer
+    step, the head's weight-gradient GEMM); the independent checker agrees on every figure."""
+    raw = {"model": "llama-3.1-8b",
+           "workload": {"method": "lora", "seq_len": 2048, "global_batch": 32, "tokens": 1e8},
+           "layout": {"gpu": "h100", "gpus": 4, "zero": 0, "checkpointing": "full"},
+           "search": {"micro_batch": [2]}, "objective": "time"}
+    saved = {**raw, "workload": {**raw["workload"], "modules_to_save": ["embed_tokens", "lm_head"]}}
+    plain, trained = planner.plan(raw).plans[0], planner.plan(saved).plans[0]
+    assert (plain.gpus, plain.micro_batch) == (trained.gpus, trained.micro_batch)
+    assert trained.memory["total_bytes"] > plain.memory["total_bytes"]
+    assert trained.time_s > plain.time_s
+    assert check_plan(saved, trained) == []
+    assert check_plan(raw, trained) != []  # the same figures do not pass for the plain workload

@@ -192,11 +192,15 @@ def model_flops(model: ModelSpec) -> ModelFlops:
                       float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads)
 
 
-def linear_flops_per_token(mf: ModelFlops, *, method: Any, checkpointing: Any, n_lora: Any = 0.0) -> Any:
-    """FLOPs of the linear layers per trained token (weights, adapters, recomputed forward)."""
+def linear_flops_per_token(mf: ModelFlops, *, method: Any, checkpointing: Any, n_lora: Any = 0.0,
+                           saved_head: Any = 0.0) -> Any:
+    """FLOPs of the linear layers per trained token (weights, adapters, recomputed forward).
+    ``saved_head``: parameters of an LM head a LoRA run trains in full (``modules_to_save``),
+    which adds its weight gradient; a trained embedding's gradient is a scatter, no GEMM."""
     per_param = np.where(method == 0, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
     recompute = np.where(checkpointing == 2, RECOMPUTE_FLOPS_PER_PARAM * mf.active_params, 0.0)
-    return per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora + recompute
+    head_grad = np.where(method == 0, 0.0, (FULL_FLOPS_PER_PARAM - ADAPTER_FLOPS_PER_PARAM) * saved_head)
+    return per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora + head_grad + recompute
 
 
 def attention_flops_per_token(mf: ModelFlops, *, seq_len: Any, checkpointing: Any) -> Any:
@@ -304,7 +308,9 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
 
     Arguments: ``method``, ``checkpointing``, ``offload``, ``zero`` (codes as in
     planner.memory.seed), ``seq_len``, ``micro_batch``, ``grad_accum``, ``tp``, ``pp``, ``cp``, ``dp``,
-    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``; optional ``weight_bytes``
+    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``; optional ``n_saved`` and
+    ``saved_head`` (parameters of the modules a LoRA run trains in full, and of its LM head among
+    them: gradients to reduce, optimizer work, a weight-gradient GEMM), ``weight_bytes``
     (bytes per parameter of the stored weights; default :func:`stored_weight_bytes`), ``vp``
     (virtual pipeline stages of an interleaved 1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
     1 a 4-bit base; default: QLoRA has one), ``attention`` (0 eager, 1 fused; default fused),
@@ -358,7 +364,8 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     util = np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu)
 
     attention_kernel = x.get("attention", 1)  # 0 eager (math path), 1 fused (flash)
-    lin = linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora) * tokens_mb / mp
+    lin = linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora,
+                                 saved_head=x.get("saved_head", 0.0)) * tokens_mb / mp
     att = attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt) * tokens_mb / mp
     att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
     has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
@@ -420,7 +427,7 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
     d = dp * cp
     # Parameters on this GPU: expert parallelism shards the routed experts over ep ranks.
     local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(ep, 1))
-    trainable = np.where(method == 0, local, n_lora)
+    trainable = np.where(method == 0, local, n_lora + x.get("n_saved", 0.0))
     grad_bytes = trainable * 2.0 / (tp * pp)
     weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
 

@@ -486,6 +486,20 @@ def n_lora_of(rs: ResolvedScenario) -> float:
     return float(seed_lora_params(rs.model, wl.lora_rank))
 
 
+def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
+    """``n_saved`` and ``saved_head``: parameters of the modules a LoRA run trains in full
+    (``Workload.modules_to_save``) and of the LM head among them, as the time model takes them
+    (0 without a full architecture to count them)."""
+    from planner.memory.model_states import saved_module_params
+
+    wl = rs.workload
+    if not wl.modules_to_save or not has_full_architecture(rs.model):
+        return {"n_saved": 0.0, "saved_head": 0.0}
+    lora_wl = wl.model_copy(update={"method": "lora"})  # the counts a relaxed method would train
+    sizes = dict(zip(dict.fromkeys(wl.modules_to_save), saved_module_params(rs.model, lora_wl)))
+    return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
+
+
 def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
              *, known_to_fit: bool = False, host_upper: np.ndarray | None = None,
              memory: bool = True) -> dict[str, np.ndarray]:
@@ -521,6 +535,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     x = dict(method=c["method"], checkpointing=c["checkpointing"], offload=c["offload"], zero=c["zero"],
              seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
+             **saved_modules_of(req.rs),
              attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
              fused=req.stack_recipe("fused_kernels", c["stack"]),
              vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
