@@ -442,3 +442,17 @@ def test_fused_kernels_are_read(tmp_path):
     got = _found(tmp_path, "lf.yaml", lf).values
     assert got["kernels"] == "fused_rmsnorm" and got["loss"] == "fused"
     assert _found(tmp_path, "lf.yaml", {**lf, "use_unsloth": True}).values["kernels"] == "unsloth"
+
+
+@pytest.mark.parametrize("value, read, warned", [
+    (True, None, "True"),
+    ([None, "lm_head"], ["lm_head"], "None"),
+    (["embed_tokens,lm_head"], ["embed_tokens", "lm_head"], None),
+    (["tok_embeddings", "output"], ["embed_tokens", "lm_head"], None)])
+def test_odd_modules_to_save_values_are_warned_not_fatal(tmp_path, value, read, warned):
+    f = _found(tmp_path, "adapter_config.json", {"r": 8, "peft_type": "LORA", "target_modules": ["q_proj"],
+                                                 "modules_to_save": value})
+    assert f.values.get("modules_to_save") == read
+    assert bool(warned) == bool(_warned(f, "modules_to_save"))
+    if warned:
+        assert _warned(f, warned)

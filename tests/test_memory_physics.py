@@ -532,3 +532,26 @@ def test_trl_casts_the_embeddings_back_to_16_bits_only_under_bf16_with_a_4bit_ba
     assert weights("fp16") == weights("fp16", prep="peft")
     assert weights("mixed", bits=8) == weights("mixed", bits=8, prep="peft")
     assert weights("mixed", prep="peft") - weights("mixed") == pytest.approx(2 * ends)
+
+
+def test_modules_to_save_outside_a_detailed_lora_run_is_said_to_change_nothing():
+    base = {"model": "llama-2-7b", "workload": {"method": "full", "modules_to_save": ["lm_head"]},
+            "layout": {"gpus": 1}}
+    assert any("workload.modules_to_save" in w for w in resolve({"profile": "detailed", **base}).warnings)
+    lora = {**base, "workload": {"method": "lora", "modules_to_save": ["lm_head"]}}
+    assert any("seed profile" in w for w in resolve({"profile": "seed", **lora}).warnings)
+    assert not any("modules_to_save" in w for w in resolve({"profile": "detailed", **lora}).warnings)
+
+
+def test_a_trained_embedding_gives_the_first_lora_layer_an_input_that_needs_a_gradient():
+    """Without checkpointing, LoRA's first layer sees the frozen embeddings' output, which needs no
+    gradient; a trained embedding copy's output does, so that layer saves what the others save."""
+    from planner import catalog
+    from planner.memory.detailed import _recipe
+
+    model = catalog.get_model("llama-2-7b")
+    wl = Workload(method="lora")
+    lay = Layout(checkpointing="none")
+    assert not _recipe(model, wl, lay, first_layer=True).input_requires_grad
+    trained = wl.model_copy(update={"modules_to_save": ["embed_tokens"]})
+    assert _recipe(model, trained, lay, first_layer=True).input_requires_grad

@@ -265,8 +265,10 @@ class Workload(StrictModel):
     # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
     #: Whole modules trained beside the adapters (PEFT ``modules_to_save``, LLaMA-Factory
     #: ``additional_target``): each gets a trainable copy (the frozen original stays) with its
-    #: gradient, optimizer states and master copy, as an adapter would. Training the embeddings
-    #: and LM head is how a LoRA run learns an extended vocabulary or a new chat template.
+    #: gradient, optimizer states and master copy, in the adapters' dtype (``adapter_dtype``:
+    #: FP32 as LLaMA-Factory and FP16-AMP scripts cast trainable weights; 16-bit with FP32
+    #: states under DeepSpeed). Training the embeddings and LM head is how a LoRA run learns an
+    #: extended vocabulary or a new chat template. The detailed profile counts them.
     modules_to_save: list[Literal["embed_tokens", "lm_head"]] = []
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: QuantType = "nf4"

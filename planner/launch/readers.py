@@ -677,17 +677,25 @@ def read_peft_extras(cfg: dict, f: Found, where: str, names: dict[str, str] | No
 
 
 #: Module names of the input embeddings and the LM head across model families (Llama-style,
-#: GPT-2 and GPT-J, BLOOM and Falcon, GPT-NeoX, ChatGLM, Qwen-1).
+#: GPT-2 and GPT-J, BLOOM and Falcon, GPT-NeoX, ChatGLM, Qwen-1, InternLM2 and Meta's format).
 SAVED_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings")
-SAVED_HEADS = ("lm_head", "embed_out", "output_layer")
+SAVED_HEADS = ("lm_head", "embed_out", "output_layer", "output")
 
 
 def _modules_to_save(value: Any, f: Found, where: str) -> None:
     """Whole modules trained beside the adapters: the embeddings and the LM head are counted
-    (``modules_to_save``); any other (a classifier ``score``) is warned about."""
-    names = [m.strip() for m in value.split(",")] if isinstance(value, str) else list(value)
+    (``modules_to_save``); any other (a classifier ``score``) is warned about, as is a value
+    that names no modules."""
+    if not isinstance(value, (str, list, tuple)):
+        f.warn(where, f"{value!r}: not a list of module names; nothing counted")
+        return
+    items = [value] if isinstance(value, str) else list(value)
+    names = [n.strip() for m in items if isinstance(m, str) for n in m.split(",") if n.strip()]
+    odd = [m for m in items if not isinstance(m, str)]
+    if odd:
+        f.warn(where, f"{odd!r}: not module names; ignored")
     found: list[str] = []
-    for name in (str(m) for m in names if str(m).strip()):
+    for name in names:
         leaf = name.rsplit(".", 1)[-1]
         kind = "embed_tokens" if leaf in SAVED_EMBEDDINGS else "lm_head" if leaf in SAVED_HEADS else None
         if kind is None:

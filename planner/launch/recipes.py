@@ -82,6 +82,8 @@ def lora_config(ctx: Ctx, out: Bundle) -> dict:
                  "lora_dropout": ctx.detail("lora_dropout", 0.0)}
     if wl.modules_to_save:
         cfg["modules_to_save"] = list(wl.modules_to_save)
+        if ctx.model.family not in (None, "llama", "mistral", "qwen", "gemma"):
+            out.note("hf", f"modules_to_save uses Llama names; check them against {ctx.model.id}'s modules")
     if wl.lora_alpha is not None:
         cfg["lora_alpha"] = wl.lora_alpha
     else:

@@ -104,7 +104,9 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         c=(4 if wl.adapter_dtype == "fp32" else e) if lora else e,
         lora_rank=wl.lora_rank if lora else 0,
         lora_dropout=lora and wl.lora_dropout > 0,
-        input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"),
+        # LoRA's first layer gets a frozen input, unless the embeddings are trained in full
+        input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"
+                                 and "embed_tokens" not in wl.modules_to_save),
         fused=wl.compile,
         unsloth=lora and wl.kernels == "unsloth",
         fused_norm=wl.kernels == "fused_rmsnorm",

@@ -399,6 +399,7 @@ def resolve(
     _check_sharding(wl, lay, problems)
     grad_accum = _derive_grad_accum(wl, dp, problems)
     scenario = _fit_profile(scenario, model, problems, warnings)
+    _check_saved_modules(scenario, warnings)
     if gpu is not None:
         _check_gpu(wl, lay, gpu, problems, warnings)
     if problems:
@@ -494,6 +495,20 @@ def _check_model_split(scenario: Scenario, model: ModelSpec, problems: list[str]
         else:
             warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
                             f"heaviest stage holds {-(-model.layers // lay.pp)}")
+
+
+def _check_saved_modules(scenario: Scenario, warnings: list[str]) -> None:
+    """``modules_to_save`` counts only for a LoRA run (or a search that may relax to one) under
+    the detailed profile: elsewhere it is said to change nothing."""
+    wl = scenario.workload
+    if not wl.modules_to_save:
+        return
+    if wl.method not in ("lora", "qlora") and "method" not in wl.allow_relax:
+        what = "nothing is trained" if wl.method == "inference" else "full fine-tuning trains every module"
+        warnings.append(f"workload.modules_to_save: applies to LoRA and QLoRA; {what}")
+    elif scenario.profile == "seed":
+        warnings.append("workload.modules_to_save: the seed profile (the documents' rules) does not "
+                        "count modules trained in full beside the adapters; the detailed profile does")
 
 
 def _check_sequence(wl: Workload, lay: Layout, model: ModelSpec | None, problems: list[str],
