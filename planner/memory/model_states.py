@@ -113,10 +113,10 @@ def fp32_embeddings(workload: Workload) -> bool:
     """Whether a prepared bitsandbytes base keeps its embeddings and lm_head in FP32: peft's
     ``prepare_model_for_kbit_training`` casts them up, and TRL's SFTTrainer casts them back to
     BF16 only for a 4-bit base trained with ``bf16`` (``peft_module_casting_to_bf16`` under
-    ``args.bf16 and is_loaded_in_4bit``): under FP16 (T4, V100) or LLM.int8 they stay FP32."""
+    ``args.bf16 and is_loaded_in_4bit``): under FP16 (T4, V100), FP32 or LLM.int8 they stay FP32."""
     if not bnb_prepared(workload):
         return False
-    trl_casts_back = workload.precision != "fp16" and workload.quant_bits == 4
+    trl_casts_back = workload.precision in ("mixed", "bf16") and workload.quant_bits == 4
     return workload.kbit_prep == "peft" or not trl_casts_back
 
 
