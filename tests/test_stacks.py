@@ -196,3 +196,25 @@ def test_a_stack_with_fused_kernels_is_timed_with_them():
     assert mega.time_s < titan.time_s
     for name, result in runs.items():
         assert check_plan({**raw, "search": {"stacks": [name]}}, result.plans[0]) == []
+
+
+def test_modules_trained_beside_lora_are_planned_only_on_stacks_that_train_them():
+    """PEFT's modules_to_save and axolotl's lora_modules_to_save train the embeddings and head
+    beside LoRA; torchtune's LoRA builders and the Megatron stacks have no such key. A plan that
+    needs them names a stack that has one, and the checker refuses one that does not."""
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "lora", "seq_len": 2048, "global_batch": 16,
+                                                 "modules_to_save": ["embed_tokens", "lm_head"]},
+           "search": {"gpu_types": ["h100"], "tp": [1, 2], "pp": [1, 2]}, "top": 10}
+    plans = _plans(raw)
+    assert plans and all(get_stack(p.stack).modules_to_save for p in plans)
+    without = [s.id for s in stacks() if "lora" in s.methods and not s.modules_to_save]
+    assert without  # the rule has something to refuse
+    plan = plans[0].model_dump()
+    assert check_plan(raw, plan) == []
+    assert any("does not run" in line for line in check_plan(raw, {**plan, "stack": without[0]}))
+    # full fine-tuning trains every module on any stack: the key does not restrict it
+    for stack in stacks():
+        for zero in (0, 3):
+            args = dict(vendor="nvidia", quant_type="nf4", method="full", tp=1, pp=1, cp=1, ep=1, sp=False,
+                        zero=zero, offload="none", checkpointing="full")
+            assert bool(stack_runs(stack, **args, saved_modules=True)) == bool(stack_runs(stack, **args))

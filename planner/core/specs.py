@@ -421,6 +421,9 @@ class StackSpec(StrictModel):
     #: Who implements its ZeRO stages (``Layout.zero_impl``): DeepSpeed copies its gradient
     #: partition to FP32 at the step, and at stage 3 keeps a flat gradient partition.
     zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
+    #: It trains whole modules beside LoRA adapters (``Workload.modules_to_save``: PEFT's
+    #: ``modules_to_save``, axolotl's ``lora_modules_to_save``).
+    modules_to_save: bool = False
     #: Its training loop under FSDP accumulates gradients unsharded between optimizer steps
     #: (``Layout.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
     #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).

@@ -59,9 +59,11 @@ def offload_fault(zero: int, offload: str) -> str | None:
 
 
 def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, tp: Any, pp: Any, cp: Any,
-               ep: Any, sp: Any, zero: Any, offload: Any, checkpointing: Any) -> Any:
+               ep: Any, sp: Any, zero: Any, offload: Any, checkpointing: Any,
+               saved_modules: bool = False) -> Any:
     """Whether ``stack`` runs each layout (arrays broadcast; categorical values as codes into the
-    schema's value lists, or names). The one rule of the search, the checker and the estimate."""
+    schema's value lists, or names). The one rule of the search, the checker and the estimate.
+    ``saved_modules``: the workload trains whole modules beside LoRA (``modules_to_save``)."""
     def code(values: tuple[str, ...], x: Any) -> Any:
         return values.index(x) if isinstance(x, str) else np.asarray(x)
 
@@ -80,4 +82,6 @@ def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, t
     ok &= (np.asarray(cp) == 1) | stack.cp
     ok &= (np.asarray(ep) == 1) | stack.ep
     ok &= ~np.asarray(sp, dtype=bool) | stack.sp
+    lora_like = m != METHOD_CODES.index("full")
+    ok &= ~(lora_like & bool(saved_modules)) | stack.modules_to_save
     return ok

@@ -94,7 +94,8 @@ def _stack_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
         return [f"stack {p.get('stack')!r} is not among the allowed stacks {allowed}"]
     runs = stack_runs(get_stack(p["stack"]), vendor=rs.gpu.vendor, quant_type=rs.workload.quant_type,
                       method=p["method"], tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], sp=p["sp"],
-                      zero=p["zero"], offload=p["offload"], checkpointing=p["checkpointing"])
+                      zero=p["zero"], offload=p["offload"], checkpointing=p["checkpointing"],
+                      saved_modules=bool(rs.workload.modules_to_save))
     return [] if bool(runs) else [f"stack {p['stack']} does not run this plan's combination"]
 
 

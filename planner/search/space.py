@@ -265,7 +265,8 @@ def first_stack(req: SearchRequest, gpu: GpuSpec, method: Any, **layout: Any) ->
     shape = np.broadcast(*(np.asarray(v) for v in (method, *layout.values()))).shape
     chosen = np.full(shape, -1, dtype=np.int64)
     for i, st in enumerate(req.stacks):
-        runs = stack_runs(st, vendor=gpu.vendor, quant_type=req.rs.workload.quant_type, method=method, **layout)
+        runs = stack_runs(st, vendor=gpu.vendor, quant_type=req.rs.workload.quant_type, method=method,
+                          saved_modules=bool(req.rs.workload.modules_to_save), **layout)
         chosen = np.where((chosen < 0) & runs, i, chosen)
     return chosen
 
@@ -372,7 +373,8 @@ def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndar
     layout = {k: part[k] for k in ("tp", "pp", "cp", "ep", "zero", "offload", "checkpointing")}
     for i in np.flatnonzero(versions == 2):
         runs = stack_runs(req.stacks[i], vendor=gpu.vendor, quant_type=req.rs.workload.quant_type,
-                          method=part["method"], sp=part["sp"].astype(bool), **layout)
+                          method=part["method"], sp=part["sp"].astype(bool),
+                          saved_modules=bool(req.rs.workload.modules_to_save), **layout)
         alt = np.where((alt < 0) & wanted & runs, i, alt)
     extra = alt >= 0
     if not extra.any():
