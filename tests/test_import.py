@@ -28,6 +28,7 @@ ROUND_TRIPS = {
     "full-8b": ({"method": "full", "global_batch": 64}, {"gpu_types": ["a100-40gb"]}),
     "lora-embeddings": ({"method": "lora", "global_batch": 32, "modules_to_save": ["embed_tokens", "lm_head"]},
                         {"gpu_types": ["a100-80gb"]}),
+    "lora-eval": ({"method": "lora", "global_batch": 32, "eval_micro_batch": 8}, {"gpu_types": ["a100-80gb"]}),
 }
 #: The Trainer has no selective recomputation: plans that round-trip exactly choose none or full.
 EXPRESSIBLE = {"checkpointing": ["none", "full"]}
@@ -456,3 +457,21 @@ def test_odd_modules_to_save_values_are_warned_not_fatal(tmp_path, value, read, 
     assert bool(warned) == bool(_warned(f, "modules_to_save"))
     if warned:
         assert _warned(f, warned)
+
+
+@pytest.mark.parametrize("name, data, evals", [
+    ("training_args.json", {"per_device_train_batch_size": 1, "eval_strategy": "steps"}, 8),
+    ("training_args.json", {"per_device_train_batch_size": 1, "evaluation_strategy": "epoch",
+                            "per_device_eval_batch_size": 2}, 2),
+    ("training_args.json", {"per_device_train_batch_size": 1, "eval_strategy": "no",
+                            "per_device_eval_batch_size": 2}, None),
+    ("lf.yaml", {"stage": "sft", "finetuning_type": "lora", "per_device_train_batch_size": 1,
+                 "val_size": 0.1}, 8),
+    ("lf.yaml", {"stage": "sft", "finetuning_type": "lora", "per_device_train_batch_size": 1}, None),
+    ("ax.yaml", {**AXOLOTL, "val_set_size": 0.05}, 2),
+    ("ax.yaml", {**AXOLOTL, "val_set_size": 0.05, "eval_batch_size": 4}, 4),
+    ("ax.yaml", AXOLOTL, None)])
+def test_evaluation_during_training_is_read_at_its_batch(tmp_path, name, data, evals):
+    """The Trainer evaluates at per_device_eval_batch_size (8 unless set) once an eval strategy
+    (or LLaMA-Factory's val_size) asks for it; axolotl at eval_batch_size, its micro batch unless set."""
+    assert _found(tmp_path, name, data).values.get("eval_micro_batch") == evals

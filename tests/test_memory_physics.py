@@ -555,3 +555,45 @@ def test_a_trained_embedding_gives_the_first_lora_layer_an_input_that_needs_a_gr
     assert not _recipe(model, wl, lay, first_layer=True).input_requires_grad
     trained = wl.model_copy(update={"modules_to_save": ["embed_tokens"]})
     assert _recipe(model, trained, lay, first_layer=True).input_requires_grad
+
+
+def test_an_evaluation_pass_at_the_trainers_default_batch_is_its_own_phase():
+    """The Hugging Face Trainer evaluates at ``per_device_eval_batch_size`` (8 unless set),
+    whatever the training batch: a forward without gradients whose logits and loss
+    (bf16 logits, their FP32 upcast and the FP32 log-probabilities: 2 + 4 + 4 bytes per logit)
+    for Qwen2-7B's 152,064-token vocabulary at 8 × 2,048 tokens are 24.9 GB, so a LoRA run that
+    trains on one RTX 4090 at batch 1 dies at its first evaluation. At an evaluation batch of 1
+    the training step stays the peak."""
+    from planner import catalog
+    from planner.memory import activations as act
+
+    raw = {"model": "qwen2-7b", "workload": {"method": "lora", "seq_len": 2048, "micro_batch": 1},
+           "layout": {"gpu": "rtx-4090", "gpus": 1, "checkpointing": "full"}}
+
+    def est(**wl):
+        return _estimate({**raw, "workload": {**raw["workload"], **wl}})
+
+    plain, one, eight = est(), est(eval_micro_batch=1), est(eval_micro_batch=8)
+    assert plain.fits and one.total_bytes == plain.total_bytes
+    assert not eight.fits and "peak phase: evaluation" in eight.assumptions
+    logits = act.eval_loss_bytes(catalog.get_model("qwen2-7b"), 2, 8 * 2048, "standard")
+    assert logits == pytest.approx((2 + 4 + 4) * 152_064 * 8 * 2048)
+    assert eight.total_bytes > plain.components["weights"] + logits
+    # no gradients at rest between steps under FSDP; DeepSpeed ZeRO-3 keeps its flat partition
+    full = {"model": "llama-2-7b", "workload": {"method": "full", "seq_len": 512, "micro_batch": 1,
+                                                "eval_micro_batch": 64},
+            "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}}
+    fsdp = detailed_memory(*_parts(full), dp=8)
+    ds = detailed_memory(*_parts({**full, "layout": {**full["layout"], "zero_impl": "deepspeed"}}), dp=8)
+    assert ds.phase_bytes["evaluation"] > fsdp.phase_bytes["evaluation"]
+
+
+def _parts(raw):
+    rs = resolve({"profile": "detailed", **raw})
+    return rs.model, rs.workload, rs.layout, rs.overrides
+
+
+def test_eval_micro_batch_outside_detailed_training_is_said_to_change_nothing():
+    base = {"model": "llama-2-7b", "workload": {"method": "lora", "eval_micro_batch": 8}, "layout": {"gpus": 1}}
+    assert any("eval_micro_batch" in w for w in resolve({"profile": "seed", **base}).warnings)
+    assert not any("eval_micro_batch" in w for w in resolve({"profile": "detailed", **base}).warnings)

@@ -421,3 +421,17 @@ def test_modules_trained_in_full_cost_time_memory_and_are_checked():
     assert trained.time_s > plain.time_s
     assert check_plan(saved, trained) == []
     assert check_plan(raw, trained) != []  # the same figures do not pass for the plain workload
+
+
+def test_an_evaluation_batch_is_a_memory_constraint_of_the_search():
+    """A LoRA run that evaluates at the Trainer's default batch of 8 needs room for that
+    forward's logits: the search sizes every plan's evaluation phase, and the checker agrees."""
+    raw = {"model": "qwen2-7b", "workload": {"method": "lora", "seq_len": 2048, "global_batch": 16},
+           "search": {"gpu_types": ["rtx-4090"], "max_gpus": 8}, "objective": "gpus", "top": 3}
+    evals = {**raw, "workload": {**raw["workload"], "eval_micro_batch": 8}}
+    plain, with_eval = planner.plan(raw).plans, planner.plan(evals).plans
+    assert plain and with_eval
+    assert all(p.memory["total_bytes"] <= p.memory["usable_bytes"] for p in with_eval)
+    assert plain[0].gpus == 1 and with_eval[0].gpus > 1  # the logits of 8 × 2,048 tokens do not fit beside it
+    for p in with_eval:
+        assert check_plan(evals, p) == []

@@ -270,6 +270,12 @@ class Workload(StrictModel):
     #: states under DeepSpeed). Training the embeddings and LM head is how a LoRA run learns an
     #: extended vocabulary or a new chat template. The detailed profile counts them.
     modules_to_save: list[Literal["embed_tokens", "lm_head"]] = []
+    #: Sequences per GPU in the evaluation passes a training run makes between steps (the Hugging
+    #: Face Trainer's ``per_device_eval_batch_size``, 8 unless set, whatever the training batch);
+    #: unset: no evaluation during training. The detailed profile sizes an evaluation phase: a
+    #: forward without gradients at this batch, its logits and its loss, beside the model states.
+    eval_micro_batch: Annotated[int | None, BeforeValidator(_parse_count),
+                                Field(ge=1, le=MAX_MICRO_BATCH)] = None
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: QuantType = "nf4"
     # Whether a bitsandbytes matmul keeps its input on its autograd context (``ctx.tensors``),

@@ -551,6 +551,15 @@ def _read_ax_batch(cfg: dict, f: Found, where: str, tool: str) -> None:
     else:
         f.default("seq_len", 512, where + ".sequence_len", tool)
     f.take(cfg, "micro_batch_size", "micro_batch", 1, where, tool)
+    # evaluation during training: a validation split or test datasets, at eval_batch_size
+    # (axolotl's default: the micro batch)
+    val = cfg.get("val_set_size")
+    if (isinstance(val, (int, float)) and val > 0) or cfg.get("test_datasets"):
+        if _is_int(cfg.get("eval_batch_size")):
+            f.set("eval_micro_batch", cfg["eval_batch_size"], where + ".eval_batch_size")
+        elif _is_int(f.values.get("micro_batch")):
+            f.set("eval_micro_batch", f.values["micro_batch"], where + ".eval_batch_size")
+            f.notes.append(f"{where}.eval_batch_size: not set; axolotl evaluates at the micro batch")
     if cfg.get("gradient_accumulation_steps") is None and _is_int(cfg.get("batch_size")) \
             and _is_int(f.values.get("micro_batch")):
         f.set("grad_accum", max(1, cfg["batch_size"] // f.values["micro_batch"]), where + ".batch_size")

@@ -515,6 +515,20 @@ def read_hf_checkpointing(cfg: dict, f: Found, where: str, tool: str, default: b
             f.set("activation_offload", True, f"{where}.{name}.offload")
 
 
+def _read_hf_eval(cfg: dict, f: Found, where: str, tool: str) -> None:
+    """Evaluation during training (``eval_strategy``, v4's ``evaluation_strategy``, ``do_eval``;
+    LLaMA-Factory's ``val_size`` or ``eval_dataset``) at ``per_device_eval_batch_size``, the
+    Trainer's 8 unless set: the workload's ``eval_micro_batch``."""
+    strategy = cfg.get("eval_strategy", cfg.get("evaluation_strategy"))
+    evaluates = strategy is not None and str(strategy).lower().rsplit(".", 1)[-1] != "no"
+    evaluates |= _true(cfg.get("do_eval"))
+    if tool == "LLaMA-Factory":
+        val = cfg.get("val_size")
+        evaluates |= (isinstance(val, (int, float)) and val > 0) or bool(cfg.get("eval_dataset"))
+    if evaluates:
+        f.take(cfg, "per_device_eval_batch_size", "eval_micro_batch", 8, where, tool)
+
+
 def read_training_args(cfg: dict, f: Found, where: str, base: Path, load, *,
                        tool: str = "TrainingArguments") -> None:
     """transformers' TrainingArguments, and the TRL and LLaMA-Factory files built on them
@@ -522,6 +536,7 @@ def read_training_args(cfg: dict, f: Found, where: str, base: Path, load, *,
     trl = tool == "TRL"
     f.take(cfg, "per_device_train_batch_size", "micro_batch", 8, where, tool)
     f.take(cfg, "gradient_accumulation_steps", "grad_accum", 1, where, tool)
+    _read_hf_eval(cfg, f, where, tool)
     _precision(f, cfg.get("bf16"), cfg.get("fp16"), where, tool, default="mixed" if trl else "fp32")
     if tool != "LLaMA-Factory":
         read_hf_checkpointing(cfg, f, where, tool, default=trl)

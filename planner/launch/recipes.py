@@ -26,6 +26,12 @@ def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
         "gradient_checkpointing": lay.checkpointing == "full",
         "optim": ctx.hf_optim,
     }
+    if wl.eval_micro_batch:
+        # the plan sized an evaluation phase at this batch; how often and on what data is the user's
+        args["eval_strategy"] = "steps"
+        args["per_device_eval_batch_size"] = wl.eval_micro_batch
+        out.need(fmt, "eval_steps in training_args.json and an eval dataset (the plan evaluates at "
+                      f"per_device_eval_batch_size {wl.eval_micro_batch})")
     if lay.checkpointing == "selective":
         out.note(fmt, "the Trainer has no selective recomputation: gradient_checkpointing is off, "
                       "enable it in the model code if it supports selective recompute")

@@ -642,6 +642,28 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
     return saved * tokens, peak * tokens, 0.0
 
 
+def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1) -> float:
+    """Peak bytes of the logits and the loss in an evaluation forward (no gradients): the loss's
+    forward only (see :func:`loss_bytes`). ``standard``: the compute-dtype logits, their FP32
+    upcast and the FP32 log-probabilities at once (e + 4 + 4 per logit); ``chunked``: the logits
+    and one chunk's upcast and log-probabilities; ``compiled`` and ``inplace``: the logits;
+    ``in_forward``: the logits and their FP32 copy; ``fused`` and ``cce`` form no logits."""
+    v = model.vocab / tp
+    if loss in ("standard", "held_fp32"):
+        per = (e + 2 * FP32) * v
+    elif loss == "chunked":
+        per = e * v + 2 * FP32 * v / LOSS_CHUNKS
+    elif loss in ("compiled", "inplace"):
+        per = e * v
+    elif loss == "in_forward":
+        per = (e + FP32) * v
+    elif loss == "cce":
+        per = FP32
+    else:  # fused (Liger): chunks of about V/h tokens
+        per = 3 * FP32 * model.hidden
+    return per * tokens
+
+
 def _logits_standard(e: int, v: float, tokens: int, tp: int) -> tuple[float, float]:
     """Per token: (saved, peak) of the unchunked FP32 cross-entropy (see :func:`loss_bytes`)."""
     if tp > 1:

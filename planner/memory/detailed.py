@@ -324,6 +324,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         notes.append("FSDP with PP: stage parameters stay unsharded; gradients accumulate unsharded")
     states = _step_states(wl, layout, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
                           notes=notes)
+    evals = {last: eval_terms(model, wl, layout, last_stage=last) for last in (False, True)}
     best: tuple[float, str, dict[str, float], float] | None = None
     frag = _fragmentation(layout)
     fixed = CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
@@ -333,7 +334,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     stages = [True] if layout.pp == 1 else [False, True]
     for last in stages:
         a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
-        for name, parts in _phases(model, wl, layout, st, buf, states, a).items():
+        for name, parts in _phases(model, wl, layout, st, buf, states, a, evals[last]).items():
             total = sum(parts.values())
             label = name + (" (last stage)" if last and layout.pp > 1 else "")
             phase_reserved[label] = _reserved_view(name, parts, total, buf["gather"], frag,
@@ -410,9 +411,24 @@ def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_
     return _StepStates(persistent, start, end_grads, reduced)
 
 
+def eval_terms(model: ModelSpec, wl: Workload, layout: Layout, *, last_stage: bool) -> dict[str, float]:
+    """An evaluation forward at ``Workload.eval_micro_batch`` (none: empty): ``working``, the
+    tensors one layer's forward makes (all it would save for backward, as an upper bound of what
+    is alive at once without gradients), and ``logits``, the loss's forward on the last stage."""
+    if not wl.eval_micro_batch or wl.method == "inference":
+        return {}
+    b, s = wl.eval_micro_batch, wl.seq_len // layout.cp
+    rec = _recipe(model, wl, layout, first_layer=False)
+    working = act.layer_saved(model, rec, b, s).total(layout.tp, layout.sp)
+    logits = act.eval_loss_bytes(model, rec.e, b * s, wl.loss, layout.tp) if last_stage else 0.0
+    return {"working": working, "logits": logits}
+
+
 def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf: dict[str, float],
-            states: _StepStates, a: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Components of each phase of a step on one pipeline stage (activation terms ``a``)."""
+            states: _StepStates, a: dict[str, float],
+            ev: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """Components of each phase of a step on one pipeline stage (activation terms ``a``; an
+    evaluation pass's terms ``ev``, see :func:`eval_terms`)."""
     persistent = states.persistent
     held = a["loss_held"]  # logits the training loop keeps until the next step's forward
     # Inputs kept on autograd contexts (legacy bitsandbytes) outlive backward: until the
@@ -436,6 +452,15 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
         phases["optimizer step"] = {**persistent, "gradients": states.reduced, "logits": held,
                                     "activations": kept_after,
                                     "buffers": buf["optimizer_temp"]}
+    if ev:
+        # Evaluation runs between optimizer steps: the Trainer's ``zero_grad`` has set the
+        # gradients to None (DeepSpeed ZeRO-3 keeps its flat partition), and no step's
+        # activations are left; ZeRO-3/FSDP gathers each unit for the forward as in training.
+        at_rest = {k: v for k, v in persistent.items()
+                   if k != "gradients" or _deepspeed_zero3(layout)}
+        phases["evaluation"] = {**at_rest, "activations": ev["working"] + kept_after,
+                                "logits": ev["logits"] + held,
+                                "buffers": buf["gather"] + buf["dequant"]}
     if layout.full_state_dict and layout.zero == 3:
         # A full (unsharded) state dict at a checkpoint save, or an unsharded load with
         # ``sync_module_states``: FSDP gathers it unit by unit. Each unit's pre-state-dict

@@ -499,8 +499,13 @@ def _check_model_split(scenario: Scenario, model: ModelSpec, problems: list[str]
 
 def _check_saved_modules(scenario: Scenario, warnings: list[str]) -> None:
     """``modules_to_save`` counts only for a LoRA run (or a search that may relax to one) under
-    the detailed profile: elsewhere it is said to change nothing."""
+    the detailed profile, ``eval_micro_batch`` only for training under it: elsewhere each is
+    said to change nothing."""
     wl = scenario.workload
+    if wl.eval_micro_batch and (wl.method == "inference" or scenario.profile == "seed"):
+        why = "inference has no evaluation passes" if wl.method == "inference" else \
+            "the seed profile (the documents' rules) does not size evaluation; the detailed profile does"
+        warnings.append(f"workload.eval_micro_batch: {why}")
     if not wl.modules_to_save:
         return
     if wl.method not in ("lora", "qlora") and "method" not in wl.allow_relax:
