@@ -435,3 +435,14 @@ def test_an_evaluation_batch_is_a_memory_constraint_of_the_search():
     assert plain[0].gpus == 1 and with_eval[0].gpus > 1  # the logits of 8 × 2,048 tokens do not fit beside it
     for p in with_eval:
         assert check_plan(evals, p) == []
+
+
+def test_when_the_evaluation_pass_binds_the_explanation_says_so_and_what_would_fit():
+    raw = {"model": "qwen2-7b", "workload": {"method": "lora", "seq_len": 2048, "global_batch": 16,
+                                             "eval_micro_batch": 8},
+           "layout": {"gpu": "rtx-4090", "gpus": 1}}
+    result = planner.plan(raw)
+    assert not result.plans
+    ex = result.explanation
+    assert "evaluation pass at workload.eval_micro_batch 8" in ex["binding"]
+    assert any(s.startswith("evaluation at batch 1") and "1× rtx-4090" in s for s in ex["suggestions"])

@@ -188,7 +188,7 @@ def print_plans(console: Console, result: Any, *, gib: bool = False) -> None:
     if ex.get("binding"):
         closest = ex.get("closest") or {}
         short = closest.get("memory_bytes", 0) - closest.get("usable_bytes", 0)
-        binding = memory_binding(closest, gib=gib) if short > 0 else ex["binding"]
+        binding = memory_binding(closest, gib=gib) + ex.get("peak_note", "") if short > 0 else ex["binding"]
         console.print(f"[bold]Why:[/bold] {binding}")
     if ex.get("steps"):
         console.print("[bold]The documents' order, on the closest layout:[/bold]" if not result.plans

@@ -130,13 +130,28 @@ def explain(
         short = closest["memory_bytes"] - closest["usable_bytes"]
         out["closest"] = closest
         if short > 0:
-            out["binding"] = memory_binding(closest)
+            out["peak_note"] = _eval_binds(req, raw, closest)
+            out["binding"] = memory_binding(closest) + out["peak_note"]
             out["steps"] = document_steps(req, raw, closest)
         else:
             out["binding"] = ("memory fits on some layouts; a constraint rules them out: "
                               + ", ".join(k for k in rejected if k.startswith("violates")))
     out["suggestions"] = suggestions(req, raw, research)
     return out
+
+
+def _eval_binds(req: SearchRequest, raw: dict[str, Any], closest: dict[str, Any]) -> str:
+    """Where the closest layout's peak is the evaluation pass, say so."""
+    n = req.rs.workload.eval_micro_batch
+    if not n:
+        return ""
+    try:
+        est = _walk_estimate(raw, closest, {})
+    except InputError:
+        return ""
+    if "peak phase: evaluation" not in est.assumptions:
+        return ""
+    return f"; its peak is the evaluation pass at workload.eval_micro_batch {n}"
 
 
 def suggestions(req: SearchRequest, raw: dict[str, Any], research: Callable) -> list[str]:
@@ -164,6 +179,10 @@ def suggestions(req: SearchRequest, raw: dict[str, Any], research: Callable) -> 
     if sc.search.gpu_types or "gpu" in sc.layout.model_fields_set or sc.constraints.fleet:
         attempt("another card", {"objective": "gpus"}, drop=("search.gpu_types", "layout.gpu",
                                                              "constraints.fleet"))
+    n_eval = req.rs.workload.eval_micro_batch
+    if n_eval and n_eval > 1:
+        attempt(f"evaluation at batch 1 (workload.eval_micro_batch, now {n_eval})",
+                {"workload": {"eval_micro_batch": 1}})
     missing = [r for r in ("method", "seq_len") if r not in req.rs.workload.allow_relax]
     if missing:
         attempt(f"allow_relax {missing}", {"workload": {"allow_relax": ["method", "seq_len"]}})
