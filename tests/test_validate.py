@@ -296,3 +296,12 @@ def test_deepspeed_full_fine_tuning_keeps_fp32_masters_whatever_the_cell(shardin
     row = {**row, "method": "full", "precision": cell, "optimizer": "AdamW (HF Trainer default)",
            "framework": "llama-factory", "zero_or_fsdp": sharding, "gpus": "4", "dp": "4"}
     assert scenario_of(row)["workload"]["precision"] == precision
+
+
+@pytest.mark.parametrize("cell, evals", [("8", 8), ("1", 1), ("", None)])
+def test_an_eval_batch_cell_is_the_workloads_evaluation_pass(cell, evals):
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    assert scenario_of({**row, "eval_batch": cell})["workload"].get("eval_micro_batch") == evals

@@ -4,7 +4,7 @@ Each row describes a real run in columns: the layout, and the recipe facts of it
 (``framework``, ``hf_model``, ``loss_impl``, ``compile``, ``grad_accum``, ``lora_dropout``,
 ``adapter_dtype``, ``quant_impl``, ``double_quant``, ``kbit_prep``, ``bitsandbytes``,
 ``optimizer_in_bwd``, ``norm_fp32``, ``mqa_sdpa_math``, ``zero_reduce_bucket``,
-``modules_to_save``, ``measured_unit``; ``data/README.md`` documents each and how it was read from its source). This
+``modules_to_save``, ``eval_batch``, ``measured_unit``; ``data/README.md`` documents each and how it was read from its source). This
 module reads those columns into scenario keys. It reads no source name, date, commit or prose
 ``notes``, and knows no per-row figure: only architecture facts of the models (their published
 configs) and what a named framework does (litgpt's modules, FSDP2 in torchtitan and torchtune).
@@ -284,6 +284,13 @@ def _adapters(t: RowText, row: dict[str, str]) -> dict[str, Any]:
             "modules_to_save": modules_to_save(_cell(row, "modules_to_save"))}
 
 
+def _evaluation(row: dict[str, str]) -> dict[str, Any]:
+    """``eval_batch``: the per-GPU batch of the evaluation passes the run makes during training
+    (blank: none, or not known from the source)."""
+    n = _num(row, "eval_batch")
+    return {"eval_micro_batch": int(n)} if n else {}
+
+
 def modules_to_save(text: str) -> list[str]:
     """A ``modules_to_save`` cell ('embed_tokens,lm_head'; blank: none) as the workload's list."""
     names = [p for p in re.split(r"[,\s]+", text) if p]
@@ -341,6 +348,7 @@ def _workload(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     if _yes(row, "peak_at_first_step"):
         wl["peak_at_first_step"] = True
     wl.update(_loss(row))
+    wl.update(_evaluation(row))
     wl["fp8"] = "float8" in t.prec
     if _num(row, "grad_accum") is not None:
         wl["grad_accum"] = int(_num(row, "grad_accum"))
