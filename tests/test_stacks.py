@@ -215,6 +215,6 @@ def test_modules_trained_beside_lora_are_planned_only_on_stacks_that_train_them(
     # full fine-tuning trains every module on any stack: the key does not restrict it
     for stack in stacks():
         for zero in (0, 3):
-            args = dict(vendor="nvidia", quant_type="nf4", method="full", tp=1, pp=1, cp=1, ep=1, sp=False,
-                        zero=zero, offload="none", checkpointing="full")
+            args = {"vendor": "nvidia", "quant_type": "nf4", "method": "full", "tp": 1, "pp": 1, "cp": 1,
+                    "ep": 1, "sp": False, "zero": zero, "offload": "none", "checkpointing": "full"}
             assert bool(stack_runs(stack, **args, saved_modules=True)) == bool(stack_runs(stack, **args))
