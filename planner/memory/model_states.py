@@ -138,14 +138,13 @@ def adapter_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int,
     return lora_adapters(model, targets)
 
 
-def saved_module_params(model: ModelSpec, workload: Workload) -> list[int]:
-    """Parameters of each whole module a LoRA run trains (``Workload.modules_to_save``): the
-    input embeddings, and the LM head (a separate copy even where the model ties the two)."""
-    if workload.method not in ("lora", "qlora"):
-        return []
+def saved_module_params(model: ModelSpec, modules: list[str]) -> dict[str, int]:
+    """Parameters of each whole module a LoRA run trains (``Workload.modules_to_save``), by
+    name: the input embeddings, and the LM head (a separate copy even where the model ties the
+    two)."""
     counts = param_counts(model)
     sizes = {"embed_tokens": counts.embedding, "lm_head": model.vocab * model.hidden}
-    return [sizes[m] for m in dict.fromkeys(workload.modules_to_save)]
+    return {m: sizes[m] for m in modules}
 
 
 def _paged_share(tensor_elems: list[tuple[float, float]]) -> float:
@@ -312,7 +311,8 @@ def _adapters(model: ModelSpec, workload: Workload, place: _Placement, ledger: _
     shapes = adapter_shapes(model, workload)
     r = workload.lora_rank
     n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (place.tp * place.pp)
-    saved = saved_module_params(model, workload)
+    trains_saved = workload.method in ("lora", "qlora")
+    saved = list(saved_module_params(model, workload.modules_to_save).values()) if trains_saved else []
     n_saved = (sum(saved) if place.pp == 1 else max(saved, default=0)) / place.tp
     n_lora += n_saved
     c = adapter_bytes

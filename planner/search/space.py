@@ -497,8 +497,7 @@ def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
     wl = rs.workload
     if not wl.modules_to_save or not has_full_architecture(rs.model):
         return {"n_saved": 0.0, "saved_head": 0.0}
-    lora_wl = wl.model_copy(update={"method": "lora"})  # the counts a relaxed method would train
-    sizes = dict(zip(dict.fromkeys(wl.modules_to_save), saved_module_params(rs.model, lora_wl)))
+    sizes = saved_module_params(rs.model, wl.modules_to_save)
     return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
 
 
