@@ -324,7 +324,6 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         notes.append("FSDP with PP: stage parameters stay unsharded; gradients accumulate unsharded")
     states = _step_states(wl, layout, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
                           notes=notes)
-    evals = {last: eval_terms(model, wl, layout, last_stage=last) for last in (False, True)}
     best: tuple[float, str, dict[str, float], float] | None = None
     frag = _fragmentation(layout)
     fixed = CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
@@ -334,7 +333,8 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     stages = [True] if layout.pp == 1 else [False, True]
     for last in stages:
         a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
-        for name, parts in _phases(model, wl, layout, st, buf, states, a, evals[last]).items():
+        ev = eval_terms(model, wl, layout, last_stage=last)
+        for name, parts in _phases(model, wl, layout, st, buf, states, a, ev).items():
             total = sum(parts.values())
             label = name + (" (last stage)" if last and layout.pp > 1 else "")
             phase_reserved[label] = _reserved_view(name, parts, total, buf["gather"], frag,
