@@ -243,7 +243,7 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     fp32_master = "fp32 master" in t.prec and "no fp32 master" not in t.prec
     # DeepSpeed's ZeRO optimizers keep FP32 partitions of the weights they train, whatever the
     # 16-bit dtype (its bf16 as its fp16 mode); FP32 training keeps them as the weights.
-    deepspeed = "deepspeed" in t.opt or _cell(row, "zero_or_fsdp").startswith("zero")
+    deepspeed = "deepspeed" in t.opt or _deepspeed_zero(row)
     if fp32_master or deepspeed and t.method == "full" and not t.prec.startswith(("fp32", "float32")):
         precision = "mixed"
     elif ("-mixed" in t.prec or t.prec.startswith("amp_bf16")) and "fp16" not in t.prec:
@@ -264,6 +264,11 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     elif "fused" in t.opt or "deepspeed" in t.opt and not _torch_adamw(t.opt):
         wl["optimizer_step"] = "fused"  # torch fused AdamW; DeepSpeed's fused Adam kernels
     return wl
+
+
+def _deepspeed_zero(row: dict[str, str]) -> bool:
+    """The row's sharding cell names a DeepSpeed ZeRO stage (``zero1``, ``zero2 (...)``, ...)."""
+    return _cell(row, "zero_or_fsdp").startswith("zero")
 
 
 def _torch_adamw(opt: str) -> bool:
@@ -368,7 +373,7 @@ def _layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
     }
     # One GPU shards nothing, but DeepSpeed's ZeRO-1/2 optimizer still flattens the gradients
     # and copies them to FP32 at the step (its recipe, below): only other stage-1/2 cells drop.
-    deepspeed_12 = row.get("zero_or_fsdp", "").lower().startswith("zero") and lay["zero"] < 3
+    deepspeed_12 = _deepspeed_zero(row) and lay["zero"] < 3
     if lay["gpus"] == 1 and lay["zero"] and "optimizer" not in offload and not deepspeed_12:
         lay["zero"] = 0 if lay["zero"] < 3 else 3
     if "params" in offload:
@@ -414,7 +419,7 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
         out["zero_impl"] = "deepspeed"
     # DeepSpeed's ZeRO-1/2 (stage_1_and_2.py; not Megatron-DeepSpeed's BF16_Optimizer, whose FP32
     # gradient buffer the row's precision cell states).
-    if zero in (1, 2) and fsdp.startswith("zero") and "bf16_optimizer" not in fsdp:
+    if zero in (1, 2) and _deepspeed_zero(row) and "bf16_optimizer" not in fsdp:
         out["zero_impl"] = "deepspeed"
     # FSDP2 (``fully_shard``): torchtitan always, torchtune's distributed recipes since v0.3.
     if zero == 3 and "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune")):
