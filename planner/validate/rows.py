@@ -48,7 +48,19 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # transformers' LlamaForCausalLM built from a LlamaConfig (bench/gpu_memory.py): RMSNorm,
     # SwiGLU, no biases, untied head; the dimensions come from the row's columns.
     "llama": {"tied_embeddings": False},
+    # EleutherAI's GPT-NeoX family (gpt-neox-20b, pythia-*; GPTNeoXForCausalLM): two LayerNorms,
+    # GELU MLP, biases, rotary positions, an untied ``embed_out``.
+    "gpt-neox-20b": {"norm": "layernorm", "gated_mlp": False, "qkv_bias": True, "o_bias": True,
+                     "mlp_bias": True, "tied_embeddings": False},
+    # THUDM/chatglm-6b (the first ChatGLM; ChatGLM2/3 are catalog entries): GLM blocks of two
+    # LayerNorms, a fused QKV and a GELU MLP, all with biases, rotary positions, and an lm_head
+    # tied to the word embeddings (6.2B parameters with its 130,528-token vocabulary).
+    "chatglm": {"norm": "layernorm", "gated_mlp": False, "qkv_bias": True, "o_bias": True,
+                "mlp_bias": True, "tied_embeddings": True, "fused_qkv": True},
+    # baichuan-inc/Baichuan-7B: LLaMA's layers with one fused ``W_pack`` QKV, untied head.
+    "baichuan": {"tied_embeddings": False, "fused_qkv": True},
 }
+ARCHITECTURES["pythia"] = ARCHITECTURES["gpt-neox-20b"]
 
 # llm-foundry's MPT as its throughput benchmarks build it (MPTConfig defaults: learned positions,
 # biases, LayerNorm, GELU MLP of 4x hidden, tied embeddings): the GPT facts.
@@ -114,7 +126,11 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
         base = catalog.get_model(CATALOG_NAMES.get(key, key)).model_dump(
             exclude={"aliases", "id", "name", "hf_repo"})
     except UnknownName:
-        facts = ARCHITECTURES.get(key) or ARCHITECTURES.get(key.split("-")[0])
+        # the whole cell, its first word where that is a hyphenated name ("gpt-neox-20b (...)"),
+        # or the family before the first hyphen ("pythia-1b-deduped", not "gpt" for GPT-NeoX)
+        first = key.split()[0] if key.split() else key
+        facts = (ARCHITECTURES.get(key) or (ARCHITECTURES.get(first) if "-" in first else None)
+                 or ARCHITECTURES.get(key.split("-")[0]))
         if facts is None:
             raise Unmodelable(f"model {name!r}: architecture unknown beyond the CSV columns") from None
         base = dict(facts)
@@ -386,7 +402,9 @@ def _layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
     if int(_num(row, "layers", 1)) % lay["pp"]:
         lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
     if lay["tp"] > 1:
-        lay["sp"] = True  # torchtitan's TP shards norms and dropout regions (sequence parallel)
+        # sequence parallelism (TP also shards the norm and dropout regions): on unless the
+        # row says the run had none (torchtitan, NeMo and Megatron-Bridge recipes use it)
+        lay["sp"] = not _no(row, "sequence_parallel")
     return lay
 
 
