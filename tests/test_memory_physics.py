@@ -85,6 +85,33 @@ def test_paged_adamw_has_no_list_wide_step_temporaries():
         assert (buffer_terms(model, wl, lay, st)["optimizer_temp"] > 0) is expect_temp
 
 
+def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
+    """torch's single-tensor AdamW, ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``,
+    holds two copies of the tensor it steps; foreach materialises the sqrt for the whole list
+    (torch 2.0 also ``denom``: PyTorch PR #104898 kept one intermediate from 2.1).
+    Unsharded Llama-2-7B: the largest tensor is the 32,000 x 4,096 embedding. Under FSDP1 the
+    stepped tensors are the units' flat shards (on torch 2.0 FlatParameter is not a plain
+    Parameter, so torch falls back to this path), a layer's 202M parameters over the ranks."""
+    from planner.core.specs import ModelSpec
+    from planner.memory.detailed import buffer_terms
+    from planner.memory.model_states import model_states
+
+    model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    temps = {}
+    for step in ("foreach", "foreach_torch20", "for_loop", "fused"):
+        wl = Workload(method="full", precision="mixed", optimizer_step=step)
+        for dp, zero in ((1, 0), (8, 3)):
+            st = model_states(model, wl, tp=1, pp=1, zero_degree=dp, zero=zero, offload="none",
+                              adapter_bytes=2)
+            temps[step, dp] = buffer_terms(model, wl, Layout(zero=zero, dp=dp), st)["optimizer_temp"]
+    assert temps["foreach", 1] == pytest.approx(4 * 6_738_415_616)  # FP32: every trainable element
+    assert temps["foreach_torch20", 1] == pytest.approx(2 * temps["foreach", 1])  # and ``denom``
+    assert temps["for_loop", 1] == pytest.approx(2 * 4 * 32_000 * 4_096)
+    layer = 4 * 4096**2 + 3 * 4096 * 11008
+    assert temps["for_loop", 8] == pytest.approx(2 * 4 * layer / 8)
+    assert temps["fused", 1] == temps["fused", 8] == 0
+
+
 # --- 2. A full state dict is gathered unit by unit --------------------------------------------
 
 def test_fsdp_qlora_70b_on_two_24gb_gpus():

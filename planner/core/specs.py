@@ -295,7 +295,12 @@ class Workload(StrictModel):
     lora_dropout: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.0
     grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)
     optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
-    optimizer_step: Literal["foreach", "fused", "in_backward"] = "foreach"
+    # how the optimizer steps: "foreach" (torch's multi-tensor default on CUDA: one
+    # intermediate the size of all stepped tensors), "foreach_torch20" (torch 2.0's, which kept
+    # two), "fused" (one kernel, no intermediates), "in_backward" (each parameter stepped as its
+    # gradient is ready), "for_loop" (one tensor at a time: torch's default before 2.0, torch
+    # 2.0 over FSDP1's FlatParameter, Composer's DecoupledAdamW, transformers' adamw_hf)
+    optimizer_step: Literal["foreach", "foreach_torch20", "fused", "in_backward", "for_loop"] = "foreach"
     # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
     # training loop keeps through backward (torchtune before its chunked loss); "compiled":
     # torch.compile fuses the upcast, log-softmax and their backward (torchtitan with compile);

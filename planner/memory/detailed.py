@@ -19,7 +19,8 @@ from planner.core.arch import lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.memory.model_states import (StateParts, bnb_base, bnb_keeps_input, bnb_prepared,
                                          compute_bytes, fp32_embeddings, int8_base, model_states,
-                                         quantized_head, quantized_linear_bytes)
+                                         quantized_head, quantized_linear_bytes,
+                                         saved_module_params)
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
@@ -255,18 +256,43 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         out["optimizer_temp"] += st.trainable / _opt_shard(layout) * 4
     # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
     # (``Optimizer2State``): no list-wide temporaries.
-    foreach = wl.optimizer_step == "foreach" and not wl.optimizer_paged
-    if foreach and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
-        # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list.
+    stepped = wl.optimizer_step in ("foreach", "foreach_torch20", "for_loop") and not wl.optimizer_paged
+    if stepped and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
         # With the optimizer offloaded the step runs on the CPU (DeepSpeedCPUAdam for
         # ZeRO-Offload, arXiv 2101.06840; FSDP CPUOffload steps the CPU shards): its
         # temporaries live in host memory, none on the GPU.
-        n = st.trainable / _opt_shard(layout)
         mixed = wl.precision in ("mixed", "fp16", "fp32")
         c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
-        out["optimizer_temp"] += n * (4 if mixed else (c if wl.method != "full" else e))
+        state_bytes = 4 if mixed else (c if wl.method != "full" else e)
+        if wl.optimizer_step != "for_loop":
+            # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list
+            # (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
+            copies = 2 if wl.optimizer_step == "foreach_torch20" else 1
+            out["optimizer_temp"] += copies * st.trainable / _opt_shard(layout) * state_bytes
+        else:
+            # one tensor at a time: ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds two
+            # copies of the tensor being stepped, the largest of them at the peak
+            out["optimizer_temp"] += 2 * _largest_stepped(model, wl, layout, st, layer, end) * state_bytes
     del pp
     return out
+
+
+def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
+                     layer: float, end: float) -> float:
+    """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: a
+    ZeRO-1/2 rank's flat partition of every trainable parameter, a ZeRO-3/FSDP1 unit's flat
+    shard, else the largest trainable matrix (``layer`` and ``end`` are per GPU already;
+    adapters: the largest LoRA matrix or module trained in full)."""
+    tp = layout.tp
+    if layout.zero in (1, 2):
+        return st.trainable / _opt_shard(layout)
+    if wl.method != "full":
+        saved = saved_module_params(model, wl.modules_to_save).values()
+        return max([wl.lora_rank * max(model.hidden, model.ffn or 0, model.vocab or 0), *saved]) / tp
+    if layout.zero == 3:
+        return max(layer, end) / (layout.dp * layout.cp)
+    h = model.hidden
+    return max(end, h * (model.ffn or 4 * h) / tp, 3 * h * h / tp)
 
 
 def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> float:

@@ -277,9 +277,51 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
                           "optimizer_paged": "paged" in t.opt}
     if _yes(row, "optimizer_in_bwd"):
         wl["optimizer_step"] = "in_backward"
-    elif "fused" in t.opt or "deepspeed" in t.opt and not _torch_adamw(t.opt):
-        wl["optimizer_step"] = "fused"  # torch fused AdamW; DeepSpeed's fused Adam kernels
+    elif ("fused" in t.opt or "hybridadam" in t.opt or t.framework in MEGATRON_FRAMEWORKS
+          or "deepspeed" in t.opt and not _torch_adamw(t.opt)):
+        # torch fused AdamW; DeepSpeed's fused Adam kernels; ColossalAI's HybridAdam (its CUDA
+        # multi-tensor kernel on the GPU); Megatron's optimizer (apex's or Transformer Engine's
+        # FusedAdam)
+        wl["optimizer_step"] = "fused"
+    elif "decoupled" in t.opt or "adamw_hf" in t.opt:
+        # Composer's DecoupledAdamW and transformers' own AdamW step one tensor at a time
+        # (composer/optim/decoupled_weight_decay.py ``adamw``: ``for i, param in
+        # enumerate(params)``; transformers.optimization.AdamW likewise)
+        wl["optimizer_step"] = "for_loop"
+    else:
+        step = _torch_step(row)
+        if step:
+            wl["optimizer_step"] = step
     return wl
+
+
+#: Frameworks whose optimizer is Megatron's (apex or Transformer Engine FusedAdam).
+MEGATRON_FRAMEWORKS = ("megatron", "nemo", "megatron-deepspeed")
+
+
+def _torch_step(row: dict[str, str]) -> str | None:
+    """How torch's AdamW stepped under the row's ``torch`` release (blank: the current one,
+    foreach with one intermediate). Before 2.0 the default was one tensor at a time
+    (``if foreach is None: foreach = False``); 2.0 chose foreach only for plain Tensors and
+    Parameters (``_default_to_fused_or_foreach``), so FSDP1's FlatParameter subclass stepped one
+    at a time, and its foreach AdamW kept two intermediates (``exp_avg_sq_sqrt`` and ``denom``;
+    PyTorch PR #104898 kept one from 2.1). ``<2.1`` (a run before 2.1's release, 1.x or 2.0)
+    reads as one at a time: 1.x's default and 2.0's under FSDP1, the least memory of the two."""
+    text = _cell(row, "torch")
+    if not text:
+        return None
+    if text in ("<2.0", "<2.1"):
+        return "for_loop"
+    try:
+        major, minor = (int(x) for x in text.split(".")[:2])
+    except ValueError:
+        raise Unmodelable(f"torch {text!r}: a release (2.0.1), <2.0 or <2.1") from None
+    if (major, minor) < (2, 0):
+        return "for_loop"
+    if (major, minor) == (2, 0):
+        fsdp1 = _cell(row, "zero_or_fsdp").startswith("fsdp") and "fsdp2" not in _cell(row, "zero_or_fsdp")
+        return "for_loop" if fsdp1 else "foreach_torch20"
+    return None
 
 
 def _deepspeed_zero(row: dict[str, str]) -> bool:
