@@ -109,6 +109,32 @@ def test_tensor_parallelism_without_sequence_parallelism_keeps_whole_norm_region
     assert judge_row(row).predicted_bytes > 1.1 * with_sp.predicted_bytes
 
 
+def test_optimizer_step_is_read_from_the_optimizer_and_the_torch_release():
+    """Composer's DecoupledAdamW (llm-foundry) steps one tensor at a time, ColossalAI's HybridAdam
+    and Megatron's FusedAdam in one kernel; torch's AdamW by its release (``torch`` column):
+    foreach today, one tensor at a time before 2.0 and under FSDP1 on 2.0 (FlatParameter is not
+    a plain Parameter), foreach with two intermediates on 2.0 otherwise."""
+    from planner.validate.rows import scenario_of
+
+    rows = {r["id"]: r for r in read_rows(VERDICTS)}
+
+    def step(row):
+        return scenario_of(row)["workload"].get("optimizer_step", "foreach")
+
+    assert step(rows["V382"]) == "for_loop"  # DecoupledAdamW
+    assert step(rows["V441"]) == "fused"  # HybridAdam
+    assert step(rows["V318"]) == "fused"  # Megatron-LM
+    fsdp1 = rows["V339"]  # llama-recipes pinned torch==2.0.1+cu118
+    assert fsdp1["torch"] == "2.0.1" and step(fsdp1) == "for_loop"
+    assert step({**fsdp1, "torch": ""}) == "foreach"
+    assert step({**fsdp1, "torch": "2.1.0"}) == "foreach"
+    assert step({**fsdp1, "torch": "1.13.1"}) == step({**fsdp1, "torch": "<2.1"}) == "for_loop"
+    ddp = rows["V444"]  # h2o-llmstudio pinned torch==2.0.0
+    assert ddp["torch"] == "2.0.0" and step(ddp) == "foreach_torch20"
+    with pytest.raises(Unmodelable, match="torch"):
+        scenario_of({**ddp, "torch": "two"})
+
+
 def test_model_cell_resolves_through_its_hub_id_or_variant_tags():
     assert catalog_model("Llama-2-70b-chat-hf (NousResearch)") == "llama-2-70b"
     assert catalog_model("Meta-Llama-3.1-8B-Instruct-bnb-4bit") == "llama-3.1-8b"
