@@ -366,6 +366,19 @@ def test_relative_deepspeed_path_is_read_from_the_working_directory(tmp_path, mo
     assert res.exit_code == 2 and "working directory" in res.output
 
 
+def test_the_optimizer_name_says_how_it_steps(tmp_path):
+    """The Trainer's fused AdamW holds no list-wide copy of exp_avg_sq's root, transformers' own
+    AdamW steps one tensor at a time, torch's plain AdamW is foreach; axolotl's default optimizer
+    is the fused one. An exported fused plan writes it back."""
+    base = {"model_name_or_path": "meta-llama/Llama-3.1-8B", "bf16": True, "max_length": 2048,
+            "per_device_train_batch_size": 1}
+    steps = {optim: _found(tmp_path, f"{optim}.yaml", {**base, "optim": optim}).values.get("optimizer_step")
+             for optim in ("adamw_torch_fused", "adamw_hf", "adamw_torch")}
+    assert steps == {"adamw_torch_fused": "fused", "adamw_hf": "for_loop", "adamw_torch": None}
+    ax = {k: v for k, v in AXOLOTL.items() if k != "optimizer"}
+    assert _found(tmp_path, "ax.yaml", ax).values["optimizer_step"] == "fused"
+
+
 def test_trl_and_llamafactory_keys_are_read(tmp_path):
     trl = _found(tmp_path, "config_qlora.yaml", {
         "model_name_or_path": "mistralai/Mistral-7B-v0.1", "torch_dtype": "bfloat16", "use_peft": True,

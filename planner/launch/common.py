@@ -166,6 +166,8 @@ class Ctx:
 
     @property
     def hf_optim(self) -> str:
+        if self.wl.optimizer == "adamw" and self.detail("optimizer_step", "foreach") == "fused":
+            return "adamw_torch_fused"
         return {"adamw": "adamw_torch", "adam8bit": "adamw_bnb_8bit",
                 "paged_adamw8bit": "paged_adamw_8bit", "sgd": "sgd"}[self.wl.optimizer]
 

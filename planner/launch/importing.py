@@ -26,6 +26,7 @@ from planner.launch.readers import (
     DS_TUNING,
     HF_IGNORED,
     HF_OPTIM,
+    HF_OPTIM_STEP,
     HF_PAGED_32,
     HF_TUNING,
     LF_IGNORED,
@@ -611,6 +612,8 @@ def _read_ax_optimizer(cfg: dict, f: Found, where: str) -> None:
         f.set("optimizer", HF_OPTIM[optim], where + ".optimizer")
         if optim in HF_PAGED_32:
             f.set("optimizer_paged", True, where + ".optimizer")
+        if optim in HF_OPTIM_STEP:
+            f.set("optimizer_step", HF_OPTIM_STEP[optim], where + ".optimizer")
         if cfg.get("optimizer") is None:
             f.notes.append(f"{where}.optimizer: not set; axolotl's default 'adamw_torch_fused' applies")
     else:

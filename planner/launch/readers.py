@@ -169,6 +169,10 @@ HF_OPTIM = {
 }
 #: bitsandbytes' 32-bit paged AdamW: FP32 states in CUDA unified memory (Workload.optimizer_paged).
 HF_PAGED_32 = {"paged_adamw_32bit", "paged_adamw"}
+#: How the Trainer's optimizers step where it is not torch's foreach (Workload.optimizer_step):
+#: the fused kernels hold no list-wide copy; transformers' own AdamW steps one tensor at a time.
+HF_OPTIM_STEP = {"adamw_torch_fused": "fused", "adamw_apex_fused": "fused",
+                 "adamw_torch_npu_fused": "fused", "adamw_hf": "for_loop"}
 DS_OPTIM = {"adam": "adamw", "adamw": "adamw", "fusedadam": "adamw", "cpuadam": "adamw", "sgd": "sgd"}
 PEFT_TARGETS = {v: k for k, v in PEFT_MODULES.items()} | {"output_proj": "o", "lm_head": "lm_head"}
 #: Fused projections some architectures have (Phi-3): one name, several of the planner's targets.
@@ -547,6 +551,8 @@ def read_training_args(cfg: dict, f: Found, where: str, base: Path, load, *,
         f.set("optimizer", HF_OPTIM[optim], where + ".optim")
         if optim in HF_PAGED_32:
             f.set("optimizer_paged", True, where + ".optim")
+        if optim in HF_OPTIM_STEP:
+            f.set("optimizer_step", HF_OPTIM_STEP[optim], where + ".optim")
     else:
         f.default("optimizer", "adamw", where + ".optim", tool)
     for key in ("max_seq_length", "max_length", "model_max_length"):
