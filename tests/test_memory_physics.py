@@ -112,6 +112,28 @@ def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
     assert temps["fused", 1] == temps["fused", 8] == 0
 
 
+def test_per_layer_rotary_tables_of_a_200k_context_model():
+    """transformers before 4.41 built every attention layer's rotary embedding with cos and sin
+    tables of max_position_embeddings rows (``_set_cos_sin_cache``), in the model's dtype and on
+    every GPU. Yi-34B-200K (60 layers, head_dim 128, 200,000 positions) in 16 bits: 6.14 GB, the
+    memory its maintainers named when its full fine-tune ran out on 80 GB cards (Yi #125)."""
+    from planner import catalog
+    from planner.memory.model_states import model_states, rope_cache_bytes
+
+    yi = catalog.get_model("yi-34b").model_copy(update={"max_position": 200_000})
+    old = Workload(method="full", precision="fp16", rope_cache_per_layer=True)
+    assert rope_cache_bytes(yi, old) == 60 * 2 * 200_000 * 128 * 2
+    assert rope_cache_bytes(yi, old, pp=4) == 15 * 2 * 200_000 * 128 * 2
+    assert rope_cache_bytes(yi, Workload(method="full", precision="fp16")) == 0  # current stacks
+
+    def weights(wl, zero):
+        return model_states(yi, wl, tp=1, pp=1, zero_degree=8, zero=zero, offload="none",
+                            adapter_bytes=2).device["weights"]
+    plain = Workload(method="full", precision="fp16")
+    for zero in (0, 3):  # a buffer is not sharded
+        assert weights(old, zero) - weights(plain, zero) == pytest.approx(6.144e9)
+
+
 # --- 2. A full state dict is gathered unit by unit --------------------------------------------
 
 def test_fsdp_qlora_70b_on_two_24gb_gpus():

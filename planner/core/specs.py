@@ -301,6 +301,9 @@ class Workload(StrictModel):
     # gradient is ready), "for_loop" (one tensor at a time: torch's default before 2.0, torch
     # 2.0 over FSDP1's FlatParameter, Composer's DecoupledAdamW, transformers' adamw_hf)
     optimizer_step: Literal["foreach", "foreach_torch20", "fused", "in_backward", "for_loop"] = "foreach"
+    # the stack keeps rotary cos/sin tables of max_position rows in every attention layer
+    # (transformers before 4.41; memory/model_states.rope_cache_bytes)
+    rope_cache_per_layer: bool = False
     # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
     # training loop keeps through backward (torchtune before its chunked loss); "compiled":
     # torch.compile fuses the upcast, log-softmax and their backward (torchtitan with compile);

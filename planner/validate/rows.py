@@ -134,7 +134,7 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
         if facts is None:
             raise Unmodelable(f"model {name!r}: architecture unknown beyond the CSV columns") from None
         base = dict(facts)
-    for col in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
+    for col in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_position"):
         value = _num(row, col)
         if value is not None:
             base[col] = int(value)
@@ -275,6 +275,8 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     wl: dict[str, Any] = {"precision": precision,
                           "optimizer": "adam8bit" if "8bit" in t.opt or "8-bit" in t.opt else "adamw",
                           "optimizer_paged": "paged" in t.opt}
+    if _yes(row, "rope_cache"):
+        wl["rope_cache_per_layer"] = True
     if _yes(row, "optimizer_in_bwd"):
         wl["optimizer_step"] = "in_backward"
     elif ("fused" in t.opt or "hybridadam" in t.opt or t.framework in MEGATRON_FRAMEWORKS
