@@ -135,6 +135,19 @@ def test_optimizer_step_is_read_from_the_optimizer_and_the_torch_release():
         scenario_of({**ddp, "torch": "two"})
 
 
+def test_a_200k_context_variant_is_read_with_its_positions_and_rotary_tables():
+    """Yi-34B-200K has Yi-34B's dimensions and 200,000 positions; its 2023 code kept rotary
+    tables of that length in all 60 layers. Without them the 4-GPU run that ran out of memory on
+    80 GB cards is predicted to fit."""
+    from planner.validate.rows import scenario_of
+
+    row = next(r for r in read_rows(VERDICTS) if r["id"] == "V419")
+    raw = scenario_of(row)
+    assert raw["workload"]["rope_cache_per_layer"] is True and raw["model"]["max_position"] == 200_000
+    assert judge_row(row).judged_fit is False
+    assert judge_row({**row, "rope_cache": ""}).judged_fit is True
+
+
 def test_model_cell_resolves_through_its_hub_id_or_variant_tags():
     assert catalog_model("Llama-2-70b-chat-hf (NousResearch)") == "llama-2-70b"
     assert catalog_model("Meta-Llama-3.1-8B-Instruct-bnb-4bit") == "llama-3.1-8b"
@@ -162,7 +175,13 @@ def test_eight_bit_lora_is_not_passed_off_as_16_bit():
     row = next(r for r in read_rows(VERDICTS) if r["id"] == "V051")
     raw = scenario_of(stated_or_least({**row, "model": catalog_model(row["model"])}))
     assert (raw["workload"]["method"], raw["workload"]["quant_bits"]) == ("qlora", 8)
-    weights = estimate_resolved(resolve(raw)).components["weights"]
+    rs = resolve(raw)
+    from planner.memory.model_states import rope_cache_bytes
+
+    # beside the base: the rotary tables of 2023's transformers (32 layers x 32,768 positions)
+    tables = rope_cache_bytes(rs.model, rs.workload)
+    assert tables == 32 * 2 * 32768 * 128 * 2
+    weights = estimate_resolved(rs).components["weights"] - tables
     assert 7.0e9 < weights < 8.0e9
     assert judge_row(row).reason is None
 
