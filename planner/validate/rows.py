@@ -305,8 +305,9 @@ def _torch_step(row: dict[str, str]) -> str | None:
     """How torch's AdamW stepped under the row's ``torch`` release (blank: the current one,
     foreach with one intermediate). Before 2.0 the default was one tensor at a time
     (``if foreach is None: foreach = False``); 2.0 chose foreach only for plain Tensors and
-    Parameters (``_default_to_fused_or_foreach``), so FSDP1's FlatParameter subclass stepped one
-    at a time, and its foreach AdamW kept two intermediates (``exp_avg_sq_sqrt`` and ``denom``;
+    Parameters (``_default_to_fused_or_foreach``), so FSDP1's FlatParameter subclass (FSDP1
+    without ``use_orig_params``, the default then) stepped one at a time, and its foreach AdamW
+    kept two intermediates (``exp_avg_sq_sqrt`` and ``denom``;
     PyTorch PR #104898 kept one from 2.1). ``<2.1`` (a run before 2.1's release, 1.x or 2.0)
     reads as one at a time: 1.x's default and 2.0's under FSDP1, the least memory of the two."""
     text = _cell(row, "torch")
