@@ -239,7 +239,7 @@ def test_verdicts_file_scores_at_least_the_published_figures():
     ran, oom = result["ran"], result["oom"]
     assert ran["rows"] >= 40 and oom["rows"] >= 15
     assert ran["share_right_modelled"] >= 0.95
-    assert oom["share_right_modelled"] >= 0.70
+    assert oom["share_right_modelled"] >= 0.74
     # every row of the published benchmark tables is a verdict, each source summarised
     by_source = result["by_source"]
     assert by_source["llmfoundry"]["ran"]["rows"] == 216 and by_source["torchtitan"]["oom"]["rows"] == 2
