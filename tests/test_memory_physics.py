@@ -112,6 +112,24 @@ def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
     assert temps["fused", 1] == temps["fused", 8] == 0
 
 
+def test_deepspeed_zero3_steps_one_sub_group_at_a_time():
+    """DeepSpeed ZeRO-3 prepares an FP32 gradient and calls the optimizer for one sub-group of
+    its partition at a time (sub_group_size 1e9 elements by default): a 7B model on two GPUs
+    (3.4e9 elements each) holds the sub-group's gradient and foreach root, 2 x 4 GB, where FSDP
+    steps its whole 3.4e9-element shard at once."""
+    from planner.core.specs import ModelSpec
+    from planner.memory.detailed import buffer_terms
+    from planner.memory.model_states import model_states
+
+    model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    wl = Workload(method="full", precision="mixed")
+    st = model_states(model, wl, tp=1, pp=1, zero_degree=2, zero=3, offload="none", adapter_bytes=2)
+    ds = buffer_terms(model, wl, Layout(zero=3, dp=2, zero_impl="deepspeed"), st)["optimizer_temp"]
+    fsdp = buffer_terms(model, wl, Layout(zero=3, dp=2), st)["optimizer_temp"]
+    assert ds == pytest.approx(2 * 4 * 1e9)
+    assert fsdp == pytest.approx(4 * 6_738_415_616 / 2)
+
+
 def test_per_layer_rotary_tables_of_a_200k_context_model():
     """transformers before 4.41 built every attention layer's rotary embedding with cos and sin
     tables of max_position_embeddings rows (``_set_cos_sin_cache``), in the model's dtype and on

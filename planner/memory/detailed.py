@@ -268,7 +268,12 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
             # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list
             # (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
             copies = 2 if wl.optimizer_step == "foreach_torch20" else 1
-            out["optimizer_temp"] += copies * st.trainable / _opt_shard(layout) * state_bytes
+            n = st.trainable / _opt_shard(layout)
+            if _deepspeed_zero3(layout):
+                # DeepSpeed ZeRO-3 hands the optimizer one sub-group's FP32 partition per step
+                # call (``_optimizer_step``: ``param_groups[...]['params'] = [fp32_param]``)
+                n = min(n, DEEPSPEED_SUB_GROUP_ELEMENTS)
+            out["optimizer_temp"] += copies * n * state_bytes
         else:
             # one tensor at a time: ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds two
             # copies of the tensor being stepped, the largest of them at the peak
