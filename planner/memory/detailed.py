@@ -243,17 +243,21 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
                                  for d_in, d_out in shapes) / tp
         else:
             out["dequant"] = max(d_in * d_out for d_in, d_out in shapes) / tp * e
+    # Elements of trainable state this rank's optimizer steps, and per step call: DeepSpeed
+    # ZeRO-3 prepares and steps one sub-group of its partition at a time (sub_group_size, 1e9
+    # elements by default; ``_prepare_fp32_grad_for_sub_group``, and ``_optimizer_step`` hands
+    # the optimizer ``param_groups[...]['params'] = [fp32_param]``).
+    partition = st.trainable / _opt_shard(layout)
+    per_call = min(partition, DEEPSPEED_SUB_GROUP_ELEMENTS) if _deepspeed_zero3(layout) else partition
     if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
-        # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32 for
-        # the optimizer (``_prepare_fp32_grad_for_sub_group``; sub_group_size 1e9 by default).
-        n = st.trainable / _opt_shard(layout)
-        out["optimizer_temp"] += min(n, DEEPSPEED_SUB_GROUP_ELEMENTS) * 4
+        # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32.
+        out["optimizer_temp"] += per_call * 4
     if (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload == "none"
             and wl.precision in ("mixed", "fp16")):
         # DeepSpeed ZeRO-1/2 (stage_1_and_2.py ``step``) flattens the rank's 16-bit gradient
         # partition and converts it to the FP32 master's dtype for the optimizer, alive through
         # the step: 4 bytes per element of the partition.
-        out["optimizer_temp"] += st.trainable / _opt_shard(layout) * 4
+        out["optimizer_temp"] += partition * 4
     # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
     # (``Optimizer2State``): no list-wide temporaries.
     stepped = wl.optimizer_step in ("foreach", "foreach_torch20", "for_loop") and not wl.optimizer_paged
@@ -265,37 +269,33 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
         state_bytes = 4 if mixed else (c if wl.method != "full" else e)
         if wl.optimizer_step != "for_loop":
-            # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for the whole param list
-            # (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
+            # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for every tensor of the
+            # step call (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
             copies = 2 if wl.optimizer_step == "foreach_torch20" else 1
-            n = st.trainable / _opt_shard(layout)
-            if _deepspeed_zero3(layout):
-                # DeepSpeed ZeRO-3 hands the optimizer one sub-group's FP32 partition per step
-                # call (``_optimizer_step``: ``param_groups[...]['params'] = [fp32_param]``)
-                n = min(n, DEEPSPEED_SUB_GROUP_ELEMENTS)
-            out["optimizer_temp"] += copies * n * state_bytes
+            out["optimizer_temp"] += copies * per_call * state_bytes
         else:
             # one tensor at a time: ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds two
             # copies of the tensor being stepped, the largest of them at the peak
-            out["optimizer_temp"] += 2 * _largest_stepped(model, wl, layout, st, layer, end) * state_bytes
+            largest = _largest_stepped(model, wl, layout, partition, layer, end)
+            out["optimizer_temp"] += 2 * largest * state_bytes
     del pp
     return out
 
 
-def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
+def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, partition: float,
                      layer: float, end: float) -> float:
     """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: a
-    ZeRO-1/2 rank's flat partition of every trainable parameter, a ZeRO-3/FSDP1 unit's flat
+    ZeRO-1/2 rank's flat ``partition`` of every trainable parameter, a ZeRO-3/FSDP1 unit's flat
     shard, else the largest trainable matrix (``layer`` and ``end`` are per GPU already;
     adapters: the largest LoRA matrix or module trained in full)."""
     tp = layout.tp
     if layout.zero in (1, 2):
-        return st.trainable / _opt_shard(layout)
+        return partition
     if wl.method != "full":
         saved = saved_module_params(model, wl.modules_to_save).values()
         return max([wl.lora_rank * max(model.hidden, model.ffn or 0, model.vocab or 0), *saved]) / tp
     if layout.zero == 3:
-        return max(layer, end) / (layout.dp * layout.cp)
+        return max(layer, end) / _opt_shard(layout)
     h = model.hidden
     return max(end, h * (model.ffn or 4 * h) / tp, 3 * h * h / tp)
 

@@ -241,8 +241,8 @@ def rope_cache_bytes(model: ModelSpec, workload: Workload, pp: int = 1) -> float
     transformers before 4.41 built each layer's ``LlamaRotaryEmbedding`` with ``cos_cached``
     and ``sin_cached`` buffers of max_position_embeddings × head_dim in the model's dtype (here
     the compute dtype; 4.38–4.40 keep them as ``_cos_cached``/``_sin_cached``), replicated on
-    every GPU: neither
-    TP nor ZeRO shards a buffer. Negligible at 4K positions; 6 GB for a 60-layer model at 200K."""
+    every GPU: neither TP nor ZeRO shards a buffer. Negligible at 4K positions; 6 GB for a
+    60-layer model at 200K."""
     if not workload.rope_cache_per_layer or model.position != "rope" or not model.max_position:
         return 0.0
     layers = -(-model.layers // pp)

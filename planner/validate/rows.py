@@ -307,8 +307,8 @@ def _torch_step(row: dict[str, str]) -> str | None:
     (``if foreach is None: foreach = False``); 2.0 chose foreach only for plain Tensors and
     Parameters (``_default_to_fused_or_foreach``), so FSDP1's FlatParameter subclass (FSDP1
     without ``use_orig_params``, the default then) stepped one at a time, and its foreach AdamW
-    kept two intermediates (``exp_avg_sq_sqrt`` and ``denom``;
-    PyTorch PR #104898 kept one from 2.1). ``<2.1`` (a run before 2.1's release, 1.x or 2.0)
+    kept two intermediates (``exp_avg_sq_sqrt`` and ``denom``; PyTorch PR #104898 kept one
+    from 2.1). ``<2.1`` (a run before 2.1's release, 1.x or 2.0)
     reads as one at a time: 1.x's default and 2.0's under FSDP1, the least memory of the two."""
     text = _cell(row, "torch")
     if not text:
@@ -322,7 +322,8 @@ def _torch_step(row: dict[str, str]) -> str | None:
     if (major, minor) < (2, 0):
         return "for_loop"
     if (major, minor) == (2, 0):
-        fsdp1 = _cell(row, "zero_or_fsdp").startswith("fsdp") and "fsdp2" not in _cell(row, "zero_or_fsdp")
+        sharding = _cell(row, "zero_or_fsdp")
+        fsdp1 = sharding.startswith("fsdp") and "fsdp2" not in sharding
         return "for_loop" if fsdp1 else "foreach_torch20"
     return None
 
