@@ -26,8 +26,6 @@ from planner.launch.readers import (
     DS_TUNING,
     HF_IGNORED,
     HF_OPTIM,
-    HF_OPTIM_STEP,
-    HF_PAGED_32,
     HF_TUNING,
     LF_IGNORED,
     TRL_IGNORED,
@@ -51,6 +49,7 @@ from planner.launch.readers import (
     read_model_kwargs,
     read_peft_extras,
     read_training_args,
+    set_hf_optimizer,
     torchtune_model_name,
 )
 from planner.scenario.resolve import FLAG_SECTIONS, deep_merge
@@ -609,11 +608,7 @@ def _read_ax_optimizer(cfg: dict, f: Found, where: str) -> None:
     optim = str(cfg.get("optimizer", "adamw_torch_fused"))
     optim = {"ao_adamw_8bit": "adamw_8bit", "adamw_torch_4bit": "", "ao_adamw_4bit": ""}.get(optim, optim)
     if optim in HF_OPTIM:
-        f.set("optimizer", HF_OPTIM[optim], where + ".optimizer")
-        if optim in HF_PAGED_32:
-            f.set("optimizer_paged", True, where + ".optimizer")
-        if optim in HF_OPTIM_STEP:
-            f.set("optimizer_step", HF_OPTIM_STEP[optim], where + ".optimizer")
+        set_hf_optimizer(f, optim, where + ".optimizer")
         if cfg.get("optimizer") is None:
             f.notes.append(f"{where}.optimizer: not set; axolotl's default 'adamw_torch_fused' applies")
     else:

@@ -533,6 +533,16 @@ def _read_hf_eval(cfg: dict, f: Found, where: str, tool: str) -> None:
         f.take(cfg, "per_device_eval_batch_size", "eval_micro_batch", 8, where, tool)
 
 
+def set_hf_optimizer(f: Found, optim: str, where: str) -> None:
+    """What a Trainer optimizer name (``HF_OPTIM``) selects: the optimizer, whether its states
+    are paged, and how it steps where that is not torch's foreach."""
+    f.set("optimizer", HF_OPTIM[optim], where)
+    if optim in HF_PAGED_32:
+        f.set("optimizer_paged", True, where)
+    if optim in HF_OPTIM_STEP:
+        f.set("optimizer_step", HF_OPTIM_STEP[optim], where)
+
+
 def read_training_args(cfg: dict, f: Found, where: str, base: Path, load, *,
                        tool: str = "TrainingArguments") -> None:
     """transformers' TrainingArguments, and the TRL and LLaMA-Factory files built on them
@@ -548,11 +558,7 @@ def read_training_args(cfg: dict, f: Found, where: str, base: Path, load, *,
     if optim not in HF_OPTIM:
         bad_optimizer(f, where + ".optim", optim, "one of " + ", ".join(sorted(set(HF_OPTIM))))
     elif "optim" in cfg:
-        f.set("optimizer", HF_OPTIM[optim], where + ".optim")
-        if optim in HF_PAGED_32:
-            f.set("optimizer_paged", True, where + ".optim")
-        if optim in HF_OPTIM_STEP:
-            f.set("optimizer_step", HF_OPTIM_STEP[optim], where + ".optim")
+        set_hf_optimizer(f, optim, where + ".optim")
     else:
         f.default("optimizer", "adamw", where + ".optim", tool)
     for key in ("max_seq_length", "max_length", "model_max_length"):
