@@ -148,6 +148,28 @@ def test_a_200k_context_variant_is_read_with_its_positions_and_rotary_tables():
     assert judge_row({**row, "rope_cache": ""}).judged_fit is True
 
 
+def test_a_clamping_stack_keeps_its_masked_scores_in_every_layer():
+    """Baichuan-7B's remote code clamps the masked scores with torch.max (as transformers'
+    Llama did before 4.31). Its QLoRA rows prepare the 4-bit base with peft, so the causal mask,
+    and the clamped scores, are FP32: 4 bytes x 32 heads x 1024² per layer, in all 32 layers."""
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+    from planner.validate.rows import scenario_of
+    from planner.validate.verdicts import _model_cell, stated_or_least
+
+    row = next(r for r in read_rows(VERDICTS) if r["id"] == "V433")
+    assert row["mask_clamp"] == "yes" and row["flash_attn"] == "eager"
+
+    def total(r):
+        raw = scenario_of(stated_or_least({**r, "model": _model_cell(r)}))
+        return raw, estimate_resolved(resolve(raw)).predicted["allocated_bytes"]
+
+    raw, clamped = total(row)
+    assert raw["model"]["eager_mask_clamp"] is True
+    _, plain = total({**row, "mask_clamp": ""})
+    assert clamped - plain == 32 * (4 * 32 * 1024 * 1024 + 4)
+
+
 def test_model_cell_resolves_through_its_hub_id_or_variant_tags():
     assert catalog_model("Llama-2-70b-chat-hf (NousResearch)") == "llama-2-70b"
     assert catalog_model("Meta-Llama-3.1-8B-Instruct-bnb-4bit") == "llama-3.1-8b"

@@ -207,6 +207,11 @@ class ModelSpec(StrictModel):
     #: its output for backward, and capped scores cannot go through SDPA's fused kernels.
     attention_softcap: bool = False
     logit_softcap: bool = False
+    #: The stack's eager attention clamps the masked scores from below with ``torch.max``, which
+    #: keeps its input for backward: one more s²-sized tensor per layer. transformers' Llama
+    #: before 4.31.0 and OPT before 4.49.0 did, as does Baichuan-7B's remote code; today's
+    #: releases do not.
+    eager_mask_clamp: bool = False
     position: Literal["rope", "learned", "alibi", "none"] = "rope"
     max_position: Count | None = None
     moe: MoESpec | None = None

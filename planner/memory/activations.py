@@ -74,6 +74,10 @@ class LayerRecipe:
     unsloth: bool = False
     #: A fused RMSNorm kernel (``Workload.kernels`` fused_rmsnorm): input and rsqrt only.
     fused_norm: bool = False
+    #: Bytes per element of the masked scores that eager attention's ``torch.max`` clamp keeps
+    #: (``ModelSpec.eager_mask_clamp``): the scores' dtype promoted with the causal mask's, which
+    #: is the embeddings' (FP32 for a prepared bitsandbytes base). 0: no clamp.
+    clamp_bytes: int = 0
 
 
 @dataclass
@@ -310,7 +314,8 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
 def _attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int, s: int,
                       *, eager: bool) -> None:
     """What Hugging Face attention keeps: eager, a contiguous q, K and V repeated to all heads,
-    the FP32 softmax and its e-byte copy when e ≠ 4 (and a soft-cap's tanh output); flash/SDPA,
+    the FP32 softmax and its e-byte copy when e ≠ 4 (and a soft-cap's tanh output, or the masked
+    scores a ``torch.max`` clamp keeps: :attr:`LayerRecipe.clamp_bytes`); flash/SDPA,
     q, k, v after RoPE, the output and the FP32 log-sum-exp (see :func:`layer_saved`)."""
     e = rec.e
     a, d = model.heads, model.head_dim_eff
@@ -321,6 +326,9 @@ def _attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens
         inv.add("attn.v_repeated", tokens * e * h_q)
         if model.attention_softcap:  # tanh(scores / cap) keeps its output
             inv.add("attn.softcap_tanh", tokens * e * a * s)
+        if rec.clamp_bytes:  # torch.max(scores + mask, finfo.min) keeps both its inputs
+            inv.add("attn.clamped_scores", tokens * rec.clamp_bytes * a * s)
+            inv.add("attn.clamp_floor", FP32, split=False)  # the 0-d FP32 finfo.min tensor
         inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
         if e != FP32:
             inv.add("attn.softmax_copy", tokens * e * a * s)

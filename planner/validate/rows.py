@@ -147,6 +147,8 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
         base["norm_upcast"] = False  # RMSNorm computed in the input dtype (lit-gpt before PR #606)
     if _yes(row, "mqa_sdpa_math"):
         base["mqa_sdpa_math"] = True  # multi-query K/V not expanded: SDPA's math path
+    if _yes(row, "mask_clamp"):
+        base["eager_mask_clamp"] = True  # the stack's eager attention clamps with torch.max
     return base
 
 

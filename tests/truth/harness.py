@@ -154,7 +154,7 @@ NLL_TOTAL_WEIGHT_BYTES = 4
 def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, adapter_fp32: bool = True,
               rank: int = 4, targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
               dropout: float = 0.0, checkpointing: bool = False, autocast: bool = False,
-              kbit_prep: str = "none", shares_input: bool = False) -> dict:
+              kbit_prep: str = "none", shares_input: bool = False, clamp: bool = False) -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner.memory import activations as act
 
@@ -169,7 +169,8 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
             lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
             input_requires_grad=not (first and lora and not checkpointing), autocast=autocast,
             fp32_stream=kbit_prep != "none", fp32_embeddings=kbit_prep == "peft",
-            lora_shares_input=shares_input)
+            lora_shares_input=shares_input,
+            clamp_bytes=(4 if kbit_prep == "peft" else e) if clamp else 0)
 
     b, s = shape.b, shape.s
     if checkpointing:
@@ -185,7 +186,8 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
 
 
 def build_qlora(shape: Shape, *, prep: str, rank: int = 4, dropout: float = 0.0,
-                targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")):
+                targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
+                attention: str = "sdpa"):
     """A bitsandbytes NF4 (double-quantized) Llama as Hugging Face loads it, prepared the way a
     QLoRA script does: ``prep="peft"`` runs ``peft.prepare_model_for_kbit_training`` (every
     16-bit weight to FP32), ``"trl"`` then casts embeddings and lm_head back to bf16 as TRL's
@@ -199,14 +201,14 @@ def build_qlora(shape: Shape, *, prep: str, rank: int = 4, dropout: float = 0.0,
     cfg = LlamaConfig(hidden_size=shape.h, intermediate_size=shape.f, num_hidden_layers=shape.layers,
                       num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
                       vocab_size=shape.vocab, max_position_embeddings=max(shape.s, 128),
-                      tie_word_embeddings=False, use_cache=False, attn_implementation="sdpa")
+                      tie_word_embeddings=False, use_cache=False, attn_implementation=attention)
     with tempfile.TemporaryDirectory() as tmp:
         LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp)
         quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                    bnb_4bit_use_double_quant=True,
                                    bnb_4bit_compute_dtype=torch.bfloat16)
         model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=quant, device_map="cpu",
-                                                     dtype=torch.bfloat16, attn_implementation="sdpa")
+                                                     dtype=torch.bfloat16, attn_implementation=attention)
     if prep != "none":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj",

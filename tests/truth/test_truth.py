@@ -171,3 +171,55 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
     inv = act.Inventory()
     act._litgpt_attention(inv, spec, act.LayerRecipe(e=4), b * s, s)
     assert sum(saved.values()) == inv.total()
+
+
+def _clamped_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0,
+                             **kwargs):
+    """Today's eager attention with the clamp transformers' Llama applied before 4.31.0 (and OPT
+    before 4.49.0): after adding the causal mask, ``torch.max(scores, finfo(dtype).min)`` (a
+    0-d FP32 tensor), then the FP32 softmax."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    key = repeat_kv(key, module.num_key_value_groups)
+    value = repeat_kv(value, module.num_key_value_groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+        scores = torch.max(scores, torch.tensor(torch.finfo(scores.dtype).min))
+    probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+@pytest.mark.parametrize("recipe", [RECIPES[1], RECIPES[3], RECIPES[5], RECIPES[7]],
+                         ids=lambda r: r[0])
+def test_eager_mask_clamp_exact(recipe, monkeypatch):
+    """The clamp keeps the masked scores (``torch.max`` saves its input) in the scores' dtype,
+    plus its 0-d floor: per decoder layer exactly (``ModelSpec.eager_mask_clamp``)."""
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", _clamped_eager_attention)
+    label, dtype, attention, lora, fp32, ckpt, dropout = recipe
+    kw = {"dtype": dtype, "attention": attention, "lora": lora, "adapter_fp32": fp32,
+          "checkpointing": ckpt, "dropout": dropout}
+    got = measure(build(BASE, **kw), BASE)
+    want = predicted(BASE, **kw, clamp=True)
+    assert got.layers == [int(x) for x in want["layers"]], label
+    unclamped = predicted(BASE, **kw)
+    scores = BASE.b * BASE.heads * BASE.s * BASE.s * (4 if dtype == torch.float32 else 2)
+    assert want["layers"][1] - unclamped["layers"][1] == scores + 4
+
+
+@pytest.mark.parametrize("prep", ["none", "peft", "trl"])
+def test_eager_mask_clamp_in_the_mask_dtype(prep, monkeypatch):
+    """Under bf16 autocast the scores are bf16, but the causal mask is made in the embeddings'
+    dtype: with peft's FP32 embeddings the masked scores, and what the clamp keeps, are FP32
+    (Baichuan-7B's and pre-4.31 Llama QLoRA runs); with bf16 embeddings they stay bf16."""
+    pytest.importorskip("bitsandbytes")
+    from harness import build_qlora
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", _clamped_eager_attention)
+    got = measure(build_qlora(BASE, prep=prep, attention="eager"), BASE, autocast=True)
+    want = predicted(BASE, dtype=torch.bfloat16, attention="eager", lora=True, autocast=True,
+                     kbit_prep=prep, clamp=True)
+    assert got.layers == [int(x) for x in want["layers"]]
