@@ -128,6 +128,13 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time():
     fsdp = buffer_terms(model, wl, Layout(zero=3, dp=2), st)["optimizer_temp"]
     assert ds == pytest.approx(2 * 4 * 1e9)
     assert fsdp == pytest.approx(4 * 6_738_415_616 / 2)
+    # One tensor at a time, DeepSpeed's stepped tensor is the flat FP32 sub-group (two copies
+    # of it beside its FP32 gradient), FSDP1's a unit's flat shard (a layer over the ranks).
+    loop = wl.model_copy(update={"optimizer_step": "for_loop"})
+    ds = buffer_terms(model, loop, Layout(zero=3, dp=2, zero_impl="deepspeed"), st)["optimizer_temp"]
+    fsdp = buffer_terms(model, loop, Layout(zero=3, dp=2), st)["optimizer_temp"]
+    assert ds == pytest.approx(4 * 1e9 + 2 * 4 * 1e9)
+    assert fsdp == pytest.approx(2 * 4 * (4 * 4096**2 + 3 * 4096 * 11008) / 2)
 
 
 def test_per_layer_rotary_tables_of_a_200k_context_model():

@@ -277,21 +277,22 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         else:
             # one tensor at a time: ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds two
             # copies of the tensor being stepped, the largest of them at the peak
-            largest = _largest_stepped(model, wl, layout, partition, layer, end)
+            largest = _largest_stepped(model, wl, layout, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
     del pp
     return out
 
 
-def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, partition: float,
+def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, per_call: float,
                      layer: float, end: float) -> float:
-    """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: a
-    ZeRO-1/2 rank's flat ``partition`` of every trainable parameter, a ZeRO-3/FSDP1 unit's flat
-    shard, else the largest trainable matrix (``layer`` and ``end`` are per GPU already;
-    adapters: the largest LoRA matrix or module trained in full)."""
+    """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: the flat
+    tensor a ZeRO optimizer hands it (``per_call``: a ZeRO-1/2 rank's partition of every
+    trainable parameter, DeepSpeed ZeRO-3's sub-group of it), an FSDP unit's flat shard, else
+    the largest trainable matrix (``layer`` and ``end`` are per GPU already; adapters: the
+    largest LoRA matrix or module trained in full)."""
     tp = layout.tp
-    if layout.zero in (1, 2):
-        return partition
+    if layout.zero in (1, 2) or _deepspeed_zero3(layout):
+        return per_call
     if wl.method != "full":
         saved = saved_module_params(model, wl.modules_to_save).values()
         return max([wl.lora_rank * max(model.hidden, model.ffn or 0, model.vocab or 0), *saved]) / tp
