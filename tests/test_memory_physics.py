@@ -197,6 +197,32 @@ def test_full_state_dict_phase_holds_one_unit():
     assert peak.parts.get("buffers", 0) < 3 * layer_bytes  # never the whole 140 GB model
 
 
+
+def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
+    """A QLoRA forward with the cache on (FP32 norms over the 4-bit base, no checkpointing)
+    holds FP32 K and V of every layer beside the saved tensors until the loss's forward is done:
+    a phase of its own. Under checkpointing Hugging Face turns the cache off: nothing changes."""
+    from planner.core.specs import ModelSpec
+    from planner.memory import activations as act
+    from planner.memory.detailed import detailed_peak
+
+    model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    base = {"method": "qlora", "precision": "fp16", "micro_batch": 1, "seq_len": 1024,
+            "kbit_prep": "peft", "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+
+    def peak(ckpt, **kw):
+        wl = Workload(**base, **kw)
+        return detailed_peak(model, wl, Layout(checkpointing=ckpt, attention="eager"), Overrides(),
+                             dp=1, grad_accum=1)
+
+    plain, kept = peak("none"), peak("none", keeps_kv_cache=True)
+    assert "end of forward" not in plain.phase_needed and kept.phase == "end of forward"
+    cache = 32 * 2 * 1024 * 4096 * 4  # FP32 K and V, 32 layers
+    loss_forward = act.eval_loss_bytes(model, 2, 1024, "standard")
+    assert kept.parts["activations"] - plain.parts["activations"] == pytest.approx(cache)
+    assert kept.parts["logits"] == pytest.approx(loss_forward)
+    assert peak("full", keeps_kv_cache=True).allocated == peak("full").allocated
+
 # --- 5. Never more memory with more data parallelism ------------------------------------------
 
 def test_llama_8b_full_zero0_on_b200_never_rises_with_dp():

@@ -170,6 +170,18 @@ def test_a_clamping_stack_keeps_its_masked_scores_in_every_layer():
     assert clamped - plain == 32 * (4 * 32 * 1024 * 1024 + 4)
 
 
+def test_a_returned_kv_cache_is_read_from_its_column():
+    """Firefly's script leaves Baichuan-7B's cache on: its FP32 keys and fused-projection values
+    live to the end of the forward, where the V100 run printed 30.35 GiB allocated in the loss.
+    Read with the cache, the row is judged out of memory; without it, it fits."""
+    from planner.validate.rows import scenario_of
+
+    row = next(r for r in read_rows(VERDICTS) if r["id"] == "V433")
+    assert scenario_of(row)["workload"]["keeps_kv_cache"] is True
+    assert judge_row(row).judged_fit is False
+    assert judge_row({**row, "kv_cache": ""}).judged_fit is True
+
+
 def test_model_cell_resolves_through_its_hub_id_or_variant_tags():
     assert catalog_model("Llama-2-70b-chat-hf (NousResearch)") == "llama-2-70b"
     assert catalog_model("Meta-Llama-3.1-8B-Instruct-bnb-4bit") == "llama-3.1-8b"
@@ -261,7 +273,7 @@ def test_verdicts_file_scores_at_least_the_published_figures():
     ran, oom = result["ran"], result["oom"]
     assert ran["rows"] >= 40 and oom["rows"] >= 15
     assert ran["share_right_modelled"] >= 0.95
-    assert oom["share_right_modelled"] >= 0.74
+    assert oom["share_right_modelled"] >= 0.75
     # every row of the published benchmark tables is a verdict, each source summarised
     by_source = result["by_source"]
     assert by_source["llmfoundry"]["ran"]["rows"] == 216 and by_source["torchtitan"]["oom"]["rows"] == 2

@@ -309,6 +309,11 @@ class Workload(StrictModel):
     # the stack keeps rotary cos/sin tables of max_position rows in every attention layer
     # (transformers before 4.41; memory/model_states.rope_cache_bytes)
     rope_cache_per_layer: bool = False
+    # the training forward returns the model's KV cache (a transformers model whose config has
+    # use_cache on, run without gradient checkpointing by a script that leaves the cache on): the
+    # cached keys and values that are not tensors saved for backward live until the loss is done
+    # (memory/activations.kv_cache_bytes). Most fine-tuning scripts turn the cache off.
+    keeps_kv_cache: bool = False
     # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
     # training loop keeps through backward (torchtune before its chunked loss); "compiled":
     # torch.compile fuses the upcast, log-softmax and their backward (torchtitan with compile);

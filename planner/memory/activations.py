@@ -499,6 +499,30 @@ def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
     return 2 * s * model.head_dim_eff * e if model.position == "rope" else 0.0
 
 
+@by_spec
+def kv_cache_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+    """The keys and values one layer puts in the KV cache a training forward returns
+    (``Workload.keeps_kv_cache``), where they are not the tensors saved for backward: with FP32
+    norms over a bitsandbytes base (``fp32_stream``) K and V come out of the projections in FP32
+    and attention saves autocast's 16-bit copies, and eager attention with grouped KV heads saves
+    K and V repeated to every head, so the cache holds its own (4 or e bytes, 2·h_kv per token).
+    A fused QKV projection's V is a view that keeps the whole projection output (h_q + 2·h_kv).
+    Otherwise the cache holds the saved K and V themselves: nothing more. Measured on the CPU
+    (``tests/truth``)."""
+    inv = Inventory()
+    if model.impl != "hf":
+        return inv
+    grouped_eager = attention_is_eager(model, rec) and model.kv_heads_eff < model.heads
+    if not (rec.fp32_stream or grouped_eager):
+        return inv
+    tokens, d = b * s, model.head_dim_eff
+    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    n = FP32 if rec.fp32_stream else rec.e
+    inv.add("cache.k", tokens * n * h_kv)
+    inv.add("cache.v", tokens * n * (h_q + 2 * h_kv if model.fused_qkv else h_kv))
+    return inv
+
+
 def eager_mask_bytes(rec: LayerRecipe, b: int, s: int) -> float:
     """Alive through the step but not saved: eager attention's causal mask (e·b·s²)."""
     return rec.e * b * s * s if rec.attention == "eager" else 0.0

@@ -201,9 +201,17 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
             model, rec.e, b * s, wl.loss, tp, compiled=wl.compile, batch=b,
             first_step=wl.peak_at_first_step, carried=carried,
             head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
+    # A returned KV cache lives until the loss is done: Hugging Face turns it off under
+    # gradient checkpointing, and the Trainer drops the model's outputs before backward.
+    kv_cache = loss_forward = 0.0
+    if wl.keeps_kv_cache and layout.checkpointing == "none":
+        kv_cache = n_layers * act.kv_cache_bytes(model, rec, b, s).total(tp, sp) * in_flight
+        if last_stage:
+            loss_forward = act.eval_loss_bytes(model, rec.e, b * s, wl.loss, tp)
     return {"saved": saved, "working": working, "working_end": working_end,
             "loss_saved": loss_saved,
-            "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host}
+            "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host,
+            "kv_cache": kv_cache, "loss_forward": loss_forward}
 
 
 def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts) -> dict[str, float]:
@@ -479,6 +487,11 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
                          "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
                                      + buf["zero_buckets"])},
     }
+    if a["kv_cache"]:
+        # The end of the forward and the loss's forward, with the returned KV cache still held.
+        phases["end of forward"] = {**states.start, "activations": a["saved"] + a["kv_cache"],
+                                    "logits": a["loss_forward"] + held,
+                                    "buffers": buf["gather"] + buf["zero_buckets"]}
     if wl.optimizer_step == "in_backward":
         phases["backward end"]["gradients"] = st.largest_grad
     else:
@@ -514,7 +527,7 @@ def _layer_churn(name: str, parts: dict[str, float], a: dict[str, float]) -> flo
     activations: those are a stack (made in forward order, freed in reverse) and fragment like
     any unsharded memory."""
     transient = sum(v for k, v in parts.items() if k not in STATE_PARTS)
-    return transient - (a["saved"] if name == "backward start" else 0.0)
+    return transient - (a["saved"] if name in ("backward start", "end of forward") else 0.0)
 
 
 def _reserved_view(name: str, parts: dict[str, float], total: float, gather: float,

@@ -279,6 +279,8 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
                           "optimizer_paged": "paged" in t.opt}
     if _yes(row, "rope_cache"):
         wl["rope_cache_per_layer"] = True
+    if _yes(row, "kv_cache"):
+        wl["keeps_kv_cache"] = True
     if _yes(row, "optimizer_in_bwd"):
         wl["optimizer_step"] = "in_backward"
     elif ("fused" in t.opt or "hybridadam" in t.opt or t.framework in MEGATRON_FRAMEWORKS

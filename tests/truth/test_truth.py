@@ -223,3 +223,58 @@ def test_eager_mask_clamp_in_the_mask_dtype(prep, monkeypatch):
     want = predicted(BASE, dtype=torch.bfloat16, attention="eager", lora=True, autocast=True,
                      kbit_prep=prep, clamp=True)
     assert got.layers == [int(x) for x in want["layers"]]
+
+
+@pytest.mark.parametrize("prep", ["none", "peft", "trl"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_returned_kv_cache_beyond_the_saved_tensors(prep, attention):
+    """A training forward with the cache on returns every layer's K and V. Where they are the
+    tensors attention saved (a bf16 stream, SDPA) the cache costs nothing more; FP32 norms over
+    the 4-bit base make K and V FP32, and eager attention with grouped heads saves repeated
+    copies, so the cache then holds storages of its own: ``kv_cache_bytes``, per layer exactly."""
+    pytest.importorskip("bitsandbytes")
+    from harness import build_qlora, spec_of
+
+    from planner.memory import activations as act
+
+    model = build_qlora(BASE, prep=prep, attention=attention)
+    saved: set[int] = set()
+
+    def pack(t):
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    ids = torch.randint(0, BASE.vocab, (BASE.b, BASE.s))
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids, labels=ids, use_cache=True)
+    own = {}
+    for layer in out.past_key_values.layers:
+        for t in (layer.keys, layer.values):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in saved:
+                own[storage.data_ptr()] = storage.nbytes()
+    rec = act.LayerRecipe(e=2, attention="eager" if attention == "eager" else "flash",
+                          trainable_base=False, fp32_stream=prep != "none")
+    per_layer = act.kv_cache_bytes(spec_of(BASE), rec, BASE.b, BASE.s).total()
+    assert sum(own.values()) == BASE.layers * per_layer
+    assert (per_layer > 0) == (prep != "none" or attention == "eager")  # BASE has grouped heads
+
+
+def test_a_fused_projection_view_keeps_the_whole_output():
+    """Baichuan-7B's attention takes V as a view of its fused W_pack output (``unflatten``,
+    ``transpose``, ``squeeze``, ``view``): a cache holding that V keeps all h_q + 2·h_kv columns,
+    as :func:`kv_cache_bytes` counts for ``fused_qkv``."""
+    from harness import spec_of
+
+    from planner.memory import activations as act
+
+    b, s, heads, d = BASE.b, BASE.s, BASE.heads, BASE.h // BASE.heads
+    proj = torch.randn(b, s, 3 * heads * d)
+    proj = proj.unflatten(-1, (3, heads * d)).unsqueeze(0).transpose(0, -2).squeeze(-2)
+    v = proj[2].view(b, s, heads, d).transpose(1, 2)
+    k = proj[1].view(b, s, heads, d).transpose(1, 2) * 1.0  # RoPE's output: a tensor of its own
+    spec = spec_of(BASE).model_copy(update={"kv_heads": heads, "fused_qkv": True})
+    rec = act.LayerRecipe(e=2, trainable_base=False, fp32_stream=True)
+    cached = k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
+    assert cached == act.kv_cache_bytes(spec, rec, b, s).total()
