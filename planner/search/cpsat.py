@@ -240,15 +240,23 @@ class PlanModel:
         big = int(per_node.max(initial=0))
         self._within_each_type(per_node, np.where(ram >= 0, ram, big))
 
+    def _none_above(self, per_plan: np.ndarray, limit: int) -> None:
+        """The chosen plan's value within ``limit``, as "no plan above it is chosen": one row of
+        unit coefficients. (Σ v_c · y_c ≤ limit says the same under the one-hot choice, but
+        thousands of plans of unknown cost, each 10^15 units, overflow CP-SAT's int64 bound.)"""
+        over = np.flatnonzero(np.asarray(per_plan) > limit)
+        if len(over):
+            self._row(self.y_index[over], np.ones(len(over)), 0, 0)
+
     # (5)
     def _add_budget(self) -> None:
         if self.limits.budget_units is not None and self.space.c_cost is not None:
-            self._row(self.y_index, self.space.c_cost, -INT_BOUND, self.limits.budget_units)
+            self._none_above(self.space.c_cost, self.limits.budget_units)
 
     # (6)
     def _add_deadline(self) -> None:
         if self.limits.deadline_ms is not None and self.space.c_time is not None:
-            self._row(self.y_index, self.space.c_time, -INT_BOUND, self.limits.deadline_ms)
+            self._none_above(self.space.c_time, self.limits.deadline_ms)
 
     # (7)
     def _add_price_known(self) -> None:
