@@ -118,6 +118,7 @@ detailed_workloads = st.builds(
     loss=st.sampled_from(["standard", "chunked", "fused", "compiled"]),
     kbit_prep=st.sampled_from(["none", "trl"]),
     grad_dtype=st.sampled_from(["param", "fp32"]),
+    keeps_kv_cache=st.booleans(),
 )
 detailed_layouts = st.builds(
     Layout,
