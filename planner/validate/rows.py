@@ -295,7 +295,7 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         # enumerate(params)``; transformers.optimization.AdamW likewise)
         wl["optimizer_step"] = "for_loop"
     else:
-        step = _torch_step(row)
+        step = _torch_step(t, row)
         if step:
             wl["optimizer_step"] = step
     return wl
@@ -305,7 +305,7 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
 MEGATRON_FRAMEWORKS = ("megatron", "nemo", "megatron-deepspeed")
 
 
-def _torch_step(row: dict[str, str]) -> str | None:
+def _torch_step(t: RowText, row: dict[str, str]) -> str | None:
     """How torch's AdamW stepped under the row's ``torch`` release (blank: the current one,
     foreach with one intermediate). Before 2.0 the default was one tensor at a time
     (``if foreach is None: foreach = False``); 2.0 chose foreach only for plain Tensors and
@@ -326,10 +326,16 @@ def _torch_step(row: dict[str, str]) -> str | None:
     if (major, minor) < (2, 0):
         return "for_loop"
     if (major, minor) == (2, 0):
-        sharding = _cell(row, "zero_or_fsdp")
-        fsdp1 = sharding.startswith("fsdp") and "fsdp2" not in sharding
+        fsdp1 = _cell(row, "zero_or_fsdp").startswith("fsdp") and not _fsdp2(t, row)
         return "for_loop" if fsdp1 else "foreach_torch20"
     return None
+
+
+def _fsdp2(t: RowText, row: dict[str, str]) -> bool:
+    """FSDP2 (``fully_shard``): named in the sharding cell, or torchtitan's and torchtune's
+    distributed recipes (FSDP2 since v0.3), unless the cell says FSDP1."""
+    fsdp = _cell(row, "zero_or_fsdp")
+    return "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune"))
 
 
 def _deepspeed_zero(row: dict[str, str]) -> bool:
@@ -489,8 +495,7 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
     # gradient buffer the row's precision cell states).
     if zero in (1, 2) and _deepspeed_zero(row) and "bf16_optimizer" not in fsdp:
         out["zero_impl"] = "deepspeed"
-    # FSDP2 (``fully_shard``): torchtitan always, torchtune's distributed recipes since v0.3.
-    if zero == 3 and "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune")):
+    if zero == 3 and _fsdp2(t, row):
         out["fsdp_version"] = 2
     return out
 
