@@ -46,3 +46,64 @@ def test_bad_config_files(tmp_path):
                          ("missing.json", "no such file")):
         with pytest.raises(InputError, match=needle):
             planner.estimate(model=str(tmp_path / path), gpu="h100")
+
+
+#: A dense decoder's keys, to which each case below adds what a real config of another kind of
+#: model carries (the keys of transformers' configuration classes for those models).
+_DENSE = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 1000,
+          "intermediate_size": 128}
+_QWEN3_5_TEXT = {**_DENSE, "model_type": "qwen3_5_text", "linear_num_value_heads": 32,
+                 # Qwen3_5TextConfig: every fourth layer attention, the rest Gated DeltaNet
+                 "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+
+
+@pytest.mark.parametrize("cfg, key", [
+    (_QWEN3_5_TEXT, "3 linear_attention of 4 layers"),
+    ({"model_type": "qwen3_5", "text_config": _QWEN3_5_TEXT}, "layer_types"),  # multimodal wrapper
+    ({**_DENSE, "model_type": "lfm2", "layer_types": ["conv", "conv", "full_attention", "conv"]},
+     "3 conv of 4"),
+    ({**_DENSE, "model_type": "jamba", "attn_layer_period": 8, "mamba_d_state": 16}, "mamba_d_state"),
+    ({**_DENSE, "model_type": "falcon_mamba", "state_size": 16}, "state_size"),
+    ({**_DENSE, "model_type": "recurrent_gemma", "block_types": ["recurrent", "attention"]}, "block_types"),
+    ({**_DENSE, "model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-"}, "hybrid_override_pattern"),
+    ({**_DENSE, "model_type": "t5", "is_encoder_decoder": True}, "is_encoder_decoder"),
+    ({**_DENSE, "model_type": "gemma3n_text", "intermediate_size": [128] * 4}, "intermediate_size"),
+])
+def test_layers_that_are_not_one_attention_shape_are_refused(tmp_path, cfg, key):
+    """Counting Gated DeltaNet, Mamba or convolution blocks (or per-layer widths) as attention
+    layers gives a precise-looking wrong number: such a config is refused, naming the key."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=key):
+        planner.estimate(model=str(path), gpu="h100")
+
+
+def test_window_attention_layers_are_attention_layers():
+    """Sliding, chunked and full attention layers hold the same parameters: a config listing them
+    counts as one that lists none (Gemma 2/3, gpt-oss, Llama 4 name their layers so)."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    kinds = ["sliding_attention", "full_attention", "chunked_attention", "full_attention"]
+    listed = spec_from_hf_config({**_DENSE, "layer_types": kinds})
+    assert param_counts(listed).total == param_counts(spec_from_hf_config(_DENSE)).total
+
+
+def test_a_refused_config_is_one_line_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_QWEN3_5_TEXT))
+    result = CliRunner().invoke(app, ["estimate", "--model", str(path), "--gpu", "h100"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "layer_types" in lines[0], result.output
+
+
+def test_hunyuan_names_its_routed_experts_moe_topk():
+    """Hunyuan's MoE configs give the experts each token is routed to as ``moe_topk``."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    spec = spec_from_hf_config({**_DENSE, "model_type": "hunyuan_v1_moe", "num_experts": 16,
+                                "moe_topk": 1})
+    assert spec.moe is not None and spec.moe.active == 1

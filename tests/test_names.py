@@ -254,3 +254,26 @@ def test_glm_names_resolve_within_their_family():
     assert catalog.get_model("THUDM/glm-4-9b-chat").id == "glm-4-9b"
     assert name_family("chatglm3-6b") == name_family("glm-4-9b") == "glm"
     assert "glm" in catalog.models().suggest("chatglm4-6b")
+
+
+@pytest.mark.parametrize("typed", [
+    "Qwen/Qwen3.5-27B", "Qwen/Qwen3-Next-80B-A3B-Instruct", "ai21labs/AI21-Jamba-Mini-1.6",
+    "tiiuae/falcon-mamba-7b", "tiiuae/Falcon-H1-7B-Instruct", "LiquidAI/LFM2-1.2B",
+    "ibm-granite/granite-4.0-h-small", "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+])
+def test_hybrid_models_are_explained_not_substituted(typed):
+    """A model whose layers are not all softmax attention is not offered a transformer spelled
+    alike (Qwen3.5-27B is no Qwen2.5-7B), nor the config.json way out (it is refused too)."""
+    with pytest.raises(UnknownName) as info:
+        catalog.get_model(typed)
+    message = str(info.value)
+    assert "softmax attention" in message and "did you mean" not in message
+    assert "give the path" not in message
+
+
+@pytest.mark.parametrize("typed", ["ibm-granite/granite-4.0-micro", "MiniMaxAI/MiniMax-M2",
+                                   "Qwen/Qwen3-32B", "google/gemma-3-27b-it"])
+def test_attention_models_spelled_alike_are_not_called_hybrid(typed):
+    from planner.catalog.store import hybrid_architecture
+
+    assert hybrid_architecture(typed) is None

@@ -2,7 +2,9 @@
 
 Covers the families in the catalog (Llama, Mistral, Mixtral, Qwen2/2.5/3 and their MoE
 variants, Gemma 1/2/3, Phi-3, DeepSeek-V2/V3, OLMo 2, gpt-oss, OPT, GPT-2 style) by the keys their configs use; other
-decoder-only configs that use the standard key names load too.
+decoder-only configs that use the standard key names load too. A config whose layers are not
+all softmax-attention decoder layers of one shape (linear attention, state-space or convolution
+blocks, an encoder-decoder, per-layer widths) is refused with the key that shows it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,61 @@ class ConfigError(ValueError):
     pass
 
 
+#: ``layer_types`` entries whose layer is a softmax-attention decoder layer, the one structure
+#: the planner's formulas describe (a sliding, chunked or local window changes which keys a
+#: query sees, not what the layer holds for backward under FlashAttention or SDPA).
+_ATTENTION_LAYER_TYPES = frozenset({
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention", "attention",
+    "global", "local",
+})
+#: Keys of hybrid configs that list or place their non-attention blocks (Jamba, Bamba, Zamba,
+#: Falcon-H1, Granite 4.0-H, Nemotron-H, RecurrentGemma; MiniMax-Text-01's original config).
+_HYBRID_KEYS = ("layers_block_type", "hybrid_override_pattern", "attn_layer_period", "block_types",
+                "attn_type_list", "linear_attn_config", "attn_layer_indices")
+#: The keys a layer's shape is read from (a list in any of them: layers differ, as in Gemma 3n).
+_SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size", "moe_intermediate_size", "num_experts_per_tok",
+               "vocab_size")
+#: Keys only state-space (Mamba, Mamba-2) and short-convolution (LFM2) blocks have, besides
+#: every ``mamba_*`` key of the hybrids.
+_STATE_SPACE_KEYS = frozenset({"ssm_state_size", "state_size", "time_step_rank", "ssm_cfg",
+                               "conv_L_cache"})
+
+
+def _unmodelled_layers(cfg: dict[str, Any], source: str) -> str | None:
+    """Why a config's layers are not the softmax-attention decoder layers the formulas describe
+    (None when they are). Linear attention (Gated DeltaNet, Lightning), state-space (Mamba) and
+    convolution mixers have other parameters and keep other tensors for backward: counting them
+    as attention layers would print a precise-looking wrong number."""
+    if cfg.get("is_encoder_decoder"):
+        return f"{source}: is_encoder_decoder is true: encoder-decoder models are not modelled"
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list):
+        other = [k for k in kinds if str(k).lower() not in _ATTENTION_LAYER_TYPES]
+        if other:
+            counts = {str(k): other.count(k) for k in dict.fromkeys(other)}
+            listed = ", ".join(f"{n} {k}" for k, n in counts.items())
+            return (f"{source}: layer_types has {listed} of {len(kinds)} layers: only "
+                    "softmax-attention decoder layers are modelled (linear-attention, state-space "
+                    "and convolution layers have other parameters and activations)")
+    ssm = sorted(k for k in cfg if k.startswith("mamba_") or k in _STATE_SPACE_KEYS)
+    if ssm:
+        return (f"{source}: {ssm[0]} describes state-space or convolution blocks: only "
+                "softmax-attention decoder layers are modelled")
+    attention_at = cfg.get("full_attn_idxs")
+    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    if isinstance(attention_at, list) and isinstance(layers, int) and len(attention_at) < layers:
+        return (f"{source}: full_attn_idxs names {len(attention_at)} of {layers} layers as "
+                "attention (the others are convolution blocks): only softmax-attention decoder "
+                "layers are modelled")
+    for key in _HYBRID_KEYS:
+        if cfg.get(key) is not None:
+            return (f"{source}: {key} places non-attention blocks (state-space, recurrent or "
+                    "linear attention) among the layers: only softmax-attention decoder layers "
+                    "are modelled")
+    return None
+
+
 def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
@@ -63,6 +120,13 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
         # Multimodal wrappers (Gemma 3, Llama 4...): the language model is what trains here.
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", "")}
     model_type = str(cfg.get("model_type", "")).lower()
+    reason = _unmodelled_layers(cfg, source)
+    if reason:
+        raise ConfigError(reason)
+    per_layer = [k for k in _SHAPE_KEYS if isinstance(cfg.get(k), list)]
+    if per_layer:
+        raise ConfigError(f"{source}: {', '.join(per_layer)} gives one value per layer: layers of "
+                          "different shapes are not modelled")
     fields: dict[str, Any] = {
         "id": Path(source).parent.name or "custom",
         "layers": _first(cfg, "num_hidden_layers", "n_layer", "num_layers"),
@@ -93,7 +157,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     if experts:
         fields["moe"] = MoESpec(
             experts=experts,
-            active=_first(cfg, "num_experts_per_tok", "moe_top_k", default=2),
+            active=_first(cfg, "num_experts_per_tok", "moe_top_k", "moe_topk", default=2),
             expert_ffn=_first(cfg, "moe_intermediate_size", default=fields["ffn"]),
             # DeepSeek: n_shared_experts of moe_intermediate_size; Qwen MoE: one shared expert of
             # shared_expert_intermediate_size.

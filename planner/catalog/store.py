@@ -144,6 +144,32 @@ def _nearest_in_size(name: str, ids: Iterable[str]) -> list[str]:
     return [entry_id for _, entry_id in sorted(sized)[:3]]
 
 
+#: Names of models whose layers are not all softmax-attention decoder layers, which the
+#: formulas describe (the catalog holds none of them and ``hf_config`` refuses their configs),
+#: and what their layers are instead. An unknown name that matches one is told so, not offered
+#: a transformer spelled alike.
+_HYBRID_NAMES: tuple[tuple[str, str], ...] = (
+    (r"qwen3\.5|qwen3-next", "interleaves Gated DeltaNet linear-attention layers with its attention layers"),
+    (r"jamba|zamba|bamba|falcon-h1|nemotron-h|granite-4\.0-h", "combines Mamba state-space layers with attention layers"),
+    (r"mamba", "is built of Mamba state-space layers"),
+    (r"rwkv", "is built of RWKV recurrent layers"),
+    (r"recurrentgemma", "interleaves Griffin recurrent blocks with its attention layers"),
+    (r"lfm2", "interleaves short-convolution blocks with its attention layers"),
+    (r"kimi-linear", "interleaves Kimi Delta Attention linear-attention layers with its attention layers"),
+    (r"minimax-text-01|minimax-m1|minimax-vl-01", "interleaves Lightning linear-attention layers with its attention layers"),
+)
+
+
+def hybrid_architecture(name: str) -> str | None:
+    """What a model name's layers are when they are not the softmax-attention decoder layers the
+    planner models (see :data:`_HYBRID_NAMES`), or None."""
+    text = "-".join(_name_tokens(name))
+    for pattern, what in _HYBRID_NAMES:
+        if re.search(rf"(?<![a-z0-9]){pattern}", text):
+            return what
+    return None
+
+
 #: How an unknown model's error ends: the way to use a model the catalog lacks.
 CONFIG_HINT = ("not in the catalog? give the path to its Hugging Face config.json (or the folder "
                "holding it) as the model: --model ./my-model/config.json, or model: in a scenario file")
@@ -196,6 +222,12 @@ class Catalog(Generic[T]):
         entry = self.find(name)
         if entry is not None:
             return entry
+        hybrid = hybrid_architecture(name) if self.kind == "model" else None
+        if hybrid:
+            raise UnknownName(
+                f"unknown {self.kind} {name!r}: it {hybrid}, and the planner models decoders "
+                "whose layers are all softmax attention, so it has no estimate for it (nor for "
+                "its config.json)")
         message = f"unknown {self.kind} {name!r}{self.suggest(name)}"
         if self.kind == "model":
             message += f"; {CONFIG_HINT}"
