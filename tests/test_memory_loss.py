@@ -17,22 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from truth.harness import peak_bytes as _peak_bytes  # noqa: E402
 
 from planner.core.specs import ModelSpec  # noqa: E402
 from planner.memory import activations as act  # noqa: E402
-
-
-def _peak_bytes(run) -> int:
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    now = peak = 0
-    for event in events:
-        now += event.nbytes()
-        peak = max(peak, now)
-    return peak
 
 
 def _model(kind: str, vocab: int):

@@ -454,7 +454,35 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     mlp_grads = 1 if unsloth_runs(model, rec) else (3 if model.gated_mlp else 2)
     inv.add("grad.mlp", tokens * e * f * mlp_grads)
     inv.add("grad.residual", tokens * e * 2 * model.hidden, split=False)
+    if attention_is_eager(model, rec):
+        # The attention's backward runs after the MLP's, whose saved tensors and gradients are
+        # freed by then: the scores' gradients cost only what exceeds them.
+        mlp_saved = _mlp_block_split_saved(model, rec, b, s)
+        inv.add("grad.attention_scores",
+                max(0.0, eager_scores_backward_bytes(model, rec, b, s) - mlp_saved
+                    - inv.split["grad.mlp"]))
     return inv
+
+
+def eager_scores_backward_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
+    """Bytes beyond a layer's saved tensors while eager attention's softmax runs backward (HF
+    ``eager_attention_forward``: FP32 softmax of the scores, cast to the compute dtype, times V).
+    The value matmul's backward makes the probabilities' gradient in the compute dtype and frees
+    the e-byte probabilities it saved; the cast's backward turns that gradient to FP32 (4 bytes
+    per score), and the softmax's backward makes the FP32 scores' gradient (4 more) beside it and
+    the saved FP32 probabilities. Per score: 8 − e, or 8 in FP32 (no copy, the gradient is FP32
+    already). Measured on the CPU over a whole decoder layer by ``tests/truth``."""
+    scores = b * model.heads * s * s
+    copy = rec.e if rec.e != FP32 else 0
+    return scores * (2 * FP32 - copy)
+
+
+def _mlp_block_split_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
+    """Bytes of the head- or FFN-wide tensors a layer saves outside its attention block (the MLP
+    block's, freed before the attention's backward runs); the h-wide ones are left in."""
+    attention = Inventory()
+    _attention_block(attention, model, rec, b * s, s)
+    return sum(v for k, v in layer_saved(model, rec, b, s).split.items() if k not in attention.split)
 
 
 @by_spec

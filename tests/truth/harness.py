@@ -222,3 +222,19 @@ def build_qlora(shape: Shape, *, prep: str, rank: int = 4, dropout: float = 0.0,
                 module.to(torch.bfloat16)
     model.train()
     return model
+
+
+def peak_bytes(run) -> int:
+    """The most bytes allocated at once while ``run()`` runs: the profiler's allocation and free
+    events replayed in time order (what was allocated before it is not counted, nor its frees)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = peak = 0
+    for event in events:
+        now += event.nbytes()
+        peak = max(peak, now)
+    return peak

@@ -17,6 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from harness import peak_bytes as _peak_bytes
+
 from planner.memory import activations as act  # noqa: E402
 from planner.core.specs import ModelSpec  # noqa: E402
 
@@ -35,20 +37,6 @@ def _chunked_cross_entropy(logits, targets):
               for c, t in zip(chunks, target_chunks)]
     n = (targets != -100).sum()
     return torch.cat(losses).sum() / n.maximum(torch.ones_like(n))
-
-
-def _peak_bytes(run) -> int:
-    """The most bytes allocated at once while ``run()`` runs: the profiler's allocation and free
-    events replayed in time order (everything ``run`` allocates is freed or counted in it)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    now = peak = 0
-    for event in events:
-        now += event.nbytes()
-        peak = max(peak, now)
-    return peak
 
 
 def _steps(b: int, s: int, vocab: int, steps: int) -> int:
