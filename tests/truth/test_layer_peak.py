@@ -1,5 +1,6 @@
-"""A whole decoder layer's forward and backward on the CPU against the profiler: the most bytes
-alive at once, beside the layer's saved tensors, is what :func:`backward_temporaries` says.
+"""Peaks on the CPU against the profiler: a whole decoder layer's forward and backward (the most
+bytes alive at once, beside the layer's saved tensors, is what :func:`backward_temporaries` says),
+and two whole training steps of a small model against the detailed profile's allocated view.
 
 Eager attention is where the saved-tensor count alone falls short: its softmax's backward makes
 the scores' gradient twice in FP32 beside the saved FP32 probabilities
@@ -69,3 +70,80 @@ def test_eager_layer_peak_matches_the_profiler(shape, dtype, trainable):
     measured = _measured(dtype, *shape, trainable, "eager")
     want = _predicted(dtype, *shape, trainable, "eager")
     assert 0.92 * want <= measured <= want + 0.01 * want, (measured, want)
+
+
+STEP_SHAPES = [  # b, s, h, f, heads, kv_heads, layers, vocab
+    (2, 256, 256, 688, 4, 2, 2, 2048),
+    (4, 128, 512, 1376, 8, 8, 2, 1024),
+    (1, 1024, 128, 352, 4, 2, 2, 1024),  # the scores dominate
+]
+
+
+def _step_measured(b, s, h, f, heads, kv, layers, vocab, ckpt: bool, lora: bool) -> int:
+    """Peak bytes of two steps (forward, backward, AdamW step, gradients set to None) of a BF16
+    Llama with eager attention, weights included."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                      max_position_embeddings=max(s, 128), tie_word_embeddings=False,
+                      use_cache=False, attn_implementation="eager")
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        if ckpt:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    model.train()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                            foreach=False)  # what AdamW runs on the CPU
+    ids = torch.randint(0, vocab, (b, s))
+
+    def steps() -> None:
+        for _ in range(2):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    return peak_bytes(steps) + weights
+
+
+def _step_predicted(b, s, h, f, heads, kv, layers, vocab, ckpt: bool, lora: bool) -> int:
+    from planner.memory.estimate import memory_of
+    from planner.scenario.resolve import resolve
+
+    adapters = {"lora_rank": 8, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+    scenario = {
+        "name": "cpu-step",
+        "model": {"layers": layers, "hidden": h, "heads": heads, "kv_heads": kv,
+                  "head_dim": h // heads, "ffn": f, "vocab": vocab, "tied_embeddings": False,
+                  "max_position": max(s, 128)},
+        "workload": {"method": "lora" if lora else "full", "precision": "bf16", "seq_len": s,
+                     "micro_batch": b, "global_batch": b, "optimizer_step": "for_loop",
+                     **(adapters if lora else {})},
+        "layout": {"gpu": "h100", "attention": "eager", "checkpointing": "full" if ckpt else "none"},
+    }
+    return memory_of(resolve(scenario)).predicted["allocated_bytes"]
+
+
+@pytest.mark.parametrize("shape", STEP_SHAPES)
+@pytest.mark.parametrize("ckpt", [False, True], ids=["no-ckpt", "ckpt"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_training_step_peak_matches_the_profiler(shape, ckpt, lora):
+    """Within −10 % / +5 % of the allocated view (measured 0.91–1.04). Known and small at scale:
+    full fine-tuning with checkpointing counts the first layer's gradients and the embedding's
+    beside that layer's recomputation, though they are made after it (over by up to 9 % with two
+    layers, a 1/L share); LoRA with checkpointing leaves out the sums of h-wide gradients at
+    inputs several modules share (under by about 7·h bytes per token of one layer). Without
+    eager attention's backward term the long-sequence shape measures 1.4 times the prediction."""
+    measured = _step_measured(*shape, ckpt, lora)
+    want = _step_predicted(*shape, ckpt, lora)
+    assert 0.90 * want <= measured <= 1.05 * want, (measured, want, measured / want)
