@@ -107,3 +107,11 @@ def test_hunyuan_names_its_routed_experts_moe_topk():
     spec = spec_from_hf_config({**_DENSE, "model_type": "hunyuan_v1_moe", "num_experts": 16,
                                 "moe_topk": 1})
     assert spec.moe is not None and spec.moe.active == 1
+
+
+def test_gemma_norms_scale_in_fp32_by_catalog_and_by_config():
+    """Gemma's RMSNorm multiplies by (1 + weight) in FP32 (transformers' GemmaRMSNorm), so a
+    trainable weight keeps the FP32 normalised input: the catalog entry and its config agree."""
+    assert catalog.get_model(str(HF / "gemma-2-9b" / "config.json")).norm_fp32_scale
+    assert catalog.get_model("gemma-2-9b").norm_fp32_scale
+    assert all(m.norm_fp32_scale == (m.family == "gemma") for m in catalog.models())

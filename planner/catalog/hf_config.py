@@ -23,10 +23,11 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},
     # Gemma 1 configs name the activation "gelu" but the MLP is GeGLU (gated).
-    "gemma": {"gated_mlp": True},
-    "gemma2": {"norms_per_layer": 4},
-    "gemma3": {"norms_per_layer": 4, "qk_norm": True},
-    "gemma3_text": {"norms_per_layer": 4, "qk_norm": True},
+    # Gemma's RMSNorm scales by (1 + weight) in FP32 before casting back.
+    "gemma": {"gated_mlp": True, "norm_fp32_scale": True},
+    "gemma2": {"norms_per_layer": 4, "norm_fp32_scale": True},
+    "gemma3": {"norms_per_layer": 4, "qk_norm": True, "norm_fp32_scale": True},
+    "gemma3_text": {"norms_per_layer": 4, "qk_norm": True, "norm_fp32_scale": True},
     # DeepSeek's config classes default to untied embeddings (their config.json omit the key).
     "deepseek_v2": {"tied_embeddings": False},
     "deepseek_v3": {"tied_embeddings": False},

@@ -196,6 +196,9 @@ class ModelSpec(StrictModel):
     #: (q, k, v split as views of the fused QKV output; LoRA q/v updates zero-padded).
     impl: Literal["hf", "litgpt"] = "hf"
     norm_upcast: bool = True  # RMSNorm computes in FP32 (False: litgpt before Oct 24, 2023)
+    #: The RMSNorm scales by its weight in FP32 and casts after (Gemma 1-3:
+    #: ``x.float() * (1 + weight.float())``), so a trainable weight keeps the FP32 normalised x.
+    norm_fp32_scale: bool = False
     #: litgpt before Oct 24, 2023 (PR #667) left multi-query K/V unexpanded, so PyTorch's SDPA
     #: (no grouped-query kernels before 2.5) ran its math path, keeping the s² probabilities.
     mqa_sdpa_math: bool = False

@@ -106,10 +106,13 @@ class Inventory:
 
 
 def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, rec: LayerRecipe,
-          kind: str, tokens: int, model: ModelSpec | None = None) -> None:
+          kind: str, tokens: int, model: ModelSpec | None = None, *, groups: int = 1,
+          split: bool = False) -> None:
     """A norm's saved tensors: HF RMSNorm keeps an FP32 copy of its input (4h) and rsqrt (4),
-    plus y (e·h) for its weight's gradient; LayerNorm keeps its input (e·h), mean and rstd (8);
-    a fused (compiled) RMSNorm keeps its input and rsqrt (e·h + 4).
+    plus y (e·h) for its weight's gradient (FP32, 4h, where the weight scales in FP32: Gemma's
+    ``ModelSpec.norm_fp32_scale``); LayerNorm keeps its input (e·h), mean and rstd (8); a fused
+    (compiled) RMSNorm keeps its input and rsqrt (e·h + 4). ``groups`` norms of h/groups each per
+    token (QK-norm: one per head, an rsqrt each), ``split`` under TP (head-wide).
 
     litgpt's RMSNorm: before Oct 24, 2023 (``norm_upcast`` False; litgpt PR #606 added the
     upcast) it computes in the input dtype and keeps its input and rsqrt (e·h + e), plus the
@@ -118,24 +121,25 @@ def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, r
     if not (rg or weight_trainable):
         return
     litgpt = model is not None and model.impl == "litgpt"
+    fp32_y = litgpt or (model is not None and model.norm_fp32_scale)
     fused = rec.fused or (rec.fused_norm and kind == "rmsnorm")
     if kind == "rmsnorm" and not fused and model is not None and not model.norm_upcast:
-        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
-        inv.add(f"{name}.rstd", tokens * rec.e, split=False)
+        inv.add(f"{name}.input", tokens * rec.e * h, split=split)
+        inv.add(f"{name}.rstd", tokens * rec.e * groups, split=split)
         if weight_trainable:
-            inv.add(f"{name}.y", tokens * rec.e * h, split=False)
+            inv.add(f"{name}.y", tokens * rec.e * h, split=split)
         return
     if kind == "layernorm":
-        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
-        inv.add(f"{name}.stats", tokens * 2 * FP32, split=False)
+        inv.add(f"{name}.input", tokens * rec.e * h, split=split)
+        inv.add(f"{name}.stats", tokens * 2 * FP32 * groups, split=split)
     elif fused:
-        inv.add(f"{name}.input", tokens * rec.e * h, split=False)
-        inv.add(f"{name}.rstd", tokens * FP32, split=False)
+        inv.add(f"{name}.input", tokens * rec.e * h, split=split)
+        inv.add(f"{name}.rstd", tokens * FP32 * groups, split=split)
     else:
-        inv.add(f"{name}.fp32_input", tokens * FP32 * h, split=False)
-        inv.add(f"{name}.rstd", tokens * FP32, split=False)
+        inv.add(f"{name}.fp32_input", tokens * FP32 * h, split=split)
+        inv.add(f"{name}.rstd", tokens * FP32 * groups, split=split)
         if weight_trainable:
-            inv.add(f"{name}.y", tokens * (FP32 if litgpt else rec.e) * h, split=False)
+            inv.add(f"{name}.y", tokens * (FP32 if fp32_y else rec.e) * h, split=split)
 
 
 def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str], rec: LayerRecipe,
@@ -299,6 +303,14 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg,
                    x_bytes=FP32 if rec.fp32_stream else e)
     qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
+    if model.qk_norm and not model.fused_qkv:
+        # RMSNorm over each head of q and of k (Qwen3, Gemma 3) before RoPE: what any norm
+        # keeps, per head, for the projections' outputs that need a gradient (OLMo 2 normalises
+        # the whole projection: one rsqrt per token, counted here per head).
+        d = model.head_dim_eff
+        for m, n_heads in (("q", model.heads), ("k", model.kv_heads_eff)):
+            _norm(inv, f"{m}_norm", out1_rg or m in t, rec.trainable_base, n_heads * d, rec,
+                  "rmsnorm", tokens, model, groups=n_heads, split=True)
     if model.impl == "litgpt" and model.fused_qkv:
         _litgpt_qkv_lora(inv, model, rec, tokens)
     eager = attention_is_eager(model, rec)
