@@ -115,3 +115,20 @@ def test_gemma_norms_scale_in_fp32_by_catalog_and_by_config():
     assert catalog.get_model(str(HF / "gemma-2-9b" / "config.json")).norm_fp32_scale
     assert catalog.get_model("gemma-2-9b").norm_fp32_scale
     assert all(m.norm_fp32_scale == (m.family == "gemma") for m in catalog.models())
+
+
+def test_gpt2_keeps_its_gelu_and_bf16_softmax_by_catalog_and_by_config():
+    """transformers' gelu_new (the tanh formula in Python) keeps three FFN-wide tensors beyond
+    its input; GPT-2's eager attention softmaxes in the compute dtype."""
+    from_config = catalog.get_model(str(HF / "gpt2-xl"))
+    for spec in (from_config, catalog.get_model("gpt2-xl")):
+        assert spec.activation_saved_copies == 3 and not spec.softmax_fp32
+
+
+def test_phi_reads_as_one_layernorm_with_biases():
+    """Phi-1/1.5/2 configs name neither their LayerNorm nor their biases: the family says so."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    spec = spec_from_hf_config({**_DENSE, "model_type": "phi", "hidden_act": "gelu_new"})
+    assert (spec.norm, spec.norms_per_layer) == ("layernorm", 1)
+    assert spec.qkv_bias and spec.o_bias and spec.mlp_bias and spec.activation_saved_copies == 3

@@ -36,6 +36,11 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     "olmo2": {"qk_norm": True},
     # gpt-oss experts carry biases (gate_up and down), as do its attention projections.
     "gpt_oss": {"mlp_bias": True},
+    # Phi-1/1.5/2 and GPT-J: attention and MLP in parallel on one LayerNorm; Phi has biases on
+    # every linear, GPT-J on its MLP only.
+    "phi": {"norm": "layernorm", "norms_per_layer": 1, "qkv_bias": True, "o_bias": True,
+            "mlp_bias": True},
+    "gptj": {"norm": "layernorm", "norms_per_layer": 1, "mlp_bias": True},
     "opt": {
         "gated_mlp": False, "norm": "layernorm", "position": "learned",
         "qkv_bias": True, "o_bias": True, "mlp_bias": True,
@@ -43,6 +48,8 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     "gpt2": {
         "gated_mlp": False, "norm": "layernorm", "position": "learned",
         "qkv_bias": True, "o_bias": True, "mlp_bias": True,
+        # its eager attention softmaxes in the compute dtype (modeling_gpt2 eager_attention_forward)
+        "softmax_fp32": False,
     },
 }
 
@@ -146,6 +153,8 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
     act = str(_first(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu"))
     fields["gated_mlp"] = act in _GATED_ACTIVATIONS
+    # transformers' gelu_new is the tanh formula written out in Python: three more FFN-wide tensors
+    fields["activation_saved_copies"] = 3 if act == "gelu_new" else 0
     fields["qkv_bias"] = bool(cfg.get("attention_bias", False))
     fields["o_bias"] = bool(cfg.get("attention_bias", False)) and model_type not in {"qwen2"}
     fields["mlp_bias"] = bool(cfg.get("mlp_bias", False))

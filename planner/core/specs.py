@@ -199,6 +199,13 @@ class ModelSpec(StrictModel):
     #: The RMSNorm scales by its weight in FP32 and casts after (Gemma 1-3:
     #: ``x.float() * (1 + weight.float())``), so a trainable weight keeps the FP32 normalised x.
     norm_fp32_scale: bool = False
+    #: FFN-wide tensors the (ungated) MLP's activation keeps beyond its input: 3 for the GELU
+    #: written out in Python (transformers' ``gelu_new``: GPT-2, GPT-J, Phi-1.5/2, CodeGen keep
+    #: the tanh, 0.5·x and 1 + tanh), 0 for a kernel (``gelu``, ``gelu_pytorch_tanh``, ReLU).
+    activation_saved_copies: NonNegCount = 0
+    #: Eager attention's softmax runs in FP32 and is cast back (Llama and most since); False:
+    #: in the compute dtype (transformers' GPT-2), keeping only the e-byte probabilities.
+    softmax_fp32: bool = True
     #: litgpt before Oct 24, 2023 (PR #667) left multi-query K/V unexpanded, so PyTorch's SDPA
     #: (no grouped-query kernels before 2.5) ran its math path, keeping the s² probabilities.
     mqa_sdpa_math: bool = False

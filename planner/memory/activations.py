@@ -78,6 +78,10 @@ class LayerRecipe:
     #: (``ModelSpec.eager_mask_clamp``): the scores' dtype promoted with the causal mask's, which
     #: is the embeddings' (FP32 for a prepared bitsandbytes base). 0: no clamp.
     clamp_bytes: int = 0
+    #: The whole step runs in one dtype (precision ``bf16`` or ``fp32``). Under a mixed recipe
+    #: (autocast runs ``pow`` and ``softmax`` in FP32 on CUDA; DeepSpeed or FSDP cast the model
+    #: instead) what a written-out GELU and GPT-2's softmax keep is not modelled: their default.
+    one_dtype: bool = False
 
 
 @dataclass
@@ -224,6 +228,9 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
     fc_rg = rg_in or trainable or "up" in t
     if fc_rg:
         inv.add(f"{prefix}.fc_out", tokens * e * f)  # saved by GELU
+        if not rec.fused and model.impl == "hf" and rec.one_dtype:
+            for i in range(model.activation_saved_copies):
+                inv.add(f"{prefix}.act_part{i}", tokens * e * f)
     _linear_inputs(inv, f"{prefix}.act_out", f, ["down"], rec, tokens, split_input=True,
                    x_bytes=e)
     return fc_rg or trainable or "down" in t
@@ -341,9 +348,12 @@ def _attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens
         if rec.clamp_bytes:  # torch.max(scores + mask, finfo.min) keeps both its inputs
             inv.add("attn.clamped_scores", tokens * rec.clamp_bytes * a * s)
             inv.add("attn.clamp_floor", FP32, split=False)  # the 0-d FP32 finfo.min tensor
-        inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
-        if e != FP32:
-            inv.add("attn.softmax_copy", tokens * e * a * s)
+        if softmax_in_fp32(model, rec):
+            inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
+            if e != FP32:
+                inv.add("attn.softmax_copy", tokens * e * a * s)
+        else:  # the softmax in the compute dtype keeps its output, which the value matmul reads
+            inv.add("attn.softmax", tokens * e * a * s)
     else:
         inv.add("attn.q", tokens * e * h_q)
         inv.add("attn.k", tokens * e * h_kv)
@@ -476,6 +486,12 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     return inv
 
 
+def softmax_in_fp32(model: ModelSpec, rec: LayerRecipe) -> bool:
+    """Eager attention's softmax runs in FP32 (cast back after): everywhere but transformers'
+    GPT-2 code in a one-dtype step (``ModelSpec.softmax_fp32``)."""
+    return model.softmax_fp32 or model.impl != "hf" or not rec.one_dtype
+
+
 def eager_scores_backward_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
     """Bytes beyond a layer's saved tensors while eager attention's softmax runs backward (HF
     ``eager_attention_forward``: FP32 softmax of the scores, cast to the compute dtype, times V).
@@ -485,6 +501,10 @@ def eager_scores_backward_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: i
     the saved FP32 probabilities. Per score: 8 − e, or 8 in FP32 (no copy, the gradient is FP32
     already). Measured on the CPU over a whole decoder layer by ``tests/truth``."""
     scores = b * model.heads * s * s
+    if not softmax_in_fp32(model, rec):
+        # in the compute dtype: the probabilities' gradient and the scores' gradient beside
+        # the saved probabilities, which are the matmul's input too
+        return scores * 2 * rec.e
     copy = rec.e if rec.e != FP32 else 0
     return scores * (2 * FP32 - copy)
 

@@ -116,6 +116,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         int8=int8_base(wl),
         int8_transposed=int8_base(wl) and wl.int8_keeps_transposed,
         autocast=lora and wl.precision in ("mixed", "fp16"),
+        one_dtype=wl.precision in ("bf16", "fp32"),
         lora_shares_input=bnb_base(wl),
         fp32_stream=bnb_prepared(wl) and (fp32_embeddings(wl) or not _norm_keeps_dtype(model)),
         fp32_embeddings=fp32_embeddings(wl),
