@@ -109,12 +109,16 @@ def test_hunyuan_names_its_routed_experts_moe_topk():
     assert spec.moe is not None and spec.moe.active == 1
 
 
-def test_gemma_norms_scale_in_fp32_by_catalog_and_by_config():
-    """Gemma's RMSNorm multiplies by (1 + weight) in FP32 (transformers' GemmaRMSNorm), so a
-    trainable weight keeps the FP32 normalised input: the catalog entry and its config agree."""
+def test_gemma_and_olmo2_norms_scale_in_fp32_by_catalog_and_by_config():
+    """Gemma's RMSNorm multiplies by (1 + weight) in FP32 (transformers' GemmaRMSNorm), OLMo 2's
+    by its weight, so a trainable weight keeps the FP32 normalised input: the catalog entries and
+    their configs agree."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
     assert catalog.get_model(str(HF / "gemma-2-9b" / "config.json")).norm_fp32_scale
-    assert catalog.get_model("gemma-2-9b").norm_fp32_scale
-    assert all(m.norm_fp32_scale == (m.family == "gemma") for m in catalog.models())
+    assert spec_from_hf_config({**_DENSE, "model_type": "olmo2"}).norm_fp32_scale
+    assert not spec_from_hf_config({**_DENSE, "model_type": "llama"}).norm_fp32_scale
+    assert all(m.norm_fp32_scale == (m.family in ("gemma", "olmo")) for m in catalog.models())
 
 
 def test_gpt2_keeps_its_gelu_and_bf16_softmax_by_catalog_and_by_config():

@@ -33,7 +33,8 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     "deepseek_v3": {"tied_embeddings": False},
     # OLMo 2: RMSNorm on the full Q and K projections (counted as per-head norms: a few
     # thousand parameters per layer apart), norms after attention and MLP.
-    "olmo2": {"qk_norm": True},
+    # Its RMSNorm multiplies by the weight in FP32 before casting back, as Gemma's does.
+    "olmo2": {"qk_norm": True, "norm_fp32_scale": True},
     # gpt-oss experts carry biases (gate_up and down), as do its attention projections.
     "gpt_oss": {"mlp_bias": True},
     # Phi-1/1.5/2 and GPT-J: attention and MLP in parallel on one LayerNorm; Phi has biases on

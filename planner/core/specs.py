@@ -197,7 +197,8 @@ class ModelSpec(StrictModel):
     impl: Literal["hf", "litgpt"] = "hf"
     norm_upcast: bool = True  # RMSNorm computes in FP32 (False: litgpt before Oct 24, 2023)
     #: The RMSNorm scales by its weight in FP32 and casts after (Gemma 1-3:
-    #: ``x.float() * (1 + weight.float())``), so a trainable weight keeps the FP32 normalised x.
+    #: ``x.float() * (1 + weight.float())``; OLMo 2), so a trainable weight keeps the FP32
+    #: normalised x.
     norm_fp32_scale: bool = False
     #: FFN-wide tensors the (ungated) MLP's activation keeps beyond its input: 3 for the GELU
     #: written out in Python (transformers' ``gelu_new``: GPT-2, GPT-J, Phi-1.5/2, CodeGen keep

@@ -80,7 +80,8 @@ STEP_SHAPES = [  # b, s, h, f, heads, kv_heads, layers, vocab
 
 
 def _config(family: str, b, s, h, f, heads, kv, layers, vocab):
-    """A transformers config of the family (Llama; Qwen3: RMSNorm on each head of q and k; Gemma 2:
+    """A transformers config of the family (Llama; Qwen3: RMSNorm on each head of q and k; OLMo 2:
+    post-norms scaling in FP32 and q/k norms over the whole projection; Gemma 2:
     soft-capped scores and logits, four norms per layer scaling in FP32, GeGLU, tied embeddings;
     Gemma 3: Gemma 2's layer with q/k norms), eager attention, no cache."""
     import transformers
@@ -95,6 +96,9 @@ def _config(family: str, b, s, h, f, heads, kv, layers, vocab):
         return transformers.Gemma3TextConfig(**common, sliding_window=max(s, 128))
     if family == "qwen3":
         return transformers.Qwen3Config(**common, tie_word_embeddings=False)
+    if family == "olmo2":  # norms after attention and MLP, q/k norms over the whole projection
+        return transformers.Olmo2Config(**{k: v for k, v in common.items() if k != "head_dim"},
+                                        tie_word_embeddings=False, pad_token_id=0)
     if family == "phi":  # parallel attention and GELU MLP on one LayerNorm, biases, gelu_new
         return transformers.PhiConfig(**{k: v for k, v in common.items()
                                          if k not in ("head_dim", "num_key_value_heads")},
@@ -165,7 +169,7 @@ def _step_predicted(cfg, b, s, ckpt: bool, lora: bool, precision: str) -> int:
 
 #: (family, precision): every family in BF16, the HF Trainer's AMP recipe on Llama.
 STEP_RECIPES = [("llama", "bf16"), ("llama", "mixed"), ("qwen3", "bf16"), ("gemma2", "bf16"),
-                ("gemma3", "bf16")]
+                ("gemma3", "bf16"), ("olmo2", "bf16")]
 
 
 @pytest.mark.parametrize("shape", STEP_SHAPES)
@@ -175,13 +179,13 @@ STEP_RECIPES = [("llama", "bf16"), ("llama", "mixed"), ("qwen3", "bf16"), ("gemm
 def test_a_training_step_peak_matches_the_profiler(family, precision, shape, ckpt, lora):
     """Within −10 % / +5 % of the allocated view (measured 0.91–1.04; without checkpointing
     0.95–1.03). Without the q/k norms' saved tensors Qwen3 measured up to 1.09 times the
-    prediction and Gemma 3 up to 1.15; without Gemma's FP32-scaled norm outputs Gemma 2 up to
-    1.06. Known and small at scale: full fine-tuning with checkpointing counts the first
-    layer's gradients and the embedding's beside that layer's recomputation, though they are made
-    after it (over by up to 9 % with two layers, a 1/L share); LoRA with checkpointing leaves out
-    the sums of h-wide gradients at inputs several modules share (under by about 7·h bytes per
-    token of one layer). Without eager attention's backward term the long-sequence shape measures
-    1.4 times the prediction."""
+    prediction and Gemma 3 up to 1.15; without the FP32-scaled norm outputs Gemma 2 up to 1.06
+    and OLMo 2 up to 1.05. Known and small at scale: full fine-tuning with checkpointing counts
+    the first layer's gradients and the embedding's beside that layer's recomputation, though
+    they are made after it (over by up to 9 % with two layers, a 1/L share); LoRA with
+    checkpointing leaves out the sums of h-wide gradients at inputs several modules share (under
+    by about 7·h bytes per token of one layer). Without eager attention's backward term the
+    long-sequence shape measures 1.4 times the prediction."""
     cfg = _config(family, *shape)
     b, s = shape[:2]
     measured = _step_measured(cfg, b, s, ckpt, lora, precision)
