@@ -136,3 +136,13 @@ def test_phi_reads_as_one_layernorm_with_biases():
     spec = spec_from_hf_config({**_DENSE, "model_type": "phi", "hidden_act": "gelu_new"})
     assert (spec.norm, spec.norms_per_layer) == ("layernorm", 1)
     assert spec.qkv_bias and spec.o_bias and spec.mlp_bias and spec.activation_saved_copies == 3
+
+
+def test_relu_keeps_its_output_by_catalog_and_by_config():
+    """ReLU keeps its output, which is the down projection's saved input: OPT's MLP keeps one
+    FFN-wide tensor, not two."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    spec = spec_from_hf_config({**_DENSE, "model_type": "opt", "activation_function": "relu"})
+    assert spec.activation_keeps_output and catalog.get_model("opt-1.3b").activation_keeps_output
+    assert not spec_from_hf_config({**_DENSE, "model_type": "gpt2"}).activation_keeps_output

@@ -156,6 +156,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields["gated_mlp"] = act in _GATED_ACTIVATIONS
     # transformers' gelu_new is the tanh formula written out in Python: three more FFN-wide tensors
     fields["activation_saved_copies"] = 3 if act == "gelu_new" else 0
+    fields["activation_keeps_output"] = act == "relu"  # ReLU keeps its output, GELU its input
     fields["qkv_bias"] = bool(cfg.get("attention_bias", False))
     fields["o_bias"] = bool(cfg.get("attention_bias", False)) and model_type not in {"qwen2"}
     fields["mlp_bias"] = bool(cfg.get("mlp_bias", False))

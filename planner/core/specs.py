@@ -204,6 +204,9 @@ class ModelSpec(StrictModel):
     #: written out in Python (transformers' ``gelu_new``: GPT-2, GPT-J, Phi-1.5/2, CodeGen keep
     #: the tanh, 0.5·x and 1 + tanh), 0 for a kernel (``gelu``, ``gelu_pytorch_tanh``, ReLU).
     activation_saved_copies: NonNegCount = 0
+    #: The (ungated) MLP's activation keeps its output, not its input (ReLU: OPT), and that
+    #: output is the down projection's saved input: one FFN-wide tensor instead of two.
+    activation_keeps_output: bool = False
     #: Eager attention's softmax runs in FP32 and is cast back (Llama and most since); False:
     #: in the compute dtype (transformers' GPT-2), keeping only the e-byte probabilities.
     softmax_fp32: bool = True

@@ -196,7 +196,8 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
 def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe, tokens: int,
          prefix: str = "mlp") -> bool:
     """Gated: gate·up products keep gate, up, act(gate) and the product (4e·f); fused keeps
-    gate and up only. Plain: fc output and act output (2e·f). Returns: output requires grad."""
+    gate and up only. Plain: fc output and act output (2e·f; ReLU keeps its output, which is the
+    act output: e·f). Returns: output requires grad."""
     t = rec.lora_targets
     e = FP32 if rec.fp32_stream else rec.e  # the base returns its (FP32) input's dtype
     trainable = rec.trainable_base
@@ -227,7 +228,10 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
                    x_bytes=e)
     fc_rg = rg_in or trainable or "up" in t
     if fc_rg:
-        inv.add(f"{prefix}.fc_out", tokens * e * f)  # saved by GELU
+        if model.activation_keeps_output:  # ReLU keeps its output: the down projection's input
+            inv.add(f"{prefix}.act_out", tokens * e * f)
+        else:
+            inv.add(f"{prefix}.fc_out", tokens * e * f)  # saved by GELU
         if not rec.fused and model.impl == "hf" and rec.one_dtype:
             for i in range(model.activation_saved_copies):
                 inv.add(f"{prefix}.act_part{i}", tokens * e * f)
