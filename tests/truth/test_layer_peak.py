@@ -16,9 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from harness import peak_bytes
+from harness import Shape, peak_bytes, spec_of
 
-from planner.core.specs import ModelSpec
 from planner.memory import activations as act
 
 SHAPES = [  # b, s, h, f, heads, kv_heads
@@ -28,13 +27,10 @@ SHAPES = [  # b, s, h, f, heads, kv_heads
 ]
 
 
-def _measured(dtype, b, s, h, f, heads, kv, trainable: bool, attention: str) -> int:
-    from transformers import LlamaConfig
+def _measured(dtype, b, s, h, f, heads, kv, trainable: bool) -> int:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    cfg = LlamaConfig(hidden_size=h, intermediate_size=f, num_attention_heads=heads,
-                      num_key_value_heads=kv, head_dim=h // heads, vocab_size=64,
-                      attn_implementation=attention)
+    cfg = _config("llama", b, s, h, f, heads, kv, 1, 64)
     torch.manual_seed(0)
     layer = LlamaDecoderLayer(cfg, 0).to(dtype).train()
     for p in layer.parameters():
@@ -53,11 +49,10 @@ def _measured(dtype, b, s, h, f, heads, kv, trainable: bool, attention: str) -> 
     return peak_bytes(step)
 
 
-def _predicted(dtype, b, s, h, f, heads, kv, trainable: bool, attention: str) -> float:
-    spec = ModelSpec(layers=1, hidden=h, heads=heads, kv_heads=kv, head_dim=h // heads, ffn=f,
-                     vocab=64)
+def _predicted(dtype, b, s, h, f, heads, kv, trainable: bool) -> float:
+    spec = spec_of(Shape(b=b, s=s, h=h, f=f, heads=heads, kv_heads=kv, layers=1, vocab=64))
     rec = act.LayerRecipe(e=4 if dtype == torch.float32 else 2, trainable_base=trainable,
-                          attention="eager" if attention == "eager" else "flash")
+                          attention="eager")
     return act.layer_saved(spec, rec, b, s).total() + act.backward_temporaries(spec, rec, b, s).total()
 
 
@@ -67,8 +62,8 @@ def _predicted(dtype, b, s, h, f, heads, kv, trainable: bool, attention: str) ->
 def test_eager_layer_peak_matches_the_profiler(shape, dtype, trainable):
     """Within 8 % and never under (the parameters' gradients, a few kB here, are not counted);
     without the scores' backward term the long shapes measure 1.6–2.6 times the prediction."""
-    measured = _measured(dtype, *shape, trainable, "eager")
-    want = _predicted(dtype, *shape, trainable, "eager")
+    measured = _measured(dtype, *shape, trainable)
+    want = _predicted(dtype, *shape, trainable)
     assert 0.92 * want <= measured <= want + 0.01 * want, (measured, want)
 
 
