@@ -55,6 +55,53 @@ def test_zero_offload_trains_13b_on_one_v100_32gb():
     assert est.host_bytes > 12 * est.params
 
 
+def test_deepspeed_zero_offload_keeps_a_gradient_buffer_and_checks_each_gradient_on_the_gpu():
+    """DeepSpeed's ZeRO-1/2 with the optimizer offloaded (``stage_1_and_2.py``) allocates
+    ``temp_grad_buffer_for_gpu_offload`` of the largest parameter's elements (FP16) and, at the last
+    micro-batch, takes each owned gradient's norm in FP64 (``.double().norm(2)``) and checks the
+    whole gradient for inf/NaN: ``x.float().sum()`` (4 B/element) before 0.13.3, an FP32 copy and
+    three masks and a float (11 B/element) since PR #5115. Releases 0.14.1 (PR #5301) to 0.16.x
+    copy the FP32 partition to the GPU at the step: the paper's 13B model on one V100 32GB then
+    needs 4 B/parameter more and no longer fits; it fits with the DeepSpeed of 2021."""
+    base = {"model": GPT2_13B, "workload": {"method": "full", "precision": "fp16", "optimizer": "adamw",
+                                            "seq_len": 1024, "micro_batch": 1},
+            "layout": {"gpu": "v100-32gb", "gpus": 1, "zero": 2, "offload": "optimizer",
+                       "checkpointing": "full", "zero_impl": "deepspeed"}}
+
+    def run(**layout):
+        return _estimate({**base, "layout": {**base["layout"], **layout}})
+
+    embedding = 50257 * 4096  # tied: the largest parameter, its gradient complete at backward end
+    of_2021 = run(zero_offload_check_bytes=4)
+    assert of_2021.fits
+    assert of_2021.components["buffers"] == pytest.approx(2 * embedding + 8 * embedding, rel=1e-6)
+    assert run().components["buffers"] == pytest.approx(2 * embedding + 11 * embedding, rel=1e-6)
+    copied = run(zero_offload_gpu_copy=True)
+    assert not copied.fits
+    assert copied.components["buffers"] == pytest.approx(4 * copied.params + 2 * embedding, rel=1e-3)
+    # PyTorch's ZeRO (FSDP) keeps none of them
+    assert "buffers" not in run(zero_impl="fsdp").components
+
+
+def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
+    """chenyaofo's LLaMA-7B benchmark (DeepSpeed 0.14.2, 8×A800, ZeRO-2 with the optimizer
+    offloaded, micro-batch 1 × 4096, checkpointing; data/measured_calibration_more.csv row 1030)
+    measured 16.9 GiB max allocated: within 5 % with the offload buffer and the checks (10 % low
+    without them); its ``deepspeed`` cell reads as the 11-byte check and the GPU copy."""
+    from planner.validate.rows import scenario_of
+    from planner.validate.score import read_rows, validate_rows
+
+    row = next(r for r in read_rows(ROOT / "data" / "measured_calibration_more.csv") if r["id"] == "1030")
+    layout = scenario_of(row)["layout"]
+    assert layout["zero_impl"] == "deepspeed" and layout["zero_offload_gpu_copy"] is True
+    assert "zero_offload_check_bytes" not in layout  # 0.14.2: the current check
+    assert abs(validate_rows([row], "detailed")[0].signed_error) <= 0.05
+    older = scenario_of({**row, "deepspeed": "0.11.1"})["layout"]
+    assert older["zero_offload_check_bytes"] == 4 and older["zero_offload_gpu_copy"] is False
+    assert scenario_of({**row, "deepspeed": "0.17.0"})["layout"]["zero_offload_gpu_copy"] is False
+    assert "zero_offload_gpu_copy" not in scenario_of({**row, "deepspeed": ""})["layout"]
+
+
 def test_offloaded_optimizer_has_no_gpu_step_temporaries():
     from planner.memory.detailed import buffer_terms
     from planner.memory.model_states import model_states

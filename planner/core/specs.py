@@ -392,6 +392,15 @@ class Layout(StrictModel):
     #: DeepSpeed ZeRO-1/2 with contiguous_gradients: gradient buckets allocated at each backward,
     #: in elements of the compute dtype (reduce_bucket_size, twice with overlap_comm).
     zero_bucket_elements: NonNegCount = 0
+    #: DeepSpeed ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload) checks each gradient it owns
+    #: for inf/NaN on the GPU at the last micro-batch: bytes per element of that gradient the check
+    #: allocates. 4 before DeepSpeed 0.13.3 (``x.float().sum()``); 11 from 0.13.3 (PR #5115: an
+    #: FP32 copy, ``isnan`` and ``isinf`` masks, their union and its float for ``max``).
+    zero_offload_check_bytes: Literal[4, 11] = 11
+    #: DeepSpeed ZeRO-1/2 with the optimizer offloaded copies its FP32 partition to the GPU at
+    #: the step before casting it into the 16-bit weights (``fp32_partition.to(device)``):
+    #: releases 0.14.1 (PR #5301) to 0.16.x; PR #7309 (2025-05-23) casts on the host again.
+    zero_offload_gpu_copy: bool = False
     #: How ZeRO-3 gathers are freed: 1 for FSDP1 and DeepSpeed ZeRO-3 (``record_stream``: a block
     #: returns to the all-gather stream's pool once the GPU is done with it, which fragments the
     #: caching allocator's segments), 2 for FSDP2 (``fully_shard``: stream-to-stream waits, the

@@ -227,7 +227,8 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
-           "zero_buckets": layout.zero_bucket_elements * e}
+           "zero_buckets": layout.zero_bucket_elements * e,
+           **_zero_offload_terms(model, wl, layout, st)}
     if _gathers_units(layout):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
         unit = max(layer * w_b, end * e)
@@ -289,6 +290,49 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
             largest = _largest_stepped(model, wl, layout, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
     del pp
+    return out
+
+
+def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
+                        st: StateParts) -> dict[str, float]:
+    """What DeepSpeed's ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload; stage_1_and_2.py)
+    holds on the GPU beside the 16-bit weights. ``offload_buffer``: the gradient buffer it
+    allocates at initialisation and keeps (``temp_grad_buffer_for_gpu_offload``, the largest
+    trainable parameter's elements in the training dtype). At the last micro-batch's backward,
+    once a bucket is reduced, ``copy_grads_in_partition`` takes each gradient this rank owns in
+    turn: its norm in FP64 (``.double().norm(2)``, 8 bytes per owned element), the overflow check
+    over the whole gradient (:attr:`Layout.zero_offload_check_bytes`) and an FP32 copy of the
+    owned part for the host (4 bytes per element): the largest of the three for the largest
+    gradient. The head's gradient (or the largest layer matrix's, where the model ties its
+    embeddings) is reduced during the last layer's backward (``offload_early``); the input
+    embedding's completes at the end of backward (``offload_end``). ``offload_step``: the FP32
+    partition copied to the GPU at the step (:attr:`Layout.zero_offload_gpu_copy`)."""
+    out = {"offload_buffer": 0.0, "offload_early": 0.0, "offload_end": 0.0, "offload_step": 0.0}
+    if not (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload != "none"):
+        return out
+    e = compute_bytes(wl.precision)
+    tp = layout.tp
+    partition = st.trainable / _opt_shard(layout)
+    check = layout.zero_offload_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
+    copy = 4 if e < 4 else 0
+
+    def transient(n: float) -> float:
+        owned = min(n, partition)
+        return max(8 * owned, check * n, copy * owned)
+
+    if wl.method == "full":
+        matrix = max(d_in * d_out for d_in, d_out in lora_module_shapes(model).values()) / tp
+        head = 0 if model.tied_embeddings else model.vocab * model.hidden / tp
+        early, end = max(matrix, head), model.vocab * model.hidden / tp
+    else:
+        saved = saved_module_params(model, wl.modules_to_save)
+        adapter = wl.lora_rank * max(model.hidden, model.ffn or 0) / tp
+        early, end = max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
+    out["offload_buffer"] = max(early, end) * e
+    out["offload_early"] = transient(early)
+    out["offload_end"] = transient(end)
+    if layout.zero_offload_gpu_copy:
+        out["offload_step"] = partition * 4
     return out
 
 
@@ -480,25 +524,33 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
         act_start, logits, dequant = a["saved"], a["loss_peak"], 0.0
     else:  # the last layer's recomputation and its dequantized weight, after the loss
         act_start, logits, dequant = a["saved"] + a["working"], held, buf["dequant"]
+    kept_buffer = buf["offload_buffer"]  # ZeRO-Offload's gradient buffer, from initialisation on
     phases = {
         "backward start": {**states.start, "activations": act_start, "logits": logits,
-                           "buffers": buf["gather"] + dequant + buf["zero_buckets"]},
+                           "buffers": buf["gather"] + dequant + buf["zero_buckets"] + kept_buffer},
         "backward end": {**persistent, "gradients": states.end_grads,
                          "activations": a["working_end"] + kept, "logits": held,
                          "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
-                                     + buf["zero_buckets"])},
+                                     + buf["zero_buckets"] + kept_buffer + buf["offload_end"])},
     }
+    if buf["offload_early"]:
+        # ZeRO-Offload moves the head's gradient to the host during the last layer's backward,
+        # after the loss's (see :func:`_zero_offload_terms`).
+        phases["gradient offload"] = {**states.start, "activations": a["saved"] + a["working"],
+                                      "logits": held,
+                                      "buffers": (buf["gather"] + buf["zero_buckets"] + kept_buffer
+                                                  + buf["offload_early"])}
     if a["kv_cache"]:
         # The end of the forward and the loss's forward, with the returned KV cache still held.
         phases["end of forward"] = {**states.start, "activations": a["saved"] + a["kv_cache"],
                                     "logits": a["loss_forward"] + held,
-                                    "buffers": buf["gather"] + buf["zero_buckets"]}
+                                    "buffers": buf["gather"] + buf["zero_buckets"] + kept_buffer}
     if wl.optimizer_step == "in_backward":
         phases["backward end"]["gradients"] = st.largest_grad
     else:
         phases["optimizer step"] = {**persistent, "gradients": states.reduced, "logits": held,
                                     "activations": kept_after,
-                                    "buffers": buf["optimizer_temp"]}
+                                    "buffers": buf["optimizer_temp"] + kept_buffer + buf["offload_step"]}
     if ev:
         # Evaluation runs between optimizer steps: the Trainer's ``zero_grad`` has set the
         # gradients to None (DeepSpeed ZeRO-3 keeps its flat partition), and no step's
@@ -507,7 +559,7 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
                    if k != "gradients" or _deepspeed_zero3(layout)}
         phases["evaluation"] = {**at_rest, "activations": ev["working"] + kept_after,
                                 "logits": ev["logits"] + held,
-                                "buffers": buf["gather"] + buf["dequant"]}
+                                "buffers": buf["gather"] + buf["dequant"] + kept_buffer}
     if layout.full_state_dict and layout.zero == 3:
         # A full (unsharded) state dict at a checkpoint save, or an unsharded load with
         # ``sync_module_states``: FSDP gathers it unit by unit. Each unit's pre-state-dict
@@ -519,7 +571,7 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
         # outside a step: no gradients exist then (``zero_grad`` sets them to None).
         at_rest = {k: v for k, v in persistent.items() if k != "gradients"}
         phases["full state dict"] = {**at_rest, "logits": held, "activations": kept_after,
-                                     "buffers": buf["unit"]}
+                                     "buffers": buf["unit"] + kept_buffer}
     return phases
 
 
@@ -528,7 +580,8 @@ def _layer_churn(name: str, parts: dict[str, float], a: dict[str, float]) -> flo
     activations: those are a stack (made in forward order, freed in reverse) and fragment like
     any unsharded memory."""
     transient = sum(v for k, v in parts.items() if k not in STATE_PARTS)
-    return transient - (a["saved"] if name in ("backward start", "end of forward") else 0.0)
+    stacked = ("backward start", "end of forward", "gradient offload")
+    return transient - (a["saved"] if name in stacked else 0.0)
 
 
 def _reserved_view(name: str, parts: dict[str, float], total: float, gather: float,

@@ -3,7 +3,7 @@
 Each row describes a real run in columns: the layout, and the recipe facts of its stack
 (``framework``, ``hf_model``, ``loss_impl``, ``compile``, ``grad_accum``, ``lora_dropout``,
 ``adapter_dtype``, ``quant_impl``, ``double_quant``, ``kbit_prep``, ``bitsandbytes``,
-``optimizer_in_bwd``, ``norm_fp32``, ``mqa_sdpa_math``, ``zero_reduce_bucket``,
+``optimizer_in_bwd``, ``norm_fp32``, ``mqa_sdpa_math``, ``zero_reduce_bucket``, ``deepspeed``,
 ``modules_to_save``, ``eval_batch``, ``measured_unit``; ``data/README.md`` documents each and how it was read from its source). This
 module reads those columns into scenario keys. It reads no source name, date, commit or prose
 ``notes``, and knows no per-row figure: only architecture facts of the models (their published
@@ -80,6 +80,14 @@ BNB_DROPPED_MATMUL_INPUT = (0, 43, 2)
 #: int8 copy of the input, only for a trainable weight.
 BNB_INT8_KEEPS_INPUT = (0, 40, 0)
 BNB_INT8_DROPPED_TRANSPOSE = (0, 45, 0)
+#: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
+#: (11 bytes per element under ZeRO-Offload; ``x.float().sum()``, 4, before): a row's
+#: ``deepspeed`` release before it sets ``zero_offload_check_bytes`` 4.
+DEEPSPEED_MASKED_OVERFLOW_CHECK = (0, 13, 3)
+#: DeepSpeed 0.14.1 (2024-04, PR #5301) copies ZeRO-Offload's FP32 partition to the GPU at the
+#: step; PR #7309 (merged 2025-05-23) casts it on the host again, taken as from 0.17.0, the first
+#: minor release after it (``zero_offload_gpu_copy``).
+DEEPSPEED_OFFLOAD_GPU_COPY = ((0, 14, 1), (0, 17, 0))
 
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
             "lm_head": "lm_head", "gate": "gate", "up": "up", "down": "down"}
@@ -488,6 +496,13 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
     # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
     if litgpt and zero == 3 and t.method == "lora":
         out["fsdp_mixed_units"] = True
+    # What ZeRO-Offload (stage 1/2) holds on the GPU in the DeepSpeed release that ran.
+    release = _version(_cell(row, "deepspeed"))
+    if release is not None:
+        if release < DEEPSPEED_MASKED_OVERFLOW_CHECK:
+            out["zero_offload_check_bytes"] = 4
+        first, fixed = DEEPSPEED_OFFLOAD_GPU_COPY
+        out["zero_offload_gpu_copy"] = first <= release < fixed
     # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
     if zero == 3 and ("zero3" in fsdp or "zero-3" in fsdp or "deepspeed" in fsdp):
         out["zero_impl"] = "deepspeed"
