@@ -352,6 +352,12 @@ class Workload(StrictModel):
     # its input and rsqrt
     kernels: Literal["standard", "fused_rmsnorm", "unsloth"] = "standard"
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
+    #: How a MoE layer runs its experts: ``grouped``, one grouped GEMM over every routed token
+    #: (transformers 5's default ``experts_implementation``, Megatron-Core, torchtitan), or
+    #: ``loop``, an eager loop (transformers 4, or 5 with ``experts_implementation="eager"``):
+    #: one expert's tokens at a time, each output added into the result by ``index_add_``,
+    #: which keeps it.
+    moe_experts: Literal["grouped", "loop"] = "grouped"
 
     @property
     def lora_target_set(self) -> tuple[str, ...]:

@@ -78,6 +78,9 @@ class LayerRecipe:
     #: (``ModelSpec.eager_mask_clamp``): the scores' dtype promoted with the causal mask's, which
     #: is the embeddings' (FP32 for a prepared bitsandbytes base). 0: no clamp.
     clamp_bytes: int = 0
+    #: MoE experts run one at a time (``Workload.moe_experts`` loop): the combined outputs are
+    #: kept, and an expert's backward holds only its own tokens' gradients.
+    moe_loop: bool = False
     #: The whole step runs in one dtype (precision ``bf16`` or ``fp32``). Under a mixed recipe
     #: (autocast runs ``pow`` and ``softmax`` in FP32 on CUDA; DeepSpeed or FSDP cast the model
     #: instead) what a written-out GELU and GPT-2's softmax keep is not modelled: their default.
@@ -450,12 +453,20 @@ def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens
 
 
 def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens: int) -> None:
-    """A MoE layer: each token goes through ``active`` experts (its hidden state copied once per
-    expert by the dispatch, e·h each) plus the shared experts; the router saves FP32 logits
-    (4·E per token). Routing imbalance is not modelled: the mean load is assumed."""
+    """A MoE layer: each token goes through ``active`` experts plus the shared experts. The
+    router keeps FP32 probabilities (4·E per token) and, with a trainable router, its input (the
+    norm's output, e·h); each routed token's copy is the experts' input (their MLP's), and each
+    expert output is kept by the multiply with its routing weight (e·h per routed token); in
+    transformers' expert loop ``index_add_`` keeps the weighted output too (e·h per routed token).
+    Routing imbalance is not modelled: the mean load is assumed."""
     moe = model.moe
+    routed = tokens * moe.active
     inv.add("moe.router_logits", tokens * FP32 * moe.experts)
-    inv.add("moe.dispatched", tokens * moe.active * rec.e * model.hidden)
+    if rec.trainable_base:
+        inv.add("moe.router_input", tokens * rec.e * model.hidden, split=False)
+    inv.add("moe.expert_out", routed * rec.e * model.hidden)
+    if rec.moe_loop:
+        inv.add("moe.combined", routed * rec.e * model.hidden)
     sub = Inventory()
     _mlp(sub, model, moe.expert_ffn, rg_in, rec, tokens * moe.active, prefix="experts")
     if moe.shared_experts and moe.shared_ffn:
@@ -474,7 +485,7 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     order in which autograd frees them (each is released once consumed)."""
     inv = Inventory()
     tokens, e = b * s, FP32 if rec.fp32_stream else rec.e
-    f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    f = model.ffn if model.moe is None else _moe_backward_ffn(model, rec)
     # Unsloth's LoRA_MLP backward makes one f-wide gradient (dY·W_downᵀ) and writes the SwiGLU
     # product and the gate and up gradients into it and the saved e and g (``swiglu.py``).
     mlp_grads = 1 if unsloth_runs(model, rec) else (3 if model.gated_mlp else 2)
@@ -488,6 +499,17 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
                 max(0.0, eager_scores_backward_bytes(model, rec, b, s) - mlp_saved
                     - inv.split["grad.mlp"]))
     return inv
+
+
+def _moe_backward_ffn(model: ModelSpec, rec: LayerRecipe) -> float:
+    """FFN width per token whose intermediates' gradients a MoE layer's backward holds at once:
+    every routed token's (``active`` experts each) in a grouped GEMM; in transformers' expert
+    loop one expert's tokens at a time (``active / experts`` of them at the mean load), or the
+    shared experts', run on every token, whichever is wider."""
+    moe = model.moe
+    if not rec.moe_loop:
+        return moe.expert_ffn * moe.active
+    return max(moe.expert_ffn * moe.active / moe.experts, moe.shared_ffn * moe.shared_experts)
 
 
 def softmax_in_fp32(model: ModelSpec, rec: LayerRecipe) -> bool:

@@ -121,6 +121,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         fp32_stream=bnb_prepared(wl) and (fp32_embeddings(wl) or not _norm_keeps_dtype(model)),
         fp32_embeddings=fp32_embeddings(wl),
         clamp_bytes=(act.FP32 if fp32_embeddings(wl) else e) if model.eager_mask_clamp else 0,
+        moe_loop=wl.moe_experts == "loop",
     )
 
 

@@ -238,3 +238,23 @@ def peak_bytes(run) -> int:
         now += event.nbytes()
         peak = max(peak, now)
     return peak
+
+
+def saved_bytes(model, run) -> int:
+    """Bytes of the distinct storages autograd saves for backward while ``run()`` runs, the
+    model's parameters and buffers (and views of them, such as one expert's slice of a fused
+    expert weight) left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in params:
+            saved[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(saved.values())
