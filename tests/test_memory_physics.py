@@ -72,7 +72,7 @@ def test_deepspeed_zero_offload_keeps_a_gradient_buffer_and_checks_each_gradient
         return _estimate({**base, "layout": {**base["layout"], **layout}})
 
     embedding = 50257 * 4096  # tied: the largest parameter, its gradient complete at backward end
-    of_2021 = run(zero_offload_check_bytes=4)
+    of_2021 = run(zero_overflow_check_bytes=4)
     assert of_2021.fits
     assert of_2021.components["buffers"] == pytest.approx(2 * embedding + 8 * embedding, rel=1e-6)
     assert run().components["buffers"] == pytest.approx(2 * embedding + 11 * embedding, rel=1e-6)
@@ -81,6 +81,31 @@ def test_deepspeed_zero_offload_keeps_a_gradient_buffer_and_checks_each_gradient
     assert copied.components["buffers"] == pytest.approx(4 * copied.params + 2 * embedding, rel=1e-3)
     # PyTorch's ZeRO (FSDP) keeps none of them
     assert "buffers" not in run(zero_impl="fsdp").components
+
+
+def test_deepspeed_fp16_step_checks_each_owned_gradient_part_first():
+    """DeepSpeed ZeRO-1/2 in FP16 (loss scaling) checks the gradient parts a rank owns for
+    inf/NaN at the start of its step, one at a time (``check_overflow``; 11 bytes per element
+    since 0.13.3, 4 before): with 32 ranks a rank's partition of Llama-3-8B (251M elements) lies
+    inside the 525M-element head, so the check (11 × 251M) outweighs the FP32 gradient copy and
+    the foreach temporary after it (8 × 251M). BF16 runs no such check."""
+    from planner import catalog
+    from planner.memory.detailed import buffer_terms
+    from planner.memory.model_states import model_states
+
+    model = catalog.get_model("llama-3.1-8b")
+    lay = Layout(zero=2, dp=32, zero_impl="deepspeed")
+
+    def temp(precision, **layout):
+        wl = Workload(method="full", precision=precision)
+        st = model_states(model, wl, tp=1, pp=1, zero_degree=32, zero=2, offload="none", adapter_bytes=2)
+        return buffer_terms(model, wl, lay.model_copy(update=layout), st)["optimizer_temp"], st.trainable / 32
+
+    fp16, partition = temp("fp16")
+    assert partition < model.vocab * model.hidden
+    assert fp16 == pytest.approx(11 * partition)
+    assert temp("mixed")[0] == pytest.approx(8 * partition)  # BF16: the FP32 copy and foreach
+    assert temp("fp16", zero_overflow_check_bytes=4)[0] == pytest.approx(8 * partition)
 
 
 def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
@@ -94,10 +119,10 @@ def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
     row = next(r for r in read_rows(ROOT / "data" / "measured_calibration_more.csv") if r["id"] == "1030")
     layout = scenario_of(row)["layout"]
     assert layout["zero_impl"] == "deepspeed" and layout["zero_offload_gpu_copy"] is True
-    assert "zero_offload_check_bytes" not in layout  # 0.14.2: the current check
+    assert "zero_overflow_check_bytes" not in layout  # 0.14.2: the current check
     assert abs(validate_rows([row], "detailed")[0].signed_error) <= 0.05
     older = scenario_of({**row, "deepspeed": "0.11.1"})["layout"]
-    assert older["zero_offload_check_bytes"] == 4 and older["zero_offload_gpu_copy"] is False
+    assert older["zero_overflow_check_bytes"] == 4 and older["zero_offload_gpu_copy"] is False
     assert scenario_of({**row, "deepspeed": "0.17.0"})["layout"]["zero_offload_gpu_copy"] is False
     assert "zero_offload_gpu_copy" not in scenario_of({**row, "deepspeed": ""})["layout"]
 

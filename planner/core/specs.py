@@ -398,11 +398,12 @@ class Layout(StrictModel):
     #: DeepSpeed ZeRO-1/2 with contiguous_gradients: gradient buckets allocated at each backward,
     #: in elements of the compute dtype (reduce_bucket_size, twice with overlap_comm).
     zero_bucket_elements: NonNegCount = 0
-    #: DeepSpeed ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload) checks each gradient it owns
-    #: for inf/NaN on the GPU at the last micro-batch: bytes per element of that gradient the check
-    #: allocates. 4 before DeepSpeed 0.13.3 (``x.float().sum()``); 11 from 0.13.3 (PR #5115: an
-    #: FP32 copy, ``isnan`` and ``isinf`` masks, their union and its float for ``max``).
-    zero_offload_check_bytes: Literal[4, 11] = 11
+    #: DeepSpeed ZeRO-1/2 checks gradients for inf/NaN on the GPU one tensor at a time: with the
+    #: optimizer offloaded (ZeRO-Offload) each whole gradient it owns at the last micro-batch, and
+    #: in FP16 training the owned parts at the step: bytes per element the check allocates. 4
+    #: before DeepSpeed 0.13.3 (``x.float().sum()``); 11 from 0.13.3 (PR #5115: an FP32 copy,
+    #: ``isnan`` and ``isinf`` masks, their union and its float for ``max``).
+    zero_overflow_check_bytes: Literal[4, 11] = 11
     #: DeepSpeed ZeRO-1/2 with the optimizer offloaded copies its FP32 partition to the GPU at
     #: the step before casting it into the 16-bit weights (``fp32_partition.to(device)``):
     #: releases 0.14.1 (PR #5301) to 0.16.x; PR #7309 (2025-05-23) casts on the host again.

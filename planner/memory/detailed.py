@@ -290,8 +290,29 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
             # copies of the tensor being stepped, the largest of them at the peak
             largest = _largest_stepped(model, wl, layout, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
+    if (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload == "none"
+            and wl.precision == "fp16"):
+        # With FP16's loss scaling DeepSpeed's step first checks each gradient part it owns for
+        # inf/NaN (``check_overflow``, one tensor at a time), before any FP32 copy exists.
+        owned = min(max(_largest_trainable(model, wl, layout)), partition)
+        out["optimizer_temp"] = max(out["optimizer_temp"], layout.zero_overflow_check_bytes * owned)
     del pp
     return out
+
+
+def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[float, float]:
+    """Elements of the largest trainable parameter on one GPU (its TP shard) whose gradient is
+    complete during the last layer's backward (a layer matrix, the LM head unless tied to the
+    embeddings; LoRA: its largest adapter matrix or the trained head), and of the input
+    embedding's (complete at the end of backward; LoRA: only where trained whole)."""
+    tp = layout.tp
+    if wl.method == "full":
+        matrix = max(d_in * d_out for d_in, d_out in lora_module_shapes(model).values()) / tp
+        head = 0 if model.tied_embeddings else model.vocab * model.hidden / tp
+        return max(matrix, head), model.vocab * model.hidden / tp
+    saved = saved_module_params(model, wl.modules_to_save)
+    adapter = wl.lora_rank * max(model.hidden, model.ffn or 0) / tp
+    return max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
 
 
 def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
@@ -302,7 +323,7 @@ def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
     trainable parameter's elements in the training dtype). At the last micro-batch's backward,
     once a bucket is reduced, ``copy_grads_in_partition`` takes each gradient this rank owns in
     turn: its norm in FP64 (``.double().norm(2)``, 8 bytes per owned element), the overflow check
-    over the whole gradient (:attr:`Layout.zero_offload_check_bytes`) and an FP32 copy of the
+    over the whole gradient (:attr:`Layout.zero_overflow_check_bytes`) and an FP32 copy of the
     owned part for the host (4 bytes per element): the largest of the three for the largest
     gradient. The head's gradient (or the largest layer matrix's, where the model ties its
     embeddings) is reduced during the last layer's backward (``offload_early``); the input
@@ -312,23 +333,15 @@ def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
     if not (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload != "none"):
         return out
     e = compute_bytes(wl.precision)
-    tp = layout.tp
     partition = st.trainable / _opt_shard(layout)
-    check = layout.zero_offload_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
+    check = layout.zero_overflow_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
     copy = 4 if e < 4 else 0
 
     def transient(n: float) -> float:
         owned = min(n, partition)
         return max(8 * owned, check * n, copy * owned)
 
-    if wl.method == "full":
-        matrix = max(d_in * d_out for d_in, d_out in lora_module_shapes(model).values()) / tp
-        head = 0 if model.tied_embeddings else model.vocab * model.hidden / tp
-        early, end = max(matrix, head), model.vocab * model.hidden / tp
-    else:
-        saved = saved_module_params(model, wl.modules_to_save)
-        adapter = wl.lora_rank * max(model.hidden, model.ffn or 0) / tp
-        early, end = max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
+    early, end = _largest_trainable(model, wl, layout)
     out["offload_buffer"] = max(early, end) * e
     out["offload_early"] = transient(early)
     out["offload_end"] = transient(end)

@@ -82,7 +82,7 @@ BNB_INT8_KEEPS_INPUT = (0, 40, 0)
 BNB_INT8_DROPPED_TRANSPOSE = (0, 45, 0)
 #: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
 #: (11 bytes per element under ZeRO-Offload; ``x.float().sum()``, 4, before): a row's
-#: ``deepspeed`` release before it sets ``zero_offload_check_bytes`` 4.
+#: ``deepspeed`` release before it sets ``zero_overflow_check_bytes`` 4.
 DEEPSPEED_MASKED_OVERFLOW_CHECK = (0, 13, 3)
 #: DeepSpeed 0.14.1 (2024-04, PR #5301) copies ZeRO-Offload's FP32 partition to the GPU at the
 #: step; PR #7309 (merged 2025-05-23) casts it on the host again, taken as from 0.17.0, the first
@@ -500,7 +500,7 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
     release = _version(_cell(row, "deepspeed"))
     if release is not None:
         if release < DEEPSPEED_MASKED_OVERFLOW_CHECK:
-            out["zero_offload_check_bytes"] = 4
+            out["zero_overflow_check_bytes"] = 4
         first, fixed = DEEPSPEED_OFFLOAD_GPU_COPY
         out["zero_offload_gpu_copy"] = first <= release < fixed
     # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
