@@ -76,6 +76,8 @@ def test_deepspeed_zero_offload_keeps_a_gradient_buffer_and_checks_each_gradient
     assert of_2021.fits
     assert of_2021.components["buffers"] == pytest.approx(2 * embedding + 8 * embedding, rel=1e-6)
     assert run().components["buffers"] == pytest.approx(2 * embedding + 11 * embedding, rel=1e-6)
+    assert any(a.startswith("DeepSpeed ZeRO-Offload on the GPU: a 0.41 GB gradient buffer")
+               for a in run().assumptions)  # the estimate says what the buffers are
     copied = run(zero_offload_gpu_copy=True)
     assert not copied.fits
     assert copied.components["buffers"] == pytest.approx(4 * copied.params + 2 * embedding, rel=1e-3)

@@ -414,6 +414,15 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
                       frozen_grads=layout.fsdp_mixed_units and layout.zero == 3)
     buf = buffer_terms(model, wl, layout, st)
     notes = []
+    if buf["offload_buffer"]:
+        from planner.core.units import format_bytes
+
+        notes.append(
+            f"DeepSpeed ZeRO-Offload on the GPU: a {format_bytes(buf['offload_buffer'])} gradient "
+            f"buffer; up to {format_bytes(max(buf['offload_early'], buf['offload_end']))} while the "
+            "largest gradient is normed in FP64 and checked for inf/NaN on its way to the host"
+            + (f"; its FP32 partition copied to the GPU at the step ({format_bytes(buf['offload_step'])})"
+               if buf["offload_step"] else ""))
     # FSDP under pipeline parallelism keeps each stage's parameters unsharded for the whole step
     # (torchtitan: reshard_after_forward = not pp_enabled) and syncs gradients on the last
     # micro-batch only, so unsharded gradients accumulate in between.
