@@ -561,8 +561,8 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
         # after the loss's (see :func:`_zero_offload_terms`).
         phases["gradient offload"] = {**states.start, "activations": a["saved"] + a["working"],
                                       "logits": held,
-                                      "buffers": (buf["gather"] + buf["zero_buckets"] + kept_buffer
-                                                  + buf["offload_early"])}
+                                      "buffers": (buf["gather"] + buf["dequant"] + buf["zero_buckets"]
+                                                  + kept_buffer + buf["offload_early"])}
     if a["kv_cache"]:
         # The end of the forward and the loss's forward, with the returned KV cache still held.
         phases["end of forward"] = {**states.start, "activations": a["saved"] + a["kv_cache"],

@@ -81,8 +81,8 @@ BNB_DROPPED_MATMUL_INPUT = (0, 43, 2)
 BNB_INT8_KEEPS_INPUT = (0, 40, 0)
 BNB_INT8_DROPPED_TRANSPOSE = (0, 45, 0)
 #: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
-#: (11 bytes per element under ZeRO-Offload; ``x.float().sum()``, 4, before): a row's
-#: ``deepspeed`` release before it sets ``zero_overflow_check_bytes`` 4.
+#: (11 bytes per element; ``x.float().sum()``, 4, before): a row's ``deepspeed`` release before
+#: it sets ``zero_overflow_check_bytes`` 4.
 DEEPSPEED_MASKED_OVERFLOW_CHECK = (0, 13, 3)
 #: DeepSpeed 0.14.1 (2024-04, PR #5301) copies ZeRO-Offload's FP32 partition to the GPU at the
 #: step; PR #7309 (merged 2025-05-23) casts it on the host again, taken as from 0.17.0, the first
