@@ -308,6 +308,7 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[
     tp = layout.tp
     if wl.method == "full":
         matrix = max(d_in * d_out for d_in, d_out in lora_module_shapes(model).values()) / tp
+        matrix = max(matrix, _expert_tensor(model, wl, layout))
         head = 0 if model.tied_embeddings else model.vocab * model.hidden / tp
         return max(matrix, head), model.vocab * model.hidden / tp
     saved = saved_module_params(model, wl.modules_to_save)
@@ -366,7 +367,21 @@ def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, per_call: f
     if layout.zero == 3:
         return max(layer, end) / _opt_shard(layout)
     h = model.hidden
-    return max(end, h * (model.ffn or 4 * h) / tp, 3 * h * h / tp)
+    return max(end, h * (model.ffn or 4 * h) / tp, 3 * h * h / tp, _expert_tensor(model, wl, layout))
+
+
+def _expert_tensor(model: ModelSpec, wl: Workload, layout: Layout) -> float:
+    """Elements of a MoE layer's largest expert weight on one GPU: grouped experts keep each
+    projection of all local experts in one tensor (transformers 5's ``gate_up_proj``,
+    experts × 2f × h with a gated MLP); the expert loop of transformers 4 one matrix per expert.
+    0 for a dense model."""
+    moe = model.moe
+    if moe is None:
+        return 0.0
+    matrix = moe.expert_ffn * model.hidden / layout.tp
+    if wl.moe_experts == "loop":
+        return matrix
+    return moe.experts / layout.ep * (2 if model.gated_mlp else 1) * matrix
 
 
 def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> float:
