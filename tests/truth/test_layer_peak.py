@@ -162,8 +162,7 @@ def _step_measured(cfg, b, s, ckpt: bool, lora: bool, precision: str) -> int:
     return peak_bytes(steps) + weights
 
 
-def _step_predicted(cfg, b, s, ckpt: bool, lora: bool, precision: str,
-                    moe_experts: str = "grouped") -> int:
+def _step_predicted(cfg, b, s, ckpt: bool, lora: bool, precision: str) -> int:
     """The allocated view for the same config, read by the planner's config.json reader."""
     from planner.catalog.hf_config import spec_from_hf_config
     from planner.memory.estimate import memory_of
@@ -176,7 +175,7 @@ def _step_predicted(cfg, b, s, ckpt: bool, lora: bool, precision: str,
         "model": spec.model_dump(exclude={"id", "family"}, exclude_none=True),
         "workload": {"method": "lora" if lora else "full", "precision": precision, "seq_len": s,
                      "micro_batch": b, "global_batch": b, "optimizer_step": "for_loop",
-                     "moe_experts": moe_experts, **(adapters if lora else {})},
+                     **(adapters if lora else {})},
         "layout": {"gpu": "h100", "attention": "eager", "checkpointing": "full" if ckpt else "none"},
     }
     return memory_of(resolve(scenario)).predicted["allocated_bytes"]
