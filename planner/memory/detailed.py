@@ -563,10 +563,21 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
     else:  # the last layer's recomputation and its dequantized weight, after the loss
         act_start, logits, dequant = a["saved"] + a["working"], held, buf["dequant"]
     kept_buffer = buf["offload_buffer"]  # ZeRO-Offload's gradient buffer, from initialisation on
+    end_grads = states.end_grads
+    if (layout.checkpointing != "none" and wl.method == "full" and layout.pp == 1
+            and "gradients" not in states.start and st.trainable):
+        # Gradients made in this backward (none left by an earlier micro-batch): with
+        # checkpointing the first layer's backward runs after its recomputation, and the
+        # embeddings' gradients after that; at the recomputation neither exists yet. A head
+        # tied to the embedding gave it its gradient at the start of backward.
+        counts = param_counts(model)
+        embeddings = (0 if model.tied_embeddings else counts.embedding) + counts.positions
+        first = (embeddings + (counts.attention + counts.mlp) / model.layers) / layout.tp
+        end_grads -= min(end_grads, first / st.trainable * end_grads)
     phases = {
         "backward start": {**states.start, "activations": act_start, "logits": logits,
                            "buffers": buf["gather"] + dequant + buf["zero_buckets"] + kept_buffer},
-        "backward end": {**persistent, "gradients": states.end_grads,
+        "backward end": {**persistent, "gradients": end_grads,
                          "activations": a["working_end"] + kept, "logits": held,
                          "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
                                      + buf["zero_buckets"] + kept_buffer + buf["offload_end"])},

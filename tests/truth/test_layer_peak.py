@@ -191,20 +191,20 @@ STEP_RECIPES = [("llama", "bf16"), ("llama", "mixed"), ("qwen3", "bf16"), ("gemm
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("family, precision", STEP_RECIPES)
 def test_a_training_step_peak_matches_the_profiler(family, precision, shape, ckpt, lora):
-    """Within −10 % / +5 % of the allocated view (measured 0.91–1.04; without checkpointing
-    0.95–1.03). Without the q/k norms' saved tensors Qwen3 measured up to 1.09 times the
-    prediction and Gemma 3 up to 1.15; without the FP32-scaled norm outputs Gemma 2 up to 1.06
-    and OLMo 2 up to 1.05. Known and small at scale: full fine-tuning with checkpointing counts
-    the first layer's gradients and the embedding's beside that layer's recomputation, though
-    they are made after it (over by up to 9 % with two layers, a 1/L share); LoRA with
-    checkpointing leaves out the sums of h-wide gradients at inputs several modules share (under
-    by about 7·h bytes per token of one layer). Without eager attention's backward term the
-    long-sequence shape measures 1.4 times the prediction."""
+    """Within −8 % / +5 % of the allocated view (measured 0.93–1.04; the low end is eager
+    attention at 1,024 tokens). Without the q/k norms' saved tensors Qwen3 measured up to 1.09
+    times the prediction and Gemma 3 up to 1.15; without the FP32-scaled norm outputs Gemma 2 up
+    to 1.06 and OLMo 2 up to 1.05. Full fine-tuning with checkpointing measured 0.91–0.93 while
+    the first layer's and the embedding's gradients were counted beside that layer's
+    recomputation (they are made after it); now 1.00. Known: LoRA with checkpointing in BF16
+    with PEFT's FP32 adapters and no autocast is up to 4 % low (the FP32 gradients of the
+    adapters' paths; under the Trainer's autocast recipe 0.99–1.00). Without eager attention's
+    backward term the long-sequence shape measures 1.4 times the prediction."""
     cfg = _config(family, *shape)
     b, s = shape[:2]
     measured = _step_measured(cfg, b, s, ckpt, lora, precision)
     want = _step_predicted(cfg, b, s, ckpt, lora, precision)
-    assert 0.90 * want <= measured <= 1.05 * want, (measured, want, measured / want)
+    assert 0.92 * want <= measured <= 1.05 * want, (measured, want, measured / want)
 
 
 @pytest.mark.parametrize("shape", STEP_SHAPES[:2])
@@ -213,14 +213,14 @@ def test_a_training_step_peak_matches_the_profiler(family, precision, shape, ckp
 def test_plain_mlp_families_step_peak_matches_the_profiler(family, shape, ckpt):
     """Full fine-tuning of GPT-2, Phi and OPT-style models, read from their configs: transformers'
     gelu_new keeps three FFN-wide tensors beside its input, GPT-2's eager softmax runs in BF16 and
-    ReLU keeps only its output (measured 0.92–1.01; without those terms GPT-2 measured up to 1.12
+    ReLU keeps only its output (measured 0.98–1.02; without those terms GPT-2 measured up to 1.12
     times the prediction and OPT 0.95, and a Phi config read as two RMSNorms without biases up to
     1.10)."""
     cfg = _config(family, *shape)
     b, s = shape[:2]
     measured = _step_measured(cfg, b, s, ckpt, False, "bf16")
     want = _step_predicted(cfg, b, s, ckpt, False, "bf16")
-    assert 0.90 * want <= measured <= 1.05 * want, (measured, want, measured / want)
+    assert 0.92 * want <= measured <= 1.05 * want, (measured, want, measured / want)
 
 
 MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe"]
@@ -258,13 +258,12 @@ def test_a_moe_layer_saves_what_the_profile_counts(family, experts):
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_a_moe_training_step_peak_matches_the_profiler(family, shape, ckpt):
     """Full fine-tuning of MoE models as transformers 5 runs them by default (grouped experts),
-    within −10 % / +5 % of the allocated view (measured 0.91–1.00; the low end is the two-layer
-    checkpointing share the dense families show)."""
+    within −8 % / +5 % of the allocated view (measured 0.95–1.00)."""
     cfg = _config(family, *shape)
     b, s = shape[:2]
     measured = _step_measured(cfg, b, s, ckpt, False, "bf16")
     want = _step_predicted(cfg, b, s, ckpt, False, "bf16")
-    assert 0.90 * want <= measured <= 1.05 * want, (measured, want, measured / want)
+    assert 0.92 * want <= measured <= 1.05 * want, (measured, want, measured / want)
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
