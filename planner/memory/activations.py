@@ -468,7 +468,7 @@ def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens
     if rec.moe_loop:
         inv.add("moe.combined", routed * rec.e * model.hidden)
     sub = Inventory()
-    _mlp(sub, model, moe.expert_ffn, rg_in, rec, tokens * moe.active, prefix="experts")
+    _mlp(sub, model, moe.expert_ffn, rg_in, rec, routed, prefix="experts")
     if moe.shared_experts and moe.shared_ffn:
         _mlp(sub, model, moe.shared_ffn * moe.shared_experts, rg_in, rec, tokens, prefix="shared")
     for k, v in sub.split.items():

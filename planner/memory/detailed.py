@@ -264,8 +264,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
         # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32.
         out["optimizer_temp"] += per_call * 4
-    if (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload == "none"
-            and wl.precision in ("mixed", "fp16")):
+    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision in ("mixed", "fp16"):
         # DeepSpeed ZeRO-1/2 (stage_1_and_2.py ``step``) flattens the rank's 16-bit gradient
         # partition and converts it to the FP32 master's dtype for the optimizer, alive through
         # the step: 4 bytes per element of the partition.
@@ -290,8 +289,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
             # copies of the tensor being stepped, the largest of them at the peak
             largest = _largest_stepped(model, wl, layout, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
-    if (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload == "none"
-            and wl.precision == "fp16"):
+    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision == "fp16":
         # With FP16's loss scaling DeepSpeed's step first checks each gradient part it owns for
         # inf/NaN (``check_overflow``, one tensor at a time), before any FP32 copy exists.
         owned = min(max(_largest_trainable(model, wl, layout)), partition)
@@ -331,7 +329,7 @@ def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
     embedding's completes at the end of backward (``offload_end``). ``offload_step``: the FP32
     partition copied to the GPU at the step (:attr:`Layout.zero_offload_gpu_copy`)."""
     out = {"offload_buffer": 0.0, "offload_early": 0.0, "offload_end": 0.0, "offload_step": 0.0}
-    if not (layout.zero in (1, 2) and layout.zero_impl == "deepspeed" and layout.offload != "none"):
+    if not (_deepspeed_zero12(layout) and layout.offload != "none"):
         return out
     e = compute_bytes(wl.precision)
     partition = st.trainable / _opt_shard(layout)
@@ -475,6 +473,11 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
 
 def _deepspeed_zero3(layout: Layout) -> bool:
     return layout.zero == 3 and layout.zero_impl == "deepspeed"
+
+
+def _deepspeed_zero12(layout: Layout) -> bool:
+    """DeepSpeed's ZeRO-1/2 optimizer (``stage_1_and_2.py``)."""
+    return layout.zero in (1, 2) and layout.zero_impl == "deepspeed"
 
 
 def _gathers_units(layout: Layout) -> bool:

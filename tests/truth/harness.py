@@ -75,13 +75,19 @@ def _decoder_layers(model) -> list:
     return [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
 
 
+def _model_storages(model) -> set[int]:
+    """Data pointers of the model's parameters' and buffers' storages: what a saved-tensor count
+    leaves out (views of them included)."""
+    return ({p.untyped_storage().data_ptr() for p in model.parameters()}
+            | {b.untyped_storage().data_ptr() for b in model.buffers()})
+
+
 def measure(model, shape: Shape, *, autocast: bool = False) -> Measured:
     """One forward (saved tensors counted; under CPU bf16 autocast if asked), backward and AdamW
     step; byte counts."""
     layers = _decoder_layers(model)
     current: list[int | None] = [None]
-    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    param_ptrs |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    param_ptrs = _model_storages(model)
     saved: dict[int, tuple[int, set]] = {}
 
     def pre(i):
@@ -244,8 +250,7 @@ def saved_bytes(model, run) -> int:
     """Bytes of the distinct storages autograd saves for backward while ``run()`` runs, the
     model's parameters and buffers (and views of them, such as one expert's slice of a fused
     expert weight) left out."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    params |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    params = _model_storages(model)
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
