@@ -185,6 +185,33 @@ def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
     assert temps["for_loop", 8] == pytest.approx(2 * 4 * layer / 8)
     assert temps["fused", 1] == temps["fused", 8] == 0
 
+def test_one_tensor_step_of_adapters_and_fused_projections():
+    """The tensor a one-tensor-at-a-time step holds twice is the largest trainable one. LoRA
+    (FP32 adapters) on Llama-2-7B's linears: B of the MLP's up projection, 11,008 x r; the
+    vocabulary sizes it only where the LM head is adapted (A of the head, r x 32,000) or
+    trained whole. A fused-QKV model without a large vocabulary (an untied 1,000-word head): its
+    fused q/k/v weight, 3h x h, outweighs the MLP's h x 2h."""
+    from planner.core.specs import ModelSpec
+    from planner.memory.detailed import buffer_terms
+    from planner.memory.model_states import model_states
+
+    def temp(model: ModelSpec, **workload) -> float:
+        wl = Workload(precision="mixed", optimizer_step="for_loop", **workload)
+        st = model_states(model, wl, tp=1, pp=1, zero_degree=1, zero=0, offload="none",
+                          adapter_bytes=4)
+        return buffer_terms(model, wl, Layout(dp=1), st)["optimizer_temp"]
+
+    llama = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    assert temp(llama, method="lora", lora_rank=16) == pytest.approx(2 * 4 * 16 * 11_008)
+    assert temp(llama, method="lora", lora_rank=16, lora_targets=["all", "lm_head"]) == \
+        pytest.approx(2 * 4 * 16 * 32_000)
+    assert temp(llama, method="lora", lora_rank=16, modules_to_save=["lm_head"]) == \
+        pytest.approx(2 * 4 * 32_000 * 4_096)
+    fused = ModelSpec(id="f", layers=2, hidden=1024, heads=16, ffn=2048, vocab=1000,
+                      fused_qkv=True, gated_mlp=False, tied_embeddings=False)
+    assert temp(fused, method="full") == pytest.approx(2 * 4 * 3 * 1024 * 1024)
+
+
 
 def test_deepspeed_zero3_steps_one_sub_group_at_a_time():
     """DeepSpeed ZeRO-3 prepares an FP32 gradient and calls the optimizer for one sub-group of

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.memory import activations as act
-from planner.core.arch import lora_module_shapes, param_counts
+from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
-from planner.memory.model_states import (StateParts, bnb_base, bnb_keeps_input, bnb_prepared,
-                                         compute_bytes, fp32_embeddings, int8_base, model_states,
+from planner.memory.model_states import (StateParts, adapter_shapes, bnb_base, bnb_keeps_input,
+                                         bnb_prepared, compute_bytes, fp32_embeddings, int8_base, model_states,
                                          quantized_head, quantized_linear_bytes,
                                          saved_module_params)
 
@@ -300,17 +300,21 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
 
 def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[float, float]:
     """Elements of the largest trainable parameter on one GPU (its TP shard) whose gradient is
-    complete during the last layer's backward (a layer matrix, the LM head unless tied to the
-    embeddings; LoRA: its largest adapter matrix or the trained head), and of the input
-    embedding's (complete at the end of backward; LoRA: only where trained whole)."""
+    complete during the last layer's backward, and of the input embedding's (complete at the end
+    of backward). Full training: a layer matrix (q, k and v as one where the model fuses them; a
+    MoE layer's fused expert weight) or the LM head unless tied to the embeddings. Adapters: the
+    largest LoRA matrix (rank × the wider side of the adapted layer) or a module trained whole
+    (``modules_to_save``); the embedding only where trained whole."""
     tp = layout.tp
     if wl.method == "full":
-        matrix = max(d_in * d_out for d_in, d_out in lora_module_shapes(model).values()) / tp
-        matrix = max(matrix, _expert_tensor(model, wl, layout))
+        shapes = list(lora_module_shapes(model).values())
+        if model.fused_qkv:
+            shapes.append(lora_adapters(model, ("q", "k", "v"))[0][1:])
+        matrix = max(max(d_in * d_out for d_in, d_out in shapes) / tp, _expert_tensor(model, wl, layout))
         head = 0 if model.tied_embeddings else model.vocab * model.hidden / tp
         return max(matrix, head), model.vocab * model.hidden / tp
     saved = saved_module_params(model, wl.modules_to_save)
-    adapter = wl.lora_rank * max(model.hidden, model.ffn or 0) / tp
+    adapter = wl.lora_rank * max(max(d_in, d_out) for _n, d_in, d_out in adapter_shapes(model, wl)) / tp
     return max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
 
 
@@ -353,19 +357,14 @@ def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, per_call: f
                      layer: float, end: float) -> float:
     """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: the flat
     tensor a ZeRO optimizer hands it (``per_call``: a ZeRO-1/2 rank's partition of every
-    trainable parameter, DeepSpeed ZeRO-3's sub-group of it), an FSDP unit's flat shard, else
-    the largest trainable matrix (``layer`` and ``end`` are per GPU already; adapters: the
-    largest LoRA matrix or module trained in full)."""
-    tp = layout.tp
+    trainable parameter, DeepSpeed ZeRO-3's sub-group of it), an FSDP unit's flat shard (``layer``
+    and ``end`` are per GPU already), else the largest trainable parameter
+    (:func:`_largest_trainable`)."""
     if layout.zero in (1, 2) or _deepspeed_zero3(layout):
         return per_call
-    if wl.method != "full":
-        saved = saved_module_params(model, wl.modules_to_save).values()
-        return max([wl.lora_rank * max(model.hidden, model.ffn or 0, model.vocab or 0), *saved]) / tp
-    if layout.zero == 3:
+    if layout.zero == 3 and wl.method == "full":
         return max(layer, end) / _opt_shard(layout)
-    h = model.hidden
-    return max(end, h * (model.ffn or 4 * h) / tp, 3 * h * h / tp, _expert_tensor(model, wl, layout))
+    return max(_largest_trainable(model, wl, layout))
 
 
 def _expert_tensor(model: ModelSpec, wl: Workload, layout: Layout) -> float:
