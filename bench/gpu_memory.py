@@ -5,6 +5,12 @@ the results as calibration rows that `planner validate` scores.
     python bench/gpu_memory.py --out data/measured_gpu.csv [--quick]
     planner validate data/measured_gpu.csv
 
+``--varied`` measures instead pairs of runs that differ only in their batches' lengths: one at
+the full sequence length every step, one whose steps draw their lengths at random up to it (a
+loop padding each batch to its own longest sample, as most fine-tuning recipes without packing
+do), over ``VARIED_STEPS`` steps; what the caching allocator keeps reserved beyond the fixed run
+is the fragmentation that varied lengths add.
+
 Needs a CUDA GPU. Each run starts in a fresh process (a clean CUDA context and allocator), builds
 a LlamaForCausalLM from a LlamaConfig with random weights (nothing is downloaded; the QLoRA base is
 saved to a temporary folder and loaded back quantized), trains ``STEPS`` optimizer steps on random
@@ -33,6 +39,12 @@ ATTENTION = ("sdpa", "eager")
 CHECKPOINTING = (False, True)
 SEQ_BATCH = ((512, 4), (2048, 1))
 LORA_RANK = 16
+#: Steps of a ``--varied`` run (and of its fixed-length twin): enough distinct lengths for the
+#: allocator's cache to settle. Each step's length is drawn uniformly from
+#: [seq_len / VARIED_SHORTEST, seq_len] (seeded), the last step at seq_len itself, so both runs
+#: reach the same largest batch.
+VARIED_STEPS = 40
+VARIED_SHORTEST = 8
 
 COLUMNS = ("id,source,url_or_path,model,params_b,layers,hidden,heads,kv_heads,ffn,vocab,method,quant_bits,"
            "optimizer,precision,seq_len,micro_batch,grad_ckpt,flash_attn,gpus,gpu_type,dp,tp,pp,cp,"
@@ -57,6 +69,29 @@ def grid(quick: bool = False) -> list[dict]:
                      "vocab": vocab, "method": method, "precision": precision, "attention": attn,
                      "checkpointing": ckpt, "seq_len": seq, "micro_batch": batch})
     return runs
+
+
+def varied_grid() -> list[dict]:
+    """Pairs of runs, fixed and varied lengths, of the two larger shapes (32k and 128k
+    vocabularies): full fine-tuning and LoRA, bf16 weights, SDPA, checkpointing, 2,048 tokens."""
+    runs = []
+    for shape, method, lengths in itertools.product(SHAPES[1:], ("full", "lora"), ("fixed", "varied")):
+        h, layers, heads, kv, ffn, vocab = shape
+        runs.append({"hidden": h, "layers": layers, "heads": heads, "kv_heads": kv, "ffn": ffn,
+                     "vocab": vocab, "method": method, "precision": "bf16-true", "attention": "sdpa",
+                     "checkpointing": True, "seq_len": 2048, "micro_batch": 1, "lengths": lengths})
+    return runs
+
+
+def step_lengths(run: dict) -> list[int]:
+    """The sequence length of each step: seq_len throughout, or (varied) drawn at random."""
+    import random
+
+    if run.get("lengths", "fixed") == "fixed":
+        return [run["seq_len"]] * (VARIED_STEPS if "lengths" in run else STEPS)
+    rng = random.Random(0)
+    shortest = run["seq_len"] // VARIED_SHORTEST
+    return [rng.randint(shortest, run["seq_len"]) for _ in range(VARIED_STEPS - 1)] + [run["seq_len"]]
 
 
 def params_of(run: dict) -> int:
@@ -85,7 +120,10 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
         "cp": "", "zero_or_fsdp": "none", "cpu_offload": "no",
         "lora_rank": "" if full else str(LORA_RANK), "lora_targets": "" if full else "all linear",
         "measured_gb": f"{measured_gb:.3f}", "measure_kind": kind,
-        "notes": (f"random-init LlamaForCausalLM (untied), {STEPS} steps on random tokens, no padding; "
+        "notes": (f"random-init LlamaForCausalLM (untied), {len(step_lengths(run))} steps on random tokens, "
+                  + ("each step's length drawn uniformly from "
+                     f"[{run['seq_len'] // VARIED_SHORTEST}, {run['seq_len']}] (seed 0), the last at "
+                     f"{run['seq_len']}; " if run.get("lengths") == "varied" else "no padding; ")
                   + ("quantize=bnb.nf4-dq (double quant) via BitsAndBytesConfig; " if run["method"] == "qlora" else "")
                   + "GB = 1e9 bytes; conf=high"),
         # the recipe: a transformers model with PEFT adapters in FP32, no kbit preparation, one
@@ -139,9 +177,10 @@ def measure(run: dict) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5)
     tokens = torch.randint(0, run["vocab"], (run["micro_batch"], run["seq_len"]), device="cuda")
-    for _ in range(STEPS):
+    for length in step_lengths(run):
+        batch = tokens[:, :length]
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mixed):
-            loss = model(input_ids=tokens, labels=tokens).loss
+            loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -161,13 +200,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/measured_gpu.csv")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--varied", action="store_true", help="fixed- and varied-length pairs instead")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a single run, in a fresh process
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure(json.loads(args.one))))
         return 0
     rows, failures = [], 0
-    for run in grid(args.quick):
+    for run in varied_grid() if args.varied else grid(args.quick):
         proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(run)], capture_output=True, text=True)
         if proc.returncode != 0:
             failures += 1

@@ -48,3 +48,25 @@ def test_every_grid_row_is_modelled_with_its_recipe(kind):
           for r, res in zip(runs, results)}
     assert by[("full", "bf16-mixed", False)] > by[("full", "bf16-true", False)]
     assert by[("full", "bf16-true", True)] < by[("full", "bf16-true", False)]
+
+
+def test_varied_runs_differ_from_their_twins_only_in_lengths():
+    """``--varied`` pairs each run whose steps draw their lengths at random with a twin at the
+    full length every step; both take the same number of steps and end at the same largest
+    batch, so what the varied run reserves beyond its twin is the fragmentation of varied
+    lengths alone. Its rows say how the lengths were drawn."""
+    runs = gpu_memory.varied_grid()
+    fixed = [r for r in runs if r["lengths"] == "fixed"]
+    varied = [r for r in runs if r["lengths"] == "varied"]
+    assert len(fixed) == len(varied) >= 4
+    strip = [{k: v for k, v in r.items() if k != "lengths"} for r in fixed]
+    assert strip == [{k: v for k, v in r.items() if k != "lengths"} for r in varied]
+    for f, v in zip(fixed, varied):
+        lf, lv = gpu_memory.step_lengths(f), gpu_memory.step_lengths(v)
+        assert len(lf) == len(lv) == gpu_memory.VARIED_STEPS
+        assert set(lf) == {f["seq_len"]} and max(lv) == lv[-1] == v["seq_len"]
+        assert min(lv) >= v["seq_len"] // gpu_memory.VARIED_SHORTEST and len(set(lv)) > len(lv) // 2
+    assert gpu_memory.step_lengths(gpu_memory.grid(quick=True)[0]) == [512] * gpu_memory.STEPS
+    row = gpu_memory.row_of(varied[0], 1, 1.0, "max_reserved", "NVIDIA H200")
+    assert "drawn uniformly from [256, 2048]" in row["notes"] and "40 steps" in row["notes"]
+    assert validate_rows([row], "detailed")[0].reason is None
