@@ -287,6 +287,33 @@ def test_verdicts_file_scores_at_least_the_published_figures():
             assert r["usable_bytes"] == usable_bytes(r["capacity_bytes"], "detailed")
 
 
+def test_a_verdict_carries_the_estimate_s_tight_warning():
+    """A verdict of "fits" within the method's error band of the card is marked tight, as the
+    estimate of the same scenario on that card marks it: the warning a user would have had.
+    V353 (Qwen2.5-3B full fine-tuning, DeepSpeed ZeRO-2 on four RTX 3090s, reported out of
+    memory) is predicted at 0.95 of its card; V001 (Llama-2-70B LoRA on H100s) at 0.69."""
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+    from planner.validate.rows import scenario_of
+    from planner.validate.verdicts import _model_cell, stated_or_least
+
+    rows = {r["id"]: r for r in read_rows(VERDICTS)}
+    for row_id, tight in (("V353", True), ("V001", False)):
+        row = rows[row_id]
+        got = judge_row(row)
+        assert got.judged_fit is True and got.tight is tight
+        raw = scenario_of(stated_or_least({**row, "model": _model_cell(row)}))
+        raw["layout"]["gpu"] = row["planner_gpu"]
+        est = estimate_resolved(resolve(raw))
+        assert est.total_bytes == got.predicted_bytes and est.capacity_bytes == got.capacity_bytes
+        assert est.tight is tight
+    result = validate_verdicts(VERDICTS)
+    for verdict in ("ran", "oom"):
+        marked = [r for r in result["results"] if r["verdict"] == verdict and r["judged_fit"] and r["tight"]]
+        assert result[verdict]["tight"] == len(marked)
+    assert not [r for r in result["results"] if r["tight"] and not r["judged_fit"]]
+
+
 def test_validate_verdicts_cli(tmp_path):
     out = CliRunner().invoke(app, ["validate", "--verdicts", str(VERDICTS), "--json"])
     assert out.exit_code == 0, out.output

@@ -88,6 +88,19 @@ def usable_bytes(capacity_bytes: int, profile: str = "detailed", reserve: float 
     return floor_bytes(capacity_bytes / (1.0 + FIT_MARGIN))
 
 
+def is_tight(total_bytes: int, usable: int, capacity_bytes: int, error_band: float | None,
+             device_bytes: float | None = None) -> bool | None:
+    """A plan that fits, but only just: its headroom is within the profile's 90 % error band for
+    the method, or it fits only because the allocator gives its cache back at the card's limit
+    (what nvidia-smi shows where memory is plentiful, ``device_bytes``, is more than the card).
+    None where the profile has no band."""
+    if error_band is None:
+        return None
+    device = total_bytes if device_bytes is None else device_bytes
+    return total_bytes <= usable and (usable - total_bytes < error_band * total_bytes
+                                      or device > capacity_bytes)
+
+
 def fit_rule(profile: str, reserve: float | None) -> str:
     """The fit rule in words, for tables: what ``usable`` is the capacity less."""
     if reserve is not None:
@@ -109,11 +122,8 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         usable = usable_bytes(capacity, rs.profile, reserve)
         headroom = usable - total
         fits = total <= usable
-        if mem.error_band is not None:
-            # also tight: it fits only because the allocator gives its cache back at the limit
-            # (what nvidia-smi shows where memory is plentiful is more than the card)
-            device = (mem.predicted or {}).get("device_bytes", total)
-            tight = fits and (headroom < mem.error_band * total or device > capacity)
+        tight = is_tight(total, usable, capacity, mem.error_band,
+                         (mem.predicted or {}).get("device_bytes"))
     lay = rs.layout
     return Estimate(
         scenario=rs.name,

@@ -35,6 +35,8 @@ class VerdictResult:
     predicted_bytes: int | None  # device view
     judged_fit: bool | None
     reason: str | None  # why the row could not be modelled
+    #: judged to fit, but within the method's error band of the card (the estimate's ``tight``)
+    tight: bool | None = None
 
     @property
     def right(self) -> bool:
@@ -86,7 +88,7 @@ def _model_cell(row: dict[str, str]) -> str:
 
 
 def judge_row(row: dict[str, str]) -> VerdictResult:
-    from planner.memory.estimate import estimate_resolved, usable_bytes
+    from planner.memory.estimate import estimate_resolved, is_tight, usable_bytes
     from planner.scenario.resolve import resolve
     from planner.validate.memory_loso import source_of
 
@@ -106,8 +108,11 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
         return VerdictResult(**base, capacity_bytes=None, usable_bytes=None, predicted_bytes=None,
                              judged_fit=None, reason=str(exc))
     usable = usable_bytes(capacity, est.profile, est.reserve)
+    tight = is_tight(est.total_bytes, usable, capacity, est.error_band,
+                     (est.predicted or {}).get("device_bytes"))
     return VerdictResult(**base, capacity_bytes=capacity, usable_bytes=usable,
-                         predicted_bytes=est.total_bytes, judged_fit=est.total_bytes <= usable, reason=None)
+                         predicted_bytes=est.total_bytes, judged_fit=est.total_bytes <= usable, reason=None,
+                         tight=tight)
 
 
 #: Cells a source may leave unstated, and the value that needs the least memory: a run that ran
@@ -135,6 +140,8 @@ def summarize(results: list[VerdictResult]) -> dict[str, Any]:
         out[verdict] = {
             "rows": len(rows), "modelled": len(modelled),
             "right": sum(r.right for r in rows),
+            # judged to fit but marked tight: the warning a user of ``estimate`` or ``plan`` sees
+            "tight": sum(bool(r.judged_fit and r.tight) for r in rows),
             "share_right": sum(r.right for r in rows) / len(rows) if rows else None,
             "share_right_modelled": (sum(r.right for r in modelled) / len(modelled)
                                      if modelled else None),
@@ -166,19 +173,22 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
     for r in result["results"]:
         def gb(v: int | None) -> str:
             return "—" if v is None else f"{v / 1e9:.1f}"
-        judged = "—" if r["judged_fit"] is None else ("fits" if r["judged_fit"] else "OOM")
+        judged = "—" if r["judged_fit"] is None else (
+            ("fits, tight" if r["tight"] else "fits") if r["judged_fit"] else "OOM")
         rows.add_row(r["id"], r["model"][:32], r["method"], r["verdict"], gb(r["capacity_bytes"]),
                      gb(r["usable_bytes"]), gb(r["predicted_bytes"]), judged,
                      "yes" if r["right"] else (r["reason"] or "no"))
     summary = Table(title="summary (unmodelled rows count as wrong)", header_style="bold")
-    for col in ("what happened", "rows", "modelled", "judged right", "share", "share of modelled"):
+    for col in ("what happened", "rows", "modelled", "judged right", "share", "share of modelled",
+                "judged to fit, tight"):
         summary.add_column(col, justify="left" if col == "what happened" else "right")
     for verdict, label in (("ran", "ran (judged to fit)"), ("oom", "oom (judged not to fit)")):
         s = result[verdict]
         if s["rows"]:
             summary.add_row(label, str(s["rows"]), str(s["modelled"]), str(s["right"]),
                             f"{s['share_right'] * 100:.0f} %",
-                            "—" if s["share_right_modelled"] is None else f"{s['share_right_modelled'] * 100:.0f} %")
+                            "—" if s["share_right_modelled"] is None else f"{s['share_right_modelled'] * 100:.0f} %",
+                            str(s["tight"]))
     by_source = Table(title=f"by source ({result['ran_judged_oom_within_card']} runs that ran were judged "
                             "out of memory by the margin alone: predicted within their card)",
                       header_style="bold")
