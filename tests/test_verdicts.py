@@ -3,6 +3,7 @@ and the published runs of data/verdicts.csv judged by it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -312,6 +313,28 @@ def test_a_verdict_carries_the_estimate_s_tight_warning():
         marked = [r for r in result["results"] if r["verdict"] == verdict and r["judged_fit"] and r["tight"]]
         assert result[verdict]["tight"] == len(marked)
     assert not [r for r in result["results"] if r["tight"] and not r["judged_fit"]]
+
+
+def test_the_reserve_trade_off_holds_the_verdicts_to_each_reserve():
+    """The trade-off table's first line is the fit rule's own score; keeping more of the card free
+    can only call more runs out of memory (fewer ``ran`` right, no fewer ``oom`` right); with no
+    reserve a run is judged to fit exactly when it is predicted within its card."""
+    result = validate_verdicts(VERDICTS)
+    trade = result["reserve_trade_off"]
+    assert trade[0]["reserve"] is None
+    for verdict in ("ran", "oom"):
+        assert trade[0][verdict]["right"] == result[verdict]["right"]
+    reserves = trade[1:]
+    assert [t["reserve"] for t in reserves] == sorted(t["reserve"] for t in reserves)
+    for lower, higher in itertools.pairwise(reserves):
+        assert higher["ran"]["right"] <= lower["ran"]["right"]
+        assert higher["oom"]["right"] >= lower["oom"]["right"]
+    none = next(t for t in reserves if t["reserve"] == 0.0)
+    within = [r for r in result["results"] if r["predicted_bytes"] is not None
+              and r["predicted_bytes"] <= r["capacity_bytes"]]
+    assert none["ran"]["right"] == sum(r["verdict"] == "ran" for r in within)
+    assert none["oom"]["right"] == sum(r["verdict"] == "oom" and r["predicted_bytes"] is not None
+                                       for r in result["results"]) - sum(r["verdict"] == "oom" for r in within)
 
 
 def test_validate_verdicts_cli(tmp_path):

@@ -149,6 +149,31 @@ def summarize(results: list[VerdictResult]) -> dict[str, Any]:
     return out
 
 
+#: The shares of the card kept free (``--reserve``) the trade-off table tries besides the
+#: profile's own fit rule: from none to the seed profile's 10 % and beyond.
+TRADE_OFF_RESERVES = (0.0, 0.05, 0.08, 0.10, 0.15, 0.20, 0.25, 0.30)
+
+
+def reserve_trade_off(results: list[VerdictResult]) -> list[dict[str, Any]]:
+    """What a user who keeps more or less of the card free (``--reserve``) would have been told:
+    per reserve, the share of ``ran`` rows judged to fit and of ``oom`` rows judged not to fit
+    (unmodelled rows wrong, as in :func:`summarize`). The first entry is the profile's own rule
+    (``reserve`` None); every verdict is the estimate's, only the capacity it is held to moves."""
+    from planner.memory.estimate import usable_bytes
+
+    out = []
+    for reserve in (None, *TRADE_OFF_RESERVES):
+        entry: dict[str, Any] = {"reserve": reserve}
+        for verdict in VERDICTS:
+            rows = [r for r in results if r.verdict == verdict]
+            right = sum(1 for r in rows if r.predicted_bytes is not None and r.capacity_bytes is not None
+                        and (r.predicted_bytes <= usable_bytes(r.capacity_bytes, "detailed", reserve))
+                        == (verdict == "ran"))
+            entry[verdict] = {"right": right, "share_right": right / len(rows) if rows else None}
+        out.append(entry)
+    return out
+
+
 def validate_verdicts(path: str | Path) -> dict[str, Any]:
     from planner.memory.estimate import FIT_MARGIN
 
@@ -157,6 +182,7 @@ def validate_verdicts(path: str | Path) -> dict[str, Any]:
     return {"fit_margin": FIT_MARGIN, **summarize(results),
             # runs that ran, judged out of memory by the margin alone: predicted within the card
             "ran_judged_oom_within_card": sum(r.within_card for r in ran_missed),
+            "reserve_trade_off": reserve_trade_off(results),
             "by_source": {s: summarize([r for r in results if r.source == s])
                           for s in sorted({r.source for r in results})},
             "unmodelled": [{"id": r.id, "reason": r.reason} for r in results if r.reason],
@@ -197,4 +223,13 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
     for source, s in result["by_source"].items():
         by_source.add_row(source, *(f"{s[v]['right']} / {s[v]['rows']}" if s[v]["rows"] else "—"
                                     for v in VERDICTS))
-    return [rows, summary, by_source]
+    trade = Table(title="what keeping another share of the card free (--reserve) would have judged",
+                  header_style="bold")
+    for col in ("reserve", "ran: judged to fit", "oom: judged not to fit"):
+        trade.add_column(col, justify="left" if col == "reserve" else "right")
+    for t in result["reserve_trade_off"]:
+        label = (f"{t['reserve']:.0%}" if t["reserve"] is not None
+                 else f"fit rule ({result['fit_margin']:.0%} margin)")
+        trade.add_row(label, *("—" if t[v]["share_right"] is None
+                               else f"{t[v]['right']} ({t[v]['share_right'] * 100:.0f} %)" for v in VERDICTS))
+    return [rows, summary, trade, by_source]
