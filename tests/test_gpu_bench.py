@@ -70,3 +70,36 @@ def test_varied_runs_differ_from_their_twins_only_in_lengths():
     row = gpu_memory.row_of(varied[0], 1, 1.0, "max_reserved", "NVIDIA H200")
     assert "drawn uniformly from [256, 2048]" in row["notes"] and "40 steps" in row["notes"]
     assert validate_rows([row], "detailed")[0].reason is None
+
+
+def test_verdict_replays_are_the_rows_as_the_planner_reads_them():
+    """``--verdicts`` replays single-GPU rows of data/verdicts.csv at their own architecture and
+    recipe. The runner's Llama is the published model: 1,711,376,384 parameters for SmolLM2-1.7B
+    (tied embeddings; Hugging Face model card, 1.7B) and 8,030,261,248 for Llama-3-8B (Meta's
+    8.03B), as planner.core.arch counts them. V322 runs as reported: full fine-tuning at 16,384
+    tokens without checkpointing, 8-bit AdamW, on an 80 GB card. Each replayed row is modelled
+    and says which verdict row it replays; a row the stack cannot replay is refused."""
+    from planner import catalog
+    from planner.core.arch import param_counts
+    from planner.validate.verdicts import capacity_of, read_rows
+
+    runs = {r["verdict_id"]: r for r in gpu_memory.verdict_runs()}
+    assert set(runs) == set(gpu_memory.VERDICT_ROWS)
+    assert {r["verdict"] for r in runs.values()} == {"ran", "oom"}
+    for run in runs.values():
+        assert gpu_memory.params_of(run) == param_counts(catalog.get_model(run["model"])).total
+    assert gpu_memory.params_of(runs["V322"]) == 1_711_376_384
+    assert gpu_memory.params_of(runs["V400"]) == 8_030_261_248
+    v322 = runs["V322"]
+    assert v322["tied"] and not v322["checkpointing"] and v322["optimizer"] == "adamw_8bit"
+    assert (v322["method"], v322["seq_len"], v322["micro_batch"], v322["precision"]) == ("full", 16384, 1, "bf16-true")
+    rows = {r["id"]: r for r in read_rows(ROOT / "data" / "verdicts.csv")}
+    assert v322["capacity_bytes"] == capacity_of(rows["V322"]) == 81_559 * 2**20  # H100 80GB, nvidia-smi MiB
+    assert runs["V326"]["grad_accum"] == 4 and runs["V043"]["lora_targets"][0] == "q_proj"
+    replayed = [gpu_memory.row_of(r, i + 1, 1.0, "max_reserved", "NVIDIA H200") for i, r in enumerate(runs.values())]
+    assert all(r.reason is None for r in validate_rows(replayed, "detailed"))
+    assert "replays V322 of data/verdicts.csv" in replayed[0]["notes"] and replayed[1]["grad_accum"] == "8"
+    line = gpu_memory.verdict_line(v322, {"max_reserved": v322["capacity_bytes"] // 2})
+    assert line.startswith("V322 reported oom") and "(0.50 of the card)" in line
+    with pytest.raises(ValueError, match="V059"):
+        gpu_memory.verdict_runs(ids=("V059",))  # two GPUs under ZeRO-3
