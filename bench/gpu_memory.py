@@ -58,9 +58,13 @@ VARIED_SHORTEST = 8
 #: 0.74 of its H100; V055: Llama-3.1-8B QLoRA at 52K tokens, judged out of memory) and three runs
 #: that ran (Mistral-7B full and QLoRA at 8K, Llama-3-8B QLoRA at 5.9K).
 VERDICT_ROWS = ("V322", "V055", "V326", "V043", "V400")
-#: Optimizer steps of a replayed row, each of the row's gradient-accumulation micro-batches: the
-#: first allocates the optimizer states, the second holds them through a whole step.
+#: Optimizer steps of a replayed row: the first allocates the optimizer states, the second holds
+#: them through a whole step.
 VERDICT_STEPS = 2
+#: Micro-batches per replayed step, at most: from the second on, each finds the gradients the
+#: first left and needs what every later one needs, so a row accumulating over more is replayed
+#: with this many (minutes less at 52K tokens).
+VERDICT_MICRO_BATCHES = 2
 #: The planner's short LoRA target names as Hugging Face Llama module names.
 HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj",
               "up": "up_proj", "down": "down_proj"}
@@ -125,7 +129,7 @@ def verdict_runs(path: Path = ROOT / "data" / "verdicts.csv", ids: tuple[str, ..
                "tied": m.tied_embeddings, "method": w.method,
                "precision": "bf16-mixed" if w.precision == "mixed" else "bf16-true",
                "attention": "sdpa", "checkpointing": lay.checkpointing != "none",
-               "seq_len": w.seq_len, "micro_batch": w.micro_batch, "grad_accum": rs.grad_accum or 1,
+               "seq_len": w.seq_len, "micro_batch": w.micro_batch, "grad_accum": min(rs.grad_accum or 1, VERDICT_MICRO_BATCHES),
                "steps": VERDICT_STEPS, "optimizer": "adamw_8bit" if w.optimizer == "adam8bit" else "adamw",
                "verdict_id": row_id, "verdict": row["verdict"].strip().lower(), "model": row["model"],
                "capacity_bytes": capacity_of(row)}
