@@ -129,8 +129,9 @@ def verdict_runs(path: Path = ROOT / "data" / "verdicts.csv", ids: tuple[str, ..
                "tied": m.tied_embeddings, "method": w.method,
                "precision": "bf16-mixed" if w.precision == "mixed" else "bf16-true",
                "attention": "sdpa", "checkpointing": lay.checkpointing != "none",
-               "seq_len": w.seq_len, "micro_batch": w.micro_batch, "grad_accum": min(rs.grad_accum or 1, VERDICT_MICRO_BATCHES),
-               "steps": VERDICT_STEPS, "optimizer": "adamw_8bit" if w.optimizer == "adam8bit" else "adamw",
+               "seq_len": w.seq_len, "micro_batch": w.micro_batch,
+               "grad_accum": min(rs.grad_accum or 1, VERDICT_MICRO_BATCHES), "steps": VERDICT_STEPS,
+               "optimizer": "adamw_8bit" if w.optimizer == "adam8bit" else "adamw",
                "verdict_id": row_id, "verdict": row["verdict"].strip().lower(), "model": row["model"],
                "capacity_bytes": capacity_of(row)}
         if w.method != "full":
@@ -202,10 +203,11 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
                       + " via BitsAndBytesConfig" + (", prepare_model_for_kbit_training" if run.get("kbit_prep")
                                                      else "") + "; ") if run["method"] == "qlora" else "")
                   + "GB = 1e9 bytes; conf=high"),
-        # the recipe: a transformers model with PEFT adapters in FP32, no kbit preparation, one
-        # optimizer step per micro-batch, the standard loss
+        # the recipe: a transformers model with PEFT adapters (FP32 unless the run casts them), the
+        # run's k-bit readying and micro-batches per optimizer step, the standard loss
         "hf_model": "yes", "framework": "other", "framework_date": "", "loss_impl": "standard",
-        "compile": "no", "grad_accum": str(run.get("grad_accum", 1)), "lora_dropout": "" if full else str(run.get("lora_dropout", 0)),
+        "compile": "no", "grad_accum": str(run.get("grad_accum", 1)),
+        "lora_dropout": "" if full else str(run.get("lora_dropout", 0)),
         "adapter_dtype": "" if full else ("compute" if run.get("adapter_dtype") == "bf16" else "fp32"),
         "peak_at_first_step": "no",
         "quant_impl": "bnb-nf4" if run["method"] == "qlora" else "",
