@@ -224,12 +224,13 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     tp, pp = layout.tp, layout.pp
     layer = (counts.attention + counts.mlp) / model.layers / tp
     end = max(counts.embedding, counts.lm_head) / tp
+    partition = st.trainable / _opt_shard(layout)  # a ZeRO rank's share of the trainable elements
     out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
            "zero_buckets": layout.zero_bucket_elements * e,
-           **_zero_offload_terms(model, wl, layout, st)}
+           **_zero_offload_terms(model, wl, layout, partition)}
     if _gathers_units(layout):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
         unit = max(layer * w_b, end * e)
@@ -259,7 +260,6 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     # ZeRO-3 prepares and steps one sub-group of its partition at a time (sub_group_size, 1e9
     # elements by default; ``_prepare_fp32_grad_for_sub_group``, and ``_optimizer_step`` hands
     # the optimizer ``param_groups[...]['params'] = [fp32_param]``).
-    partition = st.trainable / _opt_shard(layout)
     per_call = min(partition, DEEPSPEED_SUB_GROUP_ELEMENTS) if _deepspeed_zero3(layout) else partition
     if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
         # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32.
@@ -319,7 +319,7 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[
 
 
 def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
-                        st: StateParts) -> dict[str, float]:
+                        partition: float) -> dict[str, float]:
     """What DeepSpeed's ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload; stage_1_and_2.py)
     holds on the GPU beside the 16-bit weights. ``offload_buffer``: the gradient buffer it
     allocates at initialisation and keeps (``temp_grad_buffer_for_gpu_offload``, the largest
@@ -336,7 +336,6 @@ def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
     if not (_deepspeed_zero12(layout) and layout.offload != "none"):
         return out
     e = compute_bytes(wl.precision)
-    partition = st.trainable / _opt_shard(layout)
     check = layout.zero_overflow_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
     copy = 4 if e < 4 else 0
 
