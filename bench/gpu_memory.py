@@ -121,8 +121,7 @@ def verdict_runs(path: Path = ROOT / "data" / "verdicts.csv", ids: tuple[str, ..
         rs = resolve(scenario_of(stated_or_least(row)))
         m, w, lay = rs.model, rs.workload, rs.layout
         if lay.gpus != 1 or lay.zero or m.impl != "hf" or not m.gated_mlp or m.norm != "rmsnorm" \
-                or w.method not in METHODS or getattr(w, "kernels", None) not in (None, "standard") \
-                or getattr(w, "quant_bits", 4) != 4:
+                or w.method not in METHODS or w.kernels != "standard" or w.quant_bits != 4:
             raise ValueError(f"{row_id}: not a single-GPU Llama-shaped run on the Hugging Face stack")
         run = {"hidden": m.hidden, "layers": m.layers, "heads": m.heads, "kv_heads": m.kv_heads,
                "head_dim": m.head_dim or m.hidden // m.heads, "ffn": m.ffn, "vocab": m.vocab,
@@ -256,8 +255,7 @@ def measure(run: dict) -> dict:
     if run.get("kbit_prep"):  # TRL's readying of a k-bit base: FP32 non-quantized weights
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=run["checkpointing"],
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # enabled below
     if run["checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if run["method"] != "full":
