@@ -186,12 +186,16 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
         "method": run["method"], "quant_bits": "4" if run["method"] == "qlora" else "",
         "optimizer": optimizer, "precision": precision, "seq_len": str(run["seq_len"]),
         "micro_batch": str(run["micro_batch"]), "grad_ckpt": "yes" if run["checkpointing"] else "no",
+        # (a run whose checkpointing was asked for but not in effect has checkpointing False and
+        # ``ckpt_not_in_effect``; its notes say so)
         "flash_attn": run["attention"], "gpus": "1", "gpu_type": gpu_name, "dp": "1", "tp": "1", "pp": "1",
         "cp": "", "zero_or_fsdp": "none", "cpu_offload": "no",
         "lora_rank": "" if full else str(run.get("lora_rank", LORA_RANK)),
         "lora_targets": "" if full else targets,
         "measured_gb": f"{measured_gb:.3f}", "measure_kind": kind,
-        "notes": (replay + f"random-init LlamaForCausalLM ({'tied' if run.get('tied') else 'untied'}), "
+        "notes": (replay + ("checkpointing requested but not in effect (the quantized model stayed in eval "
+                            "mode, where transformers skips it); " if run.get("ckpt_not_in_effect") else "")
+                  + f"random-init LlamaForCausalLM ({'tied' if run.get('tied') else 'untied'}), "
                   f"{len(step_lengths(run))} steps"
                   + (f" of {run['grad_accum']} micro-batches each" if run.get("grad_accum", 1) > 1 else "")
                   + " on random tokens, "
@@ -204,7 +208,10 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
                   + "GB = 1e9 bytes; conf=high"),
         # the recipe: a transformers model with PEFT adapters (FP32 unless the run casts them), the
         # run's k-bit readying and micro-batches per optimizer step, the standard loss
-        "hf_model": "yes", "framework": "other", "framework_date": "", "loss_impl": "standard",
+        # hf_model means the Trainer's autocast forward for adapters; this loop autocasts only
+        # bf16-mixed runs, so a bf16-true LoRA run's PEFT casts each adapter's input to FP32
+        "hf_model": "yes" if run["method"] == "full" or run["precision"] == "bf16-mixed" else "no",
+        "framework": "other", "framework_date": "", "loss_impl": "standard",
         "compile": "no", "grad_accum": str(run.get("grad_accum", 1)),
         "lora_dropout": "" if full else str(run.get("lora_dropout", 0)),
         "adapter_dtype": "" if full else ("compute" if run.get("adapter_dtype") == "bf16" else "fp32"),
@@ -221,7 +228,9 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
 def measure(run: dict) -> dict:
     """One run in this process; returns the three views in bytes."""
     import os
+    import shutil
     import tempfile
+    import time
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -247,11 +256,13 @@ def measure(run: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
         model = LlamaForCausalLM.from_pretrained(tmp, quantization_config=q, dtype=torch.bfloat16,
                                                  attn_implementation=run["attention"], device_map={"": 0})
+        shutil.rmtree(tmp, ignore_errors=True)  # an 8B base is 16 GB of disk
     else:
         with torch.device("cuda"):  # random weights made on the GPU; the making is not measured
             model = LlamaForCausalLM(cfg).to(torch.float32 if mixed else torch.bfloat16)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    model.train()  # from_pretrained returns the model in eval mode, where transformers skips checkpointing
     if run.get("kbit_prep"):  # TRL's readying of a k-bit base: FP32 non-quantized weights
         from peft import prepare_model_for_kbit_training
 
@@ -279,16 +290,21 @@ def measure(run: dict) -> dict:
     else:
         opt = torch.optim.AdamW(params, lr=1e-5)
     tokens = torch.randint(0, run["vocab"], (run["micro_batch"], run["seq_len"]), device="cuda")
+    step_s = []
     for length in step_lengths(run):
         batch = tokens[:, :length]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
         for _ in range(run.get("grad_accum", 1)):
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mixed):
                 loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved()}
+        torch.cuda.synchronize()
+        step_s.append(time.perf_counter() - start)
+    out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+           "step_s": step_s, "train_mode": True}
     try:
         smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True).stdout
