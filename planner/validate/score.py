@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.validate.before import MEMORY_COLUMN, MEMORY_SCALE, figures, recorded
 from planner.validate.rows import Unmodelable, measured_bytes, read_csv, scenario_of
 from planner.core.errors import InputError
 
@@ -35,6 +36,7 @@ class RowResult:
     signed_error: float | None  # (predicted − measured) / measured
     phase: str | None
     reason: str | None  # why the row could not be modelled
+    before_bytes: float | None = None  # the prediction recorded when the row was added
 
     @property
     def ape(self) -> float:
@@ -80,18 +82,34 @@ def validate_rows(rows: list[dict[str, str]], profile: str) -> list[RowResult]:
     for row in rows:
         kind = row["measure_kind"].strip()
         measured = measured_bytes(row)
+        before = recorded(row, MEMORY_COLUMN, MEMORY_SCALE) if profile == "detailed" else None
         try:
             if kind not in KIND_VIEW:
                 raise Unmodelable(f"measure_kind {kind!r} unknown")
             views, phase = predict_row(row, profile)
         except Unmodelable as exc:
             out.append(RowResult(row["id"], row["model"], row["method"], kind, measured,
-                                 None, None, None, str(exc)))
+                                 None, None, None, str(exc), before))
             continue
         pred = float(views[KIND_VIEW[kind]])
         out.append(RowResult(row["id"], row["model"], row["method"], kind, measured, pred,
-                             (pred - measured) / measured, phase, None))
+                             (pred - measured) / measured, phase, None, before))
     return out
+
+
+def before_figures(results: list[RowResult]) -> dict[str, Any] | None:
+    """The error of the predictions recorded when the rows were added, beside the current one on
+    the same rows, overall and by method and kind (None: no row recorded one)."""
+    def of(rs: list[RowResult]) -> dict[str, Any] | None:
+        return figures((r.measured_bytes, r.before_bytes, r.predicted_bytes) for r in rs)
+
+    overall = of(results)
+    if overall is None:
+        return None
+    groups = {f"method {m}": of([r for r in results if r.method == m]) for m in sorted({r.method for r in results})}
+    groups.update({f"measured as {k}": of([r for r in results if r.kind == k])
+                   for k in sorted({r.kind for r in results})})
+    return {**overall, "groups": {k: v for k, v in groups.items() if v is not None}}
 
 
 def summarize(results: list[RowResult]) -> dict[str, Any]:
@@ -123,6 +141,7 @@ def report(results: list[RowResult], profile: str) -> dict[str, Any]:
         "by_method": {m: summarize([r for r in results if r.method == m]) for m in methods},
         "by_kind": {k: summarize([r for r in results if r.kind == k]) for k in kinds},
         "unmodelled": [{"id": r.id, "reason": r.reason} for r in results if r.reason],
+        "before": before_figures(results),
         "results": [asdict(r) for r in results],
     }
 
@@ -165,7 +184,25 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
         line(f"method {name}", s)
     for name, s in result["by_kind"].items():
         line(f"measured as {name}", s)
-    return [rows, summary]
+    tables = [rows, summary]
+    if result.get("before"):
+        tables.append(render_before(result["before"]))
+    return tables
+
+
+def render_before(before: dict[str, Any]) -> Any:
+    """The table of the errors recorded before any fit, beside the current ones."""
+    from rich.table import Table
+
+    t = Table(title="before any fit: the prediction recorded when each row was added (an unseen error) "
+                    "vs now, on the same rows", header_style="bold")
+    for col in ("group", "rows", "MdAPE before", "within 10 %", "within 25 %", "median signed", "MdAPE now"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    for name, s in [("all", before), *before["groups"].items()]:
+        t.add_row(name, str(s["rows"]), f"{s['before_median_ape'] * 100:.1f} %",
+                  f"{s['before_within_10'] * 100:.0f} %", f"{s['before_within_25'] * 100:.0f} %",
+                  _pct(s["before_median_signed"]), f"{s['now_median_ape'] * 100:.1f} %")
+    return t
 
 
 #: The error band an estimate carries: this quantile of |error| over a method's rows.

@@ -31,6 +31,7 @@ from planner.core.errors import InputError
 from planner.core.specs import GpuSpec, ModelSpec
 from planner.perf import timing
 from planner.perf.timing import PRIOR, GpuPerf, ModelFlops, TimeParams, model_flops, step_time_s
+from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, figures, recorded
 from planner.validate.rows import Unmodelable, model_of, read_csv
 
 REQUIRED_COLUMNS = ("id", "source", "model", "planner_model", "method", "planner_gpu", "gpus", "tp",
@@ -73,6 +74,7 @@ class ThroughputCase:
     gpu: str
     method: str
     measured: float  # tokens/s per GPU
+    before: float | None  # the prediction recorded when the row was added (planner.validate.before)
     mf: ModelFlops
     gpu_spec: GpuSpec
     x: dict[str, Any]
@@ -200,7 +202,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     if measured is None or measured <= 0:
         raise Unmodelable("tokens_per_s_per_gpu: missing")
     return ThroughputCase(row["id"], row["source"].strip(), row["model"].strip(), gpu.id, method,
-                          measured, mf, gpu, x, float(mb * dp * ga * seq), gpus, min(node, gpus))
+                          measured, recorded(row, THROUGHPUT_COLUMN, THROUGHPUT_SCALE), mf, gpu, x, float(mb * dp * ga * seq), gpus, min(node, gpus))
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,6 +340,7 @@ class ThroughputResult:
     high: float | None
     baseline: float | None
     reason: str | None = None
+    before: float | None = None  # the prediction recorded when the row was added
 
     @property
     def signed_error(self) -> float | None:
@@ -371,7 +374,8 @@ def cases_of(rows: list[dict[str, str]]) -> tuple[list[ThroughputCase], list[Thr
             unmodelled.append(ThroughputResult(row["id"], row.get("source", ""), row.get("model", ""),
                                                row.get("planner_gpu", ""), row.get("method", ""),
                                                _num(row, "tokens_per_s_per_gpu", 0.0) or 0.0,
-                                               None, None, None, None, reason))
+                                               None, None, None, None, reason,
+                                               recorded(row, THROUGHPUT_COLUMN, THROUGHPUT_SCALE)))
     return cases, unmodelled
 
 
@@ -390,7 +394,7 @@ def results_of(batch: Batch, params: TimeParams) -> list[ThroughputResult]:
     fast = batch.predict(params, high)
     base = batch.baseline()
     return [ThroughputResult(c.id, c.source, c.model, c.gpu, c.method, c.measured, float(pred[i]),
-                             float(slow[i]), float(fast[i]), float(base[i]))
+                             float(slow[i]), float(fast[i]), float(base[i]), before=c.before)
             for i, c in enumerate(batch.cases)]
 
 
@@ -440,11 +444,28 @@ def report(results: list[ThroughputResult], unmodelled: list[ThroughputResult], 
         "by_method": {m: summarize([r for r in every if r.method == m])
                       for m in sorted({r.method for r in every})},
         "unmodelled": [{"id": r.id, "reason": r.reason} for r in unmodelled],
+        "before": before_figures(every),
         "results": [{**asdict(r), "signed_error": r.signed_error, "in_band": r.in_band} for r in every],
     }
     if fitted:
         out["params_by_held_out_source"] = {s: asdict(p) for s, p in fitted.items()}
     return out
+
+
+def before_figures(results: list[ThroughputResult]) -> dict[str, Any] | None:
+    """The error of the predictions recorded when the rows were added, beside the current one and
+    the 6N@40 % baseline on the same rows, overall and per source (None: no row recorded one)."""
+    def of(rs: list[ThroughputResult]) -> dict[str, Any] | None:
+        out = figures((r.measured, r.before, r.predicted) for r in rs)
+        if out is not None:
+            out["baseline_median_ape"] = statistics.median(r.baseline_ape for r in rs if r.before is not None)
+        return out
+
+    overall = of(results)
+    if overall is None:
+        return None
+    groups = {s: of([r for r in results if r.source == s]) for s in sorted({r.source for r in results})}
+    return {**overall, "groups": {k: v for k, v in groups.items() if v is not None}}
 
 
 def validate_file(path: str | Path, *, loso: bool = False, params: TimeParams | None = None) -> dict[str, Any]:
@@ -484,6 +505,16 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
         for r in result["unmodelled"]:
             u.add_row(r["id"], r["reason"])
         out.append(u)
+    if result.get("before"):
+        b = Table(title="Before any fit: the prediction recorded when each row was added (an unseen error) "
+                        "vs now and vs 6N@40 %, on the same rows")
+        for col in ("rows", "scope", "MdAPE before", "≤10 %", "≤25 %", "signed", "MdAPE now", "6N@40 % MdAPE"):
+            b.add_column(col, justify="right" if col != "scope" else "left")
+        for name, s in [("all", result["before"]), *result["before"]["groups"].items()]:
+            b.add_row(str(s["rows"]), name, _pct(s["before_median_ape"]), _pct(s["before_within_10"]),
+                      _pct(s["before_within_25"]), _pct(s["before_median_signed"]), _pct(s["now_median_ape"]),
+                      _pct(s["baseline_median_ape"]))
+        out.append(b)
     p = Table(title="Time-model parameters used" + (" (LOSO refits them per held-out source)"
                                                     if result["mode"] != "in-sample" else ""))
     p.add_column("parameter")
