@@ -44,3 +44,70 @@ def test_one_decoder_of_codes():
         assert [decode(key, i) for i in range(len(values))] == list(values)
     assert decode("sp", 1) is True and decode("tp", 4.0) == 4
     assert decode_class({"method": 2, "offload": 1, "tp": 2})["method"] == "qlora"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline stages: one rule (scenario.legality.pp_fault / pp_legal) for estimate, plan and checker
+
+
+import pytest  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from planner.core.errors import InputError  # noqa: E402
+from planner.scenario.legality import pp_fault, pp_legal  # noqa: E402
+from planner.search.checker import check_plan  # noqa: E402
+
+
+def _pinned(model: str, pp: int, uneven: bool, profile: str = "detailed") -> dict:
+    return {"profile": profile, "model": model,
+            "workload": {"method": "full", "seq_len": 4096, "micro_batch": 1, "global_batch": 128,
+                         "tokens": 1.0e9},
+            "layout": {"gpu": "h100", "tp": 8, "pp": pp, "zero": 1, "checkpointing": "full",
+                       "uneven_pp": uneven},
+            "search": {"max_gpus": 8 * pp * 16}}
+
+
+def _estimate_accepts_pp(raw: dict) -> bool:
+    try:
+        resolve(raw)
+    except InputError as exc:
+        assert all("layout.pp" in p for p in exc.problems), exc.problems
+        return False
+    return True
+
+
+@pytest.mark.parametrize("model,pp", [("llama-3.1-405b", 16), ("llama-3.1-70b", 12)])
+def test_uneven_stages_that_ran_in_production_are_planned(model, pp):
+    """Llama 3.1 405B (126 layers) on 16 stages and an 80-layer 70B on 12 ran with stages of
+    unequal size (torchtitan; Megatron's first/last-stage layer counts). ``estimate`` takes them
+    with ``uneven_pp: true``; ``plan`` must too, and the checker must accept every plan."""
+    raw = _pinned(model, pp, True)
+    assert _estimate_accepts_pp(raw)
+    from planner import plan
+
+    result = plan(raw)
+    assert result.plans, result.explanation
+    for p in result.plans:
+        assert p.pp == pp
+        assert check_plan(raw, p) == []
+    # without uneven_pp both refuse the same layout
+    assert not _estimate_accepts_pp(_pinned(model, pp, False))
+    request = build_request(resolve({**_pinned(model, 1, False), "layout": {"gpu": "h100", "uneven_pp": False},
+                                     "search": {"pp": [pp], "gpu_types": ["h100"]}}))
+    assert build_classes(request).rejected["pp does not divide the layers"] == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.sampled_from(["llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "gemma-2-9b", "smollm2-135m"]),
+       pp=st.integers(1, 48), uneven=st.booleans(), profile=st.sampled_from(["detailed", "seed"]))
+def test_estimate_plan_and_the_rule_agree_on_every_pipeline_degree(model, pp, uneven, profile):
+    spec = catalog.get_model(model)
+    allowed = uneven and profile == "detailed"
+    legal = pp_fault(spec, pp, uneven=allowed) is None
+    assert legal == bool(pp_legal(spec, pp, uneven=allowed))
+    raw = _pinned(model, pp, uneven, profile)
+    raw["layout"]["tp"] = 1
+    assert _estimate_accepts_pp(raw) == legal
+    search = {**raw, "layout": {"gpu": "h100", "uneven_pp": uneven}, "search": {"pp": [pp], "gpu_types": ["h100"]}}
+    rejected = build_classes(build_request(resolve(search))).rejected
+    assert (sum(v for k, v in rejected.items() if k.startswith("pp ")) == 0) == legal

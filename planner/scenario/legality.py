@@ -42,6 +42,23 @@ def pp_divides(model: ModelSpec, pp: Any) -> Any:
     return np.asarray(model.layers) % np.maximum(pp, 1) == 0
 
 
+def pp_legal(model: ModelSpec, pp: Any, *, uneven: bool = False) -> Any:
+    """Every stage holds a layer, and the stages are equal unless ``uneven`` (stages of unequal
+    layer counts, as torchtitan and Megatron's ``--decoder-first/last-pipeline-num-layers`` run
+    them) is allowed (arrays broadcast)."""
+    pp = np.asarray(pp)
+    return (pp <= model.layers) & (pp_divides(model, pp) | uneven)
+
+
+def pp_fault(model: ModelSpec, pp: int, *, uneven: bool = False) -> str | None:
+    """What is wrong with ``pp`` pipeline stages of this model, or None (:func:`pp_legal`)."""
+    if pp > model.layers:
+        return f"exceeds the model's {model.layers} layers"
+    if not uneven and model.layers % pp:
+        return f"does not divide the model's {model.layers} layers"
+    return None
+
+
 def offload_illegal(zero: Any, offload: Any) -> Any:
     """Offload needs ZeRO/FSDP; offloading parameters needs them sharded (ZeRO-3). ``offload`` as a
     name or a code (arrays broadcast)."""

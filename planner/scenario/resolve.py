@@ -23,6 +23,7 @@ from planner.catalog.store import UnknownName
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
 from planner.catalog.hf_config import ConfigError
 from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario, Workload
+from planner.scenario.legality import pp_fault
 
 #: Flat option names (CLI flags, keyword arguments) -> the scenario section that holds them.
 FLAG_SECTIONS: dict[str, str] = {
@@ -478,6 +479,13 @@ def _derive_dp_and_gpus(lay: Layout, problems: list[str]) -> tuple[int, int]:
     return dp, gpus
 
 
+def uneven_pp_allowed(scenario: Scenario) -> bool:
+    """Pipeline stages of unequal layer counts: asked for (``layout.uneven_pp``), and modelled by
+    the profile (the detailed profile sizes the heaviest stage; the seed profile's documents do
+    not)."""
+    return bool(scenario.layout.uneven_pp) and scenario.profile == "detailed"
+
+
 def _check_model_split(scenario: Scenario, model: ModelSpec, problems: list[str],
                        warnings: list[str]) -> None:
     """Tensor parallelism divides the model's heads; pipeline parallelism its layers."""
@@ -487,14 +495,14 @@ def _check_model_split(scenario: Scenario, model: ModelSpec, problems: list[str]
     kv = model.kv_heads_eff
     if kv is not None and model.mla is None and kv % lay.tp and lay.tp % kv:
         problems.append(f"layout.tp: {lay.tp} does not divide the model's {kv} KV heads")
-    if not _divides(lay.pp, model.layers):
-        if not (lay.uneven_pp and scenario.profile == "detailed"):
-            problems.append(f"layout.pp: {lay.pp} does not divide the model's {model.layers} layers"
-                            + ("" if scenario.profile != "detailed" else
-                               " (set layout.uneven_pp: true for stages of unequal size)"))
-        else:
-            warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
-                            f"heaviest stage holds {-(-model.layers // lay.pp)}")
+    fault = pp_fault(model, lay.pp, uneven=uneven_pp_allowed(scenario))
+    if fault:
+        hint = (" (set layout.uneven_pp: true for stages of unequal size)"
+                if scenario.profile == "detailed" and lay.pp <= model.layers else "")
+        problems.append(f"layout.pp: {lay.pp} {fault}{hint}")
+    elif model.layers % lay.pp:
+        warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
+                        f"heaviest stage holds {-(-model.layers // lay.pp)}")
 
 
 def _check_saved_modules(scenario: Scenario, warnings: list[str]) -> None:
