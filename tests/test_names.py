@@ -91,6 +91,13 @@ from planner.scenario.resolve import resolve
         ("openai-community/gpt2-xl", "gpt2-xl"),
         ("allenai/OLMo-2-1124-13B-Instruct", "olmo-2-13b"),
         ("codellama/CodeLlama-7b-Instruct-hf", "codellama-7b"),
+        # Updates re-released under a date stamp (YYMM) keep the architecture: Qwen3's July 2025
+        # instruct and thinking releases have Qwen3-4B's, -30B-A3B's and -235B-A22B's dimensions
+        # (their config.json differ in max_position_embeddings only).
+        ("Qwen/Qwen3-4B-Instruct-2507", "qwen3-4b"),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
+        ("Qwen/Qwen3-235B-A22B-Thinking-2507", "qwen3-235b-a22b"),
+        ("unsloth/Qwen3-4B-Instruct-2507-bnb-4bit", "qwen3-4b"),
     ],
 )
 def test_hub_style_names_resolve(typed, expected):
@@ -102,6 +109,11 @@ def test_versions_and_sizes_are_not_stripped():
     keys = model_name_candidates("TheBloke/Mistral-7B-Instruct-v0.2-GPTQ")
     assert keys[-1] == "mistral7bv0.2"
     assert model_name_candidates("Llama-3.1-405B-Instruct-FP8")[-1] == "llama3.1405b"
+    # a date stamp goes; a size or a version beside it stays
+    assert model_name_candidates("Qwen/Qwen3-4B-Instruct-2507")[-1] == "qwen34b"
+    assert model_name_candidates("Mistral-Small-3.1-24B-Instruct-2503")[-1] == "mistralsmall3.124b"
+    with pytest.raises(UnknownName):
+        catalog.get_model("qwen3-2507")  # a stamp alone names no size
 
 
 @pytest.mark.parametrize(

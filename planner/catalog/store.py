@@ -46,7 +46,7 @@ def normalize_name(name: str) -> str:
 #: Name parts that mark a fine-tune, a chat/instruct variant or a repackaging of the same weights
 #: shapes (quantisation, file format, who converted it): none changes the architecture.
 _VARIANT_TOKENS = frozenset({
-    "instruct", "chat", "hf", "it", "base", "pt", "sft", "dpo", "rlhf", "ft", "dynamic",
+    "instruct", "chat", "hf", "it", "base", "pt", "sft", "dpo", "rlhf", "ft", "dynamic", "thinking",
     "gptq", "awq", "gguf", "ggml", "exl2", "mlx", "onnx", "bnb", "4bit", "8bit", "nf4", "fp8",
     "fp16", "bf16", "int4", "int8", "w4a16", "w8a8", "w8a16", "unsloth", "quantized", "hqq",
     "marlin", "safetensors",
@@ -56,13 +56,21 @@ _QUANT_TAG = re.compile(r"(?<![a-z0-9])(i?q[1-8](_k)?(_[a-z0-9]{1,2})?|f16|f32)(
 _FILE_SUFFIX = re.compile(r"\.(gguf|bin|safetensors)$")
 
 
+#: An update's date stamp after the name (Qwen3's ``-2507``, Mistral Small's ``-2501``/``-2503``,
+#: Kimi K2's ``-0905``: YYMM or MMDD): a re-trained release of the same architecture. Sizes carry
+#: a unit (``7b``, ``135m``) and versions a letter or dot (``v0.3``, ``3.1``), so four bare
+#: digits are neither.
+_UPDATE_STAMP = re.compile(r"^\d{4}$")
+
+
 def _name_tokens(name: str) -> list[str]:
-    """The lower-cased parts of a name without organisation, file suffix and variant tags."""
+    """The lower-cased parts of a name without organisation, file suffix, variant tags and
+    update stamps."""
     bare = name.strip().lower().rsplit("/", 1)[-1]
     bare = _QUANT_TAG.sub("", _FILE_SUFFIX.sub("", bare))
     tokens = [t for t in re.split(r"[-_\s]+", bare) if t]
     # The first part is the model's own name; tags are stripped from the rest.
-    return tokens[:1] + [t for t in tokens[1:] if t not in _VARIANT_TOKENS]
+    return tokens[:1] + [t for t in tokens[1:] if t not in _VARIANT_TOKENS and not _UPDATE_STAMP.match(t)]
 
 
 def model_name_candidates(name: str) -> list[str]:
