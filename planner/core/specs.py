@@ -263,6 +263,11 @@ class ModelSpec(StrictModel):
 # Scenario
 
 
+#: The loss's implementation (``Workload.loss``) and the layer kernels (``Workload.kernels``).
+Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace"]
+Kernels = Literal["standard", "fused_rmsnorm", "unsloth"]
+
+
 class Workload(StrictModel):
     """What is trained (or served) and how: everything that changes the result of training."""
 
@@ -337,8 +342,7 @@ class Workload(StrictModel):
     # logits upcast to FP32 (Unsloth's fused cross-entropy, 2025: one chunk unless the FP32
     # logits exceed half the free memory); "inplace": the logits in the compute dtype, their
     # gradient written into them (Unsloth's Fast_CrossEntropyLoss before 2025)
-    loss: Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward",
-                  "inplace"] = "standard"
+    loss: Loss = "standard"
     # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
     # first): no earlier step's outputs are still held by the training loop at the peak
     peak_at_first_step: bool = False
@@ -350,7 +354,7 @@ class Workload(StrictModel):
     # the gate and up outputs, recomputes the SwiGLU product in backward and writes the
     # gradients into those buffers; LoRA_QKV and LoRA_W keep their input only; RMSNorm keeps
     # its input and rsqrt
-    kernels: Literal["standard", "fused_rmsnorm", "unsloth"] = "standard"
+    kernels: Kernels = "standard"
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
     #: How a MoE layer runs its experts: ``grouped``, one grouped GEMM over every routed token
     #: (transformers 5's default ``experts_implementation``, Megatron-Core, torchtitan), or
@@ -485,6 +489,12 @@ class StackSpec(StrictModel):
     #: Its recipe where time depends on it: element-wise work fused into fewer kernels
     #: (Transformer Engine in Megatron-Core; the time model's ``fused_elementwise_share``).
     fused_kernels: bool = False
+    #: Its recipe's defaults where memory and time depend on them (``Workload`` fields of the same
+    #: name): the loss's implementation, the norm and activation kernels, torch.compile. A plan
+    #: naming the stack is estimated and timed with them unless the scenario sets its own.
+    loss: Loss = "standard"
+    kernels: Kernels = "standard"
+    compile: bool = False
     sources: list[dict[str, str]] = []
     notes: str | None = None
 

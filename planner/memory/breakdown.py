@@ -12,7 +12,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from planner.core.specs import (Attention, Checkpointing, Layout, Method, Offload, Optimizer,
+from planner.core.specs import (Attention, Checkpointing, Kernels, Layout, Loss, Method, Offload, Optimizer,
                                 Precision, Workload, ZeroImpl)
 
 
@@ -45,18 +45,23 @@ CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
 ATTENTION: tuple[str, ...] = get_args(Attention)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_IMPLS: tuple[str, ...] = get_args(ZeroImpl)
+LOSSES: tuple[str, ...] = get_args(Loss)
+KERNELS: tuple[str, ...] = get_args(Kernels)
 #: Array keys whose values are codes into one of the tuples above.
 CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS,
                                      "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS,
-                                     "zero_impl": ZERO_IMPLS}
+                                     "zero_impl": ZERO_IMPLS, "loss": LOSSES, "kernels": KERNELS}
 
 
 #: A stack's recipe where memory depends on it (``StackSpec`` fields that set ``Layout`` keys of
 #: the same name): how its FSDP frees gathers, who implements its ZeRO stages, and whether its
 #: training loop accumulates gradients unsharded under FSDP.
 STACK_MEMORY_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation")
+#: A stack's recipe defaults that set ``Workload`` keys of the same name: the loss's
+#: implementation, the norm/activation kernels and torch.compile (``StackSpec.loss`` …).
+STACK_WORKLOAD_RECIPE: tuple[str, ...] = ("loss", "kernels", "compile")
 #: Array keys whose values are flags.
-FLAGS = frozenset({"sp", "unsharded_grad_accumulation"})
+FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile"})
 
 
 def decode(key: str, value: Any) -> Any:

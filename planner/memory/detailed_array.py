@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from planner.core.arrays import unique_rows
-from planner.memory.breakdown import STACK_MEMORY_RECIPE, decode
+from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode
 from planner.memory.detailed import detailed_memory
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 
@@ -20,7 +20,8 @@ from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 TOTAL_CEILING = 2**62
 
 #: Array keys that belong to the workload / the layout, and how their codes decode.
-_WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
+_WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank",
+                  *STACK_WORKLOAD_RECIPE)
 _LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention",
                *STACK_MEMORY_RECIPE)
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from planner.memory.estimate import Estimate
 from planner.core.units import format_bytes
 from planner.search.explain import memory_binding
+from planner.search.results import recipe_text
 
 
 def estimate_heading(est: Estimate) -> tuple[str, str]:
@@ -114,7 +115,8 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
         unit = _unit_of(p.time_s) if p.time_s is not None else None
         t = _band(p.time_s, p.time_s_band.low, p.time_s_band.high, lambda v: _duration(v, unit))
         table.add_row(
-            str(p.rank), p.stack, f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
+            str(p.rank), p.stack + (f" ({recipe_text(p.recipe)})" if recipe_text(p.recipe) else ""),
+            f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
             f"{p.zero}/{p.offload}", f"{p.micro_batch}×{p.grad_accum}", f"{p.checkpointing}/{p.attention}",
             f"{p.method}/{p.seq_len}" + (" *" if p.relaxations else ""),
             format_bytes(mem["total_bytes"], gib=gib),

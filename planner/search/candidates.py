@@ -82,7 +82,7 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
                            pp=a["pp"], cp=a["cp"], ep=a["ep"], dp=np.ones_like(g), n_lora=n_lora,
                            **saved_modules_of(req.rs),
                            attention=a["attention"], fp8=int(bool(req.rs.workload.fp8)), intra_only=True,
-                           fused=req.stack_recipe("fused_kernels", a["stack"]),
+                           fused=req.fused(a["stack"]),
                            vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
         per_token_s = step / (a["micro_batch"] * ga * a["seq_len"])  # seconds per token per pipeline
         # The job's start-up cost is paid on every GPU whatever the layout (billed ≥ dp·mp).

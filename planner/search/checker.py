@@ -130,7 +130,7 @@ def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[st
         tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),
         **saved_modules_of(rs_user),
         attention=ATTENTION.index(p["attention"]),
-        fp8=int(bool(rs.workload.fp8)), fused=int(get_stack(p["stack"]).fused_kernels),
+        fp8=int(bool(rs.workload.fp8)), fused=int(get_stack(p["stack"]).fused_kernels or rs.workload.compile),
         vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
                          dp=p["dp"], grad_accum=p["grad_accum"]))

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.stacks import get_stack
-from planner.memory.breakdown import STACK_MEMORY_RECIPE, decode_class
+from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode_class
 from planner.memory.estimate import estimate_resolved
 from planner.search.candidates import SearchOutcome
 from planner.scenario.resolve import deep_merge, resolve
@@ -62,6 +62,9 @@ class Plan(BaseModel):
     cost_usd_band: Band
     tokens_per_s: float
     relaxations: list[str]
+    #: The recipe the plan was estimated and timed with: the loss's implementation, the kernels
+    #: and torch.compile, from the scenario where it sets them, else from the stack.
+    recipe: dict[str, Any] = {}
     #: The scenario with this plan's decisions pinned (what `planner export` turns into configs).
     pinned_scenario: dict[str, Any] | None = None
 
@@ -104,6 +107,9 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     for key in STACK_MEMORY_RECIPE:  # the stack's recipe
         if "stack" in fields and key not in raw.get("layout", {}):
             lay[key] = getattr(get_stack(fields["stack"]), key)
+    for key in STACK_WORKLOAD_RECIPE:
+        if "stack" in fields and key not in raw.get("workload", {}) and raw.get("profile") != "seed":
+            wl[key] = getattr(get_stack(fields["stack"]), key)
     out = deep_merge(out, {"workload": wl, "layout": lay})
     if out["workload"].get("global_batch") is None:
         out["workload"].pop("global_batch", None)
@@ -111,6 +117,27 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     if allow is not None:
         out["workload"]["allow_relax"] = []
     return out
+
+
+def est_workload(pinned: dict[str, Any]) -> Any:
+    """The workload a pinned plan scenario is estimated with (defaults filled in)."""
+    from planner.core.specs import Workload
+
+    return Workload.model_validate({k: v for k, v in pinned.get("workload", {}).items()
+                                    if k in Workload.model_fields})
+
+
+def recipe_text(recipe: dict[str, Any]) -> str:
+    """What a plan's recipe changes from the plain one (standard loss and kernels, no compile):
+    ``compiled loss, fused_rmsnorm``; empty when nothing."""
+    parts = []
+    if recipe.get("loss", "standard") != "standard":
+        parts.append(f"{recipe['loss']} loss")
+    if recipe.get("kernels", "standard") != "standard":
+        parts.append(str(recipe["kernels"]))
+    if recipe.get("compile"):
+        parts.append("compile")
+    return ", ".join(parts)
 
 
 def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) -> list[Plan]:
@@ -144,6 +171,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             else Band(low=None, high=None),
             tokens_per_s=float(ev["tokens_per_s"]),
             relaxations=list(tier.relaxations),
+            recipe={k: getattr(est_workload(pinned), k) for k in STACK_WORKLOAD_RECIPE},
             pinned_scenario=pinned,
             **fields,
         ))

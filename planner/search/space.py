@@ -27,7 +27,7 @@ from planner.core.errors import InputError
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
 from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, CODES, METHODS, OFFLOADS, OPTIMIZERS,
-                                       PRECISIONS, STACK_MEMORY_RECIPE)
+                                       PRECISIONS, STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE)
 from planner.catalog.stacks import get_stack, stacks
 from planner.scenario.legality import offload_illegal, pp_legal, stack_runs, tp_gpu_fault, tp_model_fault
 from planner.scenario.resolve import ResolvedScenario, uneven_pp_allowed
@@ -103,10 +103,19 @@ class SearchRequest:
             values = [CODES[name].index(v) for v in values]
         return np.array(values, dtype=np.int64)[stack]
 
+    def fused(self, stack: np.ndarray) -> np.ndarray:
+        """Whether each row's element-wise work is fused (the time model's ``fused``): its stack's
+        fused kernels, or torch.compile — the scenario's ``workload.compile`` where it sets it,
+        else the stack's recipe."""
+        compiled = (self.stack_recipe("compile", stack) if self.stack_sets("compile")
+                    else np.full(np.shape(stack), int(self.rs.workload.compile)))
+        return (self.stack_recipe("fused_kernels", stack).astype(bool) | compiled.astype(bool)).astype(np.int64)
+
     def stack_sets(self, key: str) -> bool:
-        """The stack's recipe for a layout ``key`` decides memory: the detailed profile, and the
-        scenario does not pin it."""
-        return self.rs.profile != "seed" and key not in self.rs.scenario.layout.model_fields_set
+        """The stack's recipe for a layout or workload ``key`` decides memory: the detailed
+        profile, and the scenario does not set it."""
+        part = self.rs.scenario.workload if key in STACK_WORKLOAD_RECIPE else self.rs.scenario.layout
+        return self.rs.profile != "seed" and key not in part.model_fields_set
 
 
 def build_tiers(rs: ResolvedScenario) -> list[Tier]:
@@ -445,7 +454,7 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
     # the stack's recipe where memory depends on it
-    for key in STACK_MEMORY_RECIPE:
+    for key in (*STACK_MEMORY_RECIPE, *STACK_WORKLOAD_RECIPE):
         if req.stack_sets(key):
             x[key] = req.stack_recipe(key, c["stack"])
 
@@ -539,7 +548,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
              **saved_modules_of(req.rs),
              attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
-             fused=req.stack_recipe("fused_kernels", c["stack"]),
+             fused=req.fused(c["stack"]),
              vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
