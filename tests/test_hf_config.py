@@ -10,6 +10,8 @@ import planner
 from planner import catalog
 from planner.core.arch import param_counts
 from planner.core.errors import InputError
+from planner.cli.main import app
+from typer.testing import CliRunner
 
 from conftest import FIXTURES, ROOT
 
@@ -146,3 +148,29 @@ def test_relu_keeps_its_output_by_catalog_and_by_config():
     spec = spec_from_hf_config({**_DENSE, "model_type": "opt", "activation_function": "relu"})
     assert spec.activation_keeps_output and catalog.get_model("opt-1.3b").activation_keeps_output
     assert not spec_from_hf_config({**_DENSE, "model_type": "gpt2"}).activation_keeps_output
+
+
+@pytest.mark.parametrize("key, value", [
+    ("num_attention_heads", 0), ("num_hidden_layers", -2), ("hidden_size", 64.5), ("vocab_size", "abc"),
+    ("num_attention_heads", True), ("num_key_value_heads", 0), ("intermediate_size", None or -1),
+])
+def test_a_size_that_is_no_positive_whole_number_is_one_line_exit_2(tmp_path, key, value):
+    """A config.json's sizes are read as counts: zero heads used to divide by zero (exit 3); a
+    float, a string, a boolean or a negative count is named with its key, exit 2."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "vocab_size": 100, "intermediate_size": 128, key: value}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = CliRunner().invoke(app, ["estimate", "--model", str(tmp_path / "config.json"), "--method", "lora"])
+    assert out.exit_code == 2, out.output
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and key in lines[0] and "positive whole number" in lines[0], out.output
+
+
+def test_a_model_level_rule_is_one_line_naming_the_config(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 3, "vocab_size": 100, "intermediate_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = CliRunner().invoke(app, ["estimate", "--model", str(tmp_path / "config.json"), "--method", "lora"])
+    assert out.exit_code == 2
+    assert [line for line in out.output.splitlines() if line.strip()] == [
+        f"error: model: {tmp_path / 'config.json'}: config: kv_heads (3) must divide heads (4)"]

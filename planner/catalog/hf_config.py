@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from planner.core.specs import MLASpec, ModelSpec, MoESpec
 
 #: model_type -> extra facts the config does not state but the architecture implies.
@@ -146,6 +148,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     missing = [k for k in ("layers", "hidden", "heads", "vocab") if fields[k] is None]
     if missing:
         raise ConfigError(f"{source} lacks {', '.join(missing)} (not a decoder LLM config?)")
+    _check_sizes(cfg, source)
     fields["kv_heads"] = _first(cfg, "num_key_value_heads", default=fields["heads"])
     fields["head_dim"] = cfg.get("head_dim") or fields["hidden"] // fields["heads"]
     ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim")
@@ -190,7 +193,40 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
             v_head_dim=cfg["v_head_dim"],
         )
     fields["family"] = model_type or None
-    return ModelSpec.model_validate(fields)
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(
+            f"{source}: {_CONFIG_KEY.get(str(e['loc'][0]), e['loc'][0]) if e['loc'] else 'config'}: "
+            f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())) from None
+
+
+#: The config.json key a model field was read from, to name it in a message.
+_CONFIG_KEY = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+               "kv_heads": "num_key_value_heads", "vocab": "vocab_size", "ffn": "intermediate_size",
+               "head_dim": "head_dim", "max_position": "max_position_embeddings"}
+#: Sizes a config gives as positive whole numbers (the first present of each group is read).
+_SIZE_KEYS = (("num_hidden_layers", "n_layer", "num_layers"), ("hidden_size", "n_embd", "d_model"),
+              ("num_attention_heads", "n_head"), ("vocab_size",), ("num_key_value_heads",), ("head_dim",),
+              ("intermediate_size", "n_inner", "ffn_dim"))
+
+
+def _check_sizes(cfg: dict[str, Any], source: str) -> None:
+    """Every size the config gives is a positive whole number: one line per key that is not
+    (a zero head count would divide by zero; a float or a string is a typo, not a size)."""
+    problems = []
+    for group in _SIZE_KEYS:
+        key = next((k for k in group if cfg.get(k) is not None), None)
+        if key is None:
+            continue
+        value = cfg[key]
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, float) and value.is_integer():
+            whole = True
+        if not whole or value < 1:
+            problems.append(f"{source}: {key}: {str(value)[:40]!s} is not a positive whole number")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def load_hf_config(path: Path) -> ModelSpec:
