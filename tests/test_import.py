@@ -488,3 +488,35 @@ def test_evaluation_during_training_is_read_at_its_batch(tmp_path, name, data, e
     """The Trainer evaluates at per_device_eval_batch_size (8 unless set) once an eval strategy
     (or LLaMA-Factory's val_size) asks for it; axolotl at eval_batch_size, its micro batch unless set."""
     assert _found(tmp_path, name, data).values.get("eval_micro_batch") == evals
+
+
+@pytest.mark.parametrize("value, seq", [("4096.0", 4096), ("'4096'", 4096), ("4096", 4096), ("2.048e3", 2048)])
+def test_a_count_written_as_a_float_or_a_string_is_read_as_the_tool_reads_it(tmp_path, value, seq):
+    """axolotl reads ``sequence_len: 4096.0`` or ``"4096"`` as 4096; it was read as "not set"
+    and estimated at the 512-token default."""
+    cfg = tmp_path / "ax.yaml"
+    cfg.write_text(f"base_model: meta-llama/Llama-3.1-8B\nsequence_len: {value}\nmicro_batch_size: 2\n"
+                   "adapter: lora\nlora_r: 16\n")
+    _estimate("--config", str(cfg), "--gpu", "h100")  # answers (exit 0 or 1), not exit 2
+    from planner.launch.importing import read_configs
+
+    assert read_configs([cfg]).values["seq_len"] == seq
+
+
+@pytest.mark.parametrize("value", ["abc", "4096.5", "[1]"])
+def test_a_count_that_is_no_whole_number_is_a_problem_naming_its_key(tmp_path, value):
+    cfg = tmp_path / "ax.yaml"
+    cfg.write_text(f"base_model: meta-llama/Llama-3.1-8B\nsequence_len: {value}\nmicro_batch_size: 2\n"
+                   "adapter: lora\nlora_r: 16\n")
+    out = CliRunner().invoke(app, ["estimate", "--config", str(cfg), "--gpu", "h100"])
+    assert out.exit_code == 2 and "ax.yaml.sequence_len" in out.output and "whole number" in out.output
+
+
+def test_deepspeed_auto_is_left_to_the_trainer_and_a_float_count_is_read(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 4.0,'
+                   ' "zero_optimization": {"stage": 2}}')
+    from planner.launch.importing import read_configs
+
+    found = read_configs([cfg])
+    assert found.values.get("grad_accum") == 4 and "micro_batch" not in found.values and not found.problems

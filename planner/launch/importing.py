@@ -36,6 +36,8 @@ from planner.launch.readers import (
     _targets,
     _true,
     account,
+    count,
+    whole,
     bad_optimizer,
     config_path,
     eight_bit,
@@ -546,23 +548,26 @@ def _read_ax_lora(cfg: dict, f: Found, where: str) -> None:
 
 def _read_ax_batch(cfg: dict, f: Found, where: str, tool: str) -> None:
     """Sequence length, micro batch, and gradient accumulation (or ``batch_size`` over the micro batch)."""
-    if _is_int(cfg.get("sequence_len")):
-        f.set("seq_len", cfg["sequence_len"], where + ".sequence_len")
-    else:
+    seq = count(cfg, "sequence_len", f, where)
+    if seq is not None:
+        f.set("seq_len", seq, where + ".sequence_len")
+    elif cfg.get("sequence_len") is None:
         f.default("seq_len", 512, where + ".sequence_len", tool)
     f.take(cfg, "micro_batch_size", "micro_batch", 1, where, tool)
     # evaluation during training: a validation split or test datasets, at eval_batch_size
     # (axolotl's default: the micro batch)
     val = cfg.get("val_set_size")
     if (isinstance(val, (int, float)) and val > 0) or cfg.get("test_datasets"):
-        if _is_int(cfg.get("eval_batch_size")):
-            f.set("eval_micro_batch", cfg["eval_batch_size"], where + ".eval_batch_size")
+        eval_batch = count(cfg, "eval_batch_size", f, where)
+        if eval_batch is not None:
+            f.set("eval_micro_batch", eval_batch, where + ".eval_batch_size")
         elif _is_int(f.values.get("micro_batch")):
             f.set("eval_micro_batch", f.values["micro_batch"], where + ".eval_batch_size")
             f.notes.append(f"{where}.eval_batch_size: not set; axolotl evaluates at the micro batch")
-    if cfg.get("gradient_accumulation_steps") is None and _is_int(cfg.get("batch_size")) \
-            and _is_int(f.values.get("micro_batch")):
-        f.set("grad_accum", max(1, cfg["batch_size"] // f.values["micro_batch"]), where + ".batch_size")
+    batch = count(cfg, "batch_size", f, where)
+    micro = whole(f.values.get("micro_batch"))
+    if cfg.get("gradient_accumulation_steps") is None and batch is not None and micro:
+        f.set("grad_accum", max(1, batch // micro), where + ".batch_size")
     else:
         f.take(cfg, "gradient_accumulation_steps", "grad_accum", 1, where, tool)
 
@@ -725,8 +730,9 @@ def read_torchtune(cfg: dict, f: Found, where: str, text: str = "", stem: str = 
     if _true(cfg.get("compile")):
         f.set("compile", True, where + ".compile")
     _read_tt_loss(cfg, f, where)
-    seq = (cfg.get("tokenizer") or {}).get("max_seq_len")
-    if _is_int(seq):
+    tokenizer = cfg.get("tokenizer")
+    seq = count(tokenizer, "max_seq_len", f, where + ".tokenizer") if isinstance(tokenizer, dict) else None
+    if seq is not None:
         f.set("seq_len", seq, where + ".tokenizer.max_seq_len")
     for key in ("teacher_model", "ref_policy_model", "reward_and_value_model", "ref_model", "quantizer"):
         if cfg.get(key):

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
+import math
 from typing import Any
 
 from planner.launch.common import PEFT_MODULES
@@ -294,6 +295,36 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def whole(v: Any) -> int | None:
+    """A count as the tools read it: an int, a float with no fraction (``4096.0``, ``1e9``) or a
+    string of one (``"4096"``, YAML's ``1e9``, which PyYAML reads as a string); else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            v = float(v.strip())
+        except ValueError:
+            return None
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    return None
+
+
+def count(cfg: dict, key: str, f: Found, where: str, *, auto: bool = False) -> int | None:
+    """``cfg[key]`` as a count (:func:`whole`); None when absent (or ``"auto"`` where the tool
+    fills it in); a present value that is no whole number is a problem naming the key, never
+    "not set"."""
+    value = cfg.get(key)
+    if value is None or (auto and str(value).lower() == "auto"):
+        return None
+    n = whole(value)
+    if n is None:
+        f.problems.append(f"{where}.{key}: {str(value)[:40]!r} is not a whole number")
+    return n
+
+
 def _true(v: Any) -> bool:
     return v is True or str(v).lower() == "true"
 
@@ -365,8 +396,8 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
 
 def _read_ds_batch(cfg: dict, f: Found, where: str) -> None:
     """Micro batch and gradient accumulation; the world size ``train_batch_size`` implies with them."""
-    mb, ga, tb = (cfg.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                                       "train_batch_size"))
+    mb, ga, tb = (count(cfg, k, f, where, auto=True) for k in ("train_micro_batch_size_per_gpu",
+                                                             "gradient_accumulation_steps", "train_batch_size"))
     if _is_int(mb):
         f.set("micro_batch", mb, where + ".train_micro_batch_size_per_gpu")
     if _is_int(ga):
@@ -432,8 +463,9 @@ def read_accelerate(cfg: dict, f: Found, where: str, base: Path, load) -> None:
         f.facts["asks_bf16"] = where + ".mixed_precision"
     if mp == "fp8":
         f.set("fp8", True, where + ".mixed_precision")
-    if _is_int(cfg.get("num_processes")):
-        f.set("gpus", cfg["num_processes"], where + ".num_processes")
+    processes = count(cfg, "num_processes", f, where)
+    if processes is not None:
+        f.set("gpus", processes, where + ".num_processes")
     if str(cfg.get("dynamo_config", {}).get("dynamo_backend", "NO")).upper() not in ("NO", "NONE"):
         f.set("compile", True, where + ".dynamo_config.dynamo_backend")
     _read_acc_parallelism(cfg.get("parallelism_config") or {}, f, where)
@@ -633,8 +665,9 @@ def read_lora(cfg: dict, f: Found, where: str, workload_fields, *, tool: str = "
     peft_type = cfg.get("peft_type")
     if peft_type is not None and str(peft_type).upper() not in ("LORA", "QLORA"):
         f.warn(where + ".peft_type", f"{peft_type}: only LoRA adapters are modelled; read as LoRA")
-    if _is_int(cfg.get("r")):
-        f.set("lora_rank", cfg["r"], where + ".r")
+    rank = count(cfg, "r", f, where)
+    if rank is not None:
+        f.set("lora_rank", rank, where + ".r")
     if cfg.get("lora_alpha") is not None:
         f.set("lora_alpha", cfg["lora_alpha"], where + ".lora_alpha")
     targets = cfg.get("target_modules")
