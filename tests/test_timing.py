@@ -134,25 +134,3 @@ def test_short_job_without_a_batch_stays_on_few_gpus():
                         "search": {"gpu_types": ["h100", "a100-80gb"]}, "top": 3})
     assert res.plans and all(p.gpus <= 8 for p in res.plans)
     assert all(p.micro_batch * p.dp * p.grad_accum == 64 for p in res.plans)
-
-
-def test_uneven_pipeline_stages_run_at_the_heaviest_stage_s_pace():
-    """126 layers on 16 stages: the heaviest holds ⌈126/16⌉ = 8 layers, 8·16/126 = 1.016 of an
-    even stage's work; a micro-batch takes that much longer than 126/16 layers would."""
-    import numpy as np
-
-    from planner import catalog
-    from planner.perf.timing import GpuPerf, heaviest_stage_share, model_flops
-
-    assert heaviest_stage_share(126, 16) == 8 * 16 / 126
-    assert heaviest_stage_share(32, np.array([1, 2, 4, 8])).tolist() == [1.0, 1.0, 1.0, 1.0]
-    assert heaviest_stage_share(80, 12) == 7 * 12 / 80
-    from planner.perf.timing import FITTED, _microbatch_compute_s
-
-    mf = model_flops(catalog.get_model("llama-3.1-405b"))
-    perf = GpuPerf.of(catalog.get_gpu("h100"))
-    x = dict(method=0, checkpointing=2, seq_len=8192, micro_batch=1, tp=8, cp=1)
-    # a stage's compute scales as 1/pp, times the heaviest stage's share
-    two, _ = _microbatch_compute_s(mf, perf, FITTED, {**x, "pp": 2})  # 63 layers a stage
-    sixteen, _ = _microbatch_compute_s(mf, perf, FITTED, {**x, "pp": 16})  # 8 layers on the heaviest
-    assert float(sixteen) * 16 == pytest.approx(float(two) * 2 * 8 * 16 / 126)

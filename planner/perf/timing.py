@@ -390,16 +390,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     frozen = np.where(method == 0, 0.0, mf.params) / (tp * pp)
     passes = np.where(ckpt == 2, 3.0, 2.0)
     t_dequant = np.where(quant > 0, passes * frozen * DEQUANT_BYTES_PER_PARAM / perf.memory_bps, 0.0)
-    # The pipeline runs at its heaviest stage's pace: ⌈L/pp⌉ layers where pp does not divide L.
-    heaviest = heaviest_stage_share(mf.layers, pp)
-    return (t_gemm + (t_elem + t_dequant) / perf.kernel_speed) * heaviest, t_att * heaviest
-
-
-def heaviest_stage_share(layers: Any, pp: Any) -> Any:
-    """The heaviest pipeline stage's layers over an even stage's, ⌈L/pp⌉ / (L/pp): 1 where pp
-    divides the layers (arrays broadcast)."""
-    pp = np.maximum(np.asarray(pp), 1)
-    return np.ceil(layers / pp) * pp / np.maximum(layers, 1)
+    return t_gemm + (t_elem + t_dequant) / perf.kernel_speed, t_att
 
 
 def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tokens_gpu: Any, t_att: Any,
