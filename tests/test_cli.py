@@ -172,3 +172,25 @@ def test_console_script_never_prints_a_traceback(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "planner", "estimate", CASE_B, "--json"],
                         capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0 and json.loads(ok.stdout)["fits"] is True
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--gpu", "h100", "--gpu-types", "a10g"], "layout.gpu: h100 is not among search.gpu_types"),
+    (["--fleet", "h100=8", "--gpu-types", "a10g"], "constraints.fleet: none of its GPU types"),
+    (["--gpu-types", ""], "search.gpu_types: empty"),
+    (["--tokens", "1e300"], "workload.tokens"),
+])
+def test_conflicting_or_absurd_plan_requests_are_input_errors_not_infeasible(args, field):
+    """Flags that contradict each other, or a token budget no run has come near, are bad input
+    (exit 2, one line naming the field), not a search that finds nothing (exit 1)."""
+    out = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "lora", "--tokens", "1e9", *args])
+    assert out.exit_code == 2, out.output
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and field in lines[0], out.output
+
+
+def test_a_pinned_gpu_listed_among_the_allowed_types_under_another_name_is_no_conflict():
+    out = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "lora", "--tokens", "1e9",
+                                   "--gpu", "h100", "--gpu-types", "h100-sxm-80gb,a10g", "--json"])
+    assert out.exit_code == 0, out.output
+    assert {p["gpu"] for p in json.loads(out.output)["plans"]} == {"h100-sxm-80gb"}

@@ -63,6 +63,10 @@ DEFAULT_MAX_GPUS = 1024
 #: buffers need the rest): a guess, stated.
 HOST_RAM_USABLE_SHARE = 0.8
 MAX_SEQ_LEN = 16 * 1024 * 1024
+#: The largest token budget a scenario may ask for: 10^15, about 28 times the largest published
+#: pre-training run (Qwen3, 36 trillion tokens; Qwen3 technical report, Yang et al. 2025). A
+#: larger figure is a typo (``1e300``), and would plan jobs of 10^295 days.
+MAX_TOKENS = 1e15
 MAX_MICRO_BATCH = 1_000_000
 
 Method = Literal["full", "lora", "qlora", "inference"]
@@ -278,7 +282,7 @@ class Workload(StrictModel):
     micro_batch: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_MICRO_BATCH)] = 1
     grad_accum: Count | None = None
     global_batch: Count | None = None
-    tokens: PosFloat | None = None
+    tokens: Annotated[float, BeforeValidator(_parse_number), Field(gt=0, le=MAX_TOKENS, allow_inf_nan=False)] | None = None
     lora_rank: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=65_536)] = 16
     lora_alpha: PosFloat | None = None
     lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "all", "lm_head"]] = ["all"]

@@ -151,7 +151,11 @@ def build_tiers(rs: ResolvedScenario) -> list[Tier]:
 def _gpu_choices(sc, problems: list[str]) -> tuple[list[GpuSpec], dict[str, int] | None]:
     """The GPU types to search (pinned, listed, or the catalog's) and the fleet, by catalog id."""
     gpu_names = sc.search.gpu_types
+    if gpu_names is not None and not gpu_names:
+        problems.append("search.gpu_types: empty: name at least one GPU type, or leave it out for all")
     if "gpu" in sc.layout.model_fields_set and sc.layout.gpu:
+        if gpu_names and not _same_gpu(sc.layout.gpu, gpu_names):
+            problems.append(f"layout.gpu: {sc.layout.gpu} is not among search.gpu_types ({', '.join(gpu_names)})")
         gpu_names = [sc.layout.gpu]
     fleet = None
     if sc.constraints.fleet:
@@ -168,8 +172,21 @@ def _gpu_choices(sc, problems: list[str]) -> tuple[list[GpuSpec], dict[str, int]
         except catalog.UnknownName as exc:
             problems.append(f"search.gpu_types: {exc}")
     if fleet is not None:
+        if fleet and gpus and not any(g.id in fleet for g in gpus):
+            problems.append(f"constraints.fleet: none of its GPU types ({', '.join(fleet)}) is among the "
+                            f"allowed ones ({', '.join(g.id for g in gpus)})")
         gpus = [g for g in gpus if g.id in fleet]
     return gpus, fleet
+
+
+def _same_gpu(name: str, names: list[str]) -> bool:
+    """Whether ``name`` is one of ``names`` (as catalog GPUs; unknown names compare as typed)."""
+    def ident(n: str) -> str:
+        try:
+            return catalog.get_gpu(n).id
+        except catalog.UnknownName:
+            return n
+    return ident(name) in {ident(n) for n in names}
 
 
 def _stack_choices(sc, problems: list[str]) -> list[StackSpec]:
