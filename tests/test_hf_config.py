@@ -174,3 +174,20 @@ def test_a_model_level_rule_is_one_line_naming_the_config(tmp_path):
     assert out.exit_code == 2
     assert [line for line in out.output.splitlines() if line.strip()] == [
         f"error: model: {tmp_path / 'config.json'}: config: kv_heads (3) must divide heads (4)"]
+
+
+@pytest.mark.parametrize("model_type, tied", [("llama", False), ("qwen2", False), ("qwen3", False),
+                                              ("mistral", False), ("gemma", True), ("gpt2", True)])
+def test_a_config_without_tie_word_embeddings_takes_its_model_type_s_default(tmp_path, model_type, tied):
+    """transformers' LlamaConfig, Qwen2Config, Qwen3Config and MistralConfig default to untied
+    embeddings; the base class ties them. A Llama 3.1 8B config.json stripped of the key is the
+    8,030,261,248-parameter model, not one with a tied head."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    cfg = {"model_type": model_type, "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}
+    spec = spec_from_hf_config(cfg)
+    assert spec.tied_embeddings is tied
+    assert spec_from_hf_config({**cfg, "tie_word_embeddings": not tied}).tied_embeddings is (not tied)
+    if model_type == "llama":
+        assert param_counts(spec).total == 8_030_261_248

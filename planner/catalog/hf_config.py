@@ -56,6 +56,13 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     },
 }
 
+#: model_type -> ``tie_word_embeddings`` of its transformers config class, where that is not
+#: the base class's True: what a config.json without the key means. Read in transformers'
+#: configuration_llama.py, configuration_qwen2.py, configuration_qwen3.py (commit 008e5743) and
+#: configuration_mistral.py (commit 001f85b3): ``tie_word_embeddings: bool = False``. A Llama
+#: config without the key has an untied head (Llama 3.1 8B: 8.03B parameters, not 7.50B).
+TIE_DEFAULT: dict[str, bool] = {"llama": False, "qwen2": False, "qwen3": False, "mistral": False}
+
 _GATED_ACTIVATIONS = {"silu", "swiglu", "gelu_pytorch_tanh", "geglu", "gelu_new_gated"}
 
 
@@ -153,8 +160,8 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields["head_dim"] = cfg.get("head_dim") or fields["hidden"] // fields["heads"]
     ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim")
     fields["ffn"] = ffn if ffn is not None else 4 * fields["hidden"]
-    # transformers' PretrainedConfig ties embeddings unless the config says otherwise.
-    fields["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    # Where the config.json leaves the key out, its model type's config class decides.
+    fields["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", TIE_DEFAULT.get(model_type, True)))
     act = str(_first(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu"))
     fields["gated_mlp"] = act in _GATED_ACTIVATIONS
     # transformers' gelu_new is the tanh formula written out in Python: three more FFN-wide tensors
