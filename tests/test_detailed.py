@@ -312,3 +312,22 @@ def test_inference_memory_with_the_data_parallel_degree_given_apart():
     one = detailed_memory(model, wl, Layout(tp=2), Overrides(), dp=1).total_bytes
     two = detailed_memory(model, wl, Layout(tp=2), Overrides(), dp=2).total_bytes
     assert two - one == NCCL_COMMUNICATOR_BYTES
+
+
+def test_the_three_class_verdict_follows_fits_and_tight():
+    """``verdict`` in the estimate's JSON: does_not_fit when it does not fit, tight when it fits
+    inside the method's error band of the card, fits otherwise; plans carry the same."""
+    import planner
+
+    roomy = planner.estimate(model="llama-3.1-8b", method="qlora", gpu="h100", checkpointing="full")
+    assert (roomy.fits, roomy.tight, roomy.verdict) == (True, False, "fits")
+    over = planner.estimate(model="llama-3.1-70b", method="full", gpu="h100")
+    assert (over.fits, over.verdict) == (False, "does_not_fit")
+    # the tight side: grow the sequence until the headroom falls inside the error band
+    seq = 256
+    est = planner.estimate(model="llama-3.2-1b", method="lora", gpu="rtx-4090", seq_len=seq, micro_batch=4)
+    while est.fits and not est.tight and seq < 65536:
+        seq += 64  # a step adds far less than the 8 % band, so the verdict passes through tight
+        est = planner.estimate(model="llama-3.2-1b", method="lora", gpu="rtx-4090", seq_len=seq, micro_batch=4)
+    assert est.fits and est.tight and est.verdict == "tight"
+    assert est.model_dump(mode="json")["verdict"] == "tight"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from planner.core.arch import total_params
 from planner.memory.profiles import memory_breakdown
@@ -52,6 +52,19 @@ class Estimate(BaseModel):
     #: fit that relies on the allocator giving back its cache (device view above capacity).
     error_band: float | None = None
     tight: bool | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def verdict(self) -> str | None:
+        """``fits``, ``tight`` (it fits, but within the method's error band of the card, or only
+        as the allocator gives back its cache) or ``does_not_fit``; None without a GPU. ``fits``
+        is true for the first two."""
+        if self.fits is None:
+            return None
+        if not self.fits:
+            return "does_not_fit"
+        return "tight" if self.tight else "fits"
+
     #: What ``--config`` read: each scenario key, its value and the config key it came from.
     read_from_configs: list[dict[str, Any]] | None = None
 
