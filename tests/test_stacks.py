@@ -218,3 +218,36 @@ def test_modules_trained_beside_lora_are_planned_only_on_stacks_that_train_them(
             args = {"vendor": "nvidia", "quant_type": "nf4", "method": "full", "tp": 1, "pp": 1, "cp": 1,
                     "ep": 1, "sp": False, "zero": zero, "offload": "none", "checkpointing": "full"}
             assert bool(stack_runs(stack, **args, saved_modules=True)) == bool(stack_runs(stack, **args))
+
+
+def test_a_plan_is_estimated_and_checked_with_its_stack_s_recipe(monkeypatch):
+    """A stack whose recipe fuses the loss (16-bit logits kept, no FP32 copy) plans with those
+    bytes; the plan records the recipe, its pinned scenario carries it, and the independent
+    checker agrees. A loss the scenario sets wins over the stack's."""
+    import planner
+    from planner.catalog import stacks as stack_catalog
+    from planner.search import space
+    from planner.search.checker import check_plan
+
+    base = stack_catalog.get_stack("hf-fsdp")
+    fused = base.model_copy(update={"id": "hf-fsdp-compiled-loss", "loss": "compiled"})
+    every = (*stack_catalog.stacks(), fused)
+    monkeypatch.setattr(stack_catalog, "stacks", lambda: every)
+    monkeypatch.setattr(space, "stacks", lambda: every)
+
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "full", "seq_len": 4096, "micro_batch": 4,
+                                                 "global_batch": 64, "tokens": 1.0e8},
+           "layout": {"gpu": "h100", "gpus": 8, "zero": 3, "checkpointing": "full"},
+           "search": {"stacks": ["hf-fsdp-compiled-loss"], "micro_batch": [4]}}
+    result = planner.plan(raw)
+    assert result.plans, result.explanation
+    p = result.plans[0]
+    assert p.stack == "hf-fsdp-compiled-loss" and p.recipe["loss"] == "compiled"
+    assert p.pinned_scenario["workload"]["loss"] == "compiled"
+    assert check_plan(raw, p) == []
+    standard = planner.estimate({**p.pinned_scenario, "workload": {**p.pinned_scenario["workload"], "loss": "standard"}})
+    assert p.memory["total_bytes"] < standard.total_bytes  # the FP32 logits are gone
+
+    mine = {**raw, "workload": {**raw["workload"], "loss": "standard"}}
+    q = planner.plan(mine).plans[0]
+    assert q.recipe["loss"] == "standard" and q.memory["total_bytes"] == standard.total_bytes
