@@ -85,3 +85,37 @@ def test_imported_prices_change_the_plan_cost_in_proportion():
     assert after.time_s == pytest.approx(before.time_s)
     assert after.cost_usd == pytest.approx(before.cost_usd * 2.10 / 3.99)
     assert catalog.get_gpu("h100").price_on_demand_usd_per_hour == 3.99  # the overlay is gone
+
+
+SKY_HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
+
+
+@pytest.mark.parametrize("rows, reason", [
+    ("p5.48xlarge,H100,0,192,2048,98.32,,us-east-1,us-east-1a\n", "AcceleratorCount '0'"),
+    ("p5.48xlarge,H100,-1,192,2048,98.32,,us-east-1,us-east-1a\n", "AcceleratorCount '-1'"),
+    ("p5.48xlarge,H100,abc,192,2048,98.32,,us-east-1,us-east-1a\n", "AcceleratorCount 'abc'"),
+    ("p5.48xlarge,H100,8,192,2048,inf,,us-east-1,us-east-1a\n", "Price 'inf' is no price"),
+    ("", "no usable GPU price"),
+])
+def test_a_price_file_that_yields_no_price_is_an_error_that_says_why(tmp_path, rows, reason):
+    """A SkyPilot file whose GPU rows are all unusable (a zero, negative or non-numeric GPU count,
+    a price of inf) or that holds no rows at all gave an empty table, and the catalog's prices
+    were used without a word."""
+    path = tmp_path / "vms.csv"
+    path.write_text(SKY_HEADER + rows)
+    with pytest.raises(InputError) as exc:
+        read_prices(path)
+    assert len(exc.value.problems) == 1 and "no usable GPU price" in exc.value.problems[0]
+    assert reason in exc.value.problems[0]
+
+
+def test_unusable_rows_beside_good_ones_are_counted_not_fatal(tmp_path):
+    """A real SkyPilot catalog holds CPU instances and rows without a spot price: those are passed
+    over and counted; the good rows price the GPUs."""
+    path = tmp_path / "vms.csv"
+    path.write_text(SKY_HEADER + "p5.48xlarge,H100,8,192,2048,98.32,,us-east-1,us-east-1a\n"
+                    "m5.large,,,2,8,0.096,,us-east-1,us-east-1a\n"
+                    "p5.bad,H100,abc,192,2048,98.32,,us-east-1,us-east-1a\n")
+    table = read_prices(path)
+    assert table.usd("h100-sxm-80gb", "on_demand") == pytest.approx(98.32 / 8)
+    assert table.skipped["no GPU"] == 1 and sum(table.skipped.values()) == 2

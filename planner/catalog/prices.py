@@ -162,8 +162,11 @@ def read_skypilot_csv(text: str, *, date: dt.date | None, source: str) -> PriceT
     for row in reader:
         name = (row.get("AcceleratorName") or "").strip()
         count = _number(row.get("AcceleratorCount"))
-        if not name or not count:
+        if not name:
             table.skipped["no GPU"] += 1
+            continue
+        if count is None or count <= 0:
+            table.skipped[f"AcceleratorCount {str(row.get('AcceleratorCount'))[:20]!r} is no GPU count"] += 1
             continue
         if count < 1 or count != int(count):
             table.skipped["fractional GPU"] += 1
@@ -177,6 +180,8 @@ def read_skypilot_csv(text: str, *, date: dt.date | None, source: str) -> PriceT
             usd = _number(row.get(column))
             if usd is not None and usd > 0:
                 table.add(Price(gpu, kind, usd / count, date, where, (row.get("Region") or None)))
+            elif (row.get(column) or "").strip():  # blank is "not offered"; anything else is wrong
+                table.skipped[f"{column} {str(row.get(column))[:20]!r} is no price"] += 1
     return table
 
 
@@ -243,8 +248,8 @@ def read_prices(path: str | Path, *, fmt: str = "auto", date: Any = None) -> Pri
         fmt = "skypilot" if "AcceleratorName" in first else ("csv" if path.suffix == ".csv" else "yaml")
     if fmt == "skypilot":
         when = given or dt.date.fromtimestamp(path.stat().st_mtime)
-        return read_skypilot_csv(text, date=when, source=str(path))
-    if fmt == "csv":
+        table = read_skypilot_csv(text, date=when, source=str(path))
+    elif fmt == "csv":
         table = _price_list(csv.DictReader(io.StringIO(text)), str(path))
     else:
         try:
@@ -261,6 +266,9 @@ def read_prices(path: str | Path, *, fmt: str = "auto", date: Any = None) -> Pri
             raise InputError([f"{path}: expected a price list (prices: [...]) or a catalog (gpus: [...])"])
     if given is not None:
         table.prices = {k: (p if p.date else replace(p, date=given)) for k, p in table.prices.items()}
+    if not table.prices:
+        why = "; ".join(f"{n} rows: {reason}" for reason, n in table.skipped.most_common(3))
+        raise InputError([f"{path}: no usable GPU price in the file" + (f" ({why})" if why else "")])
     return table
 
 
