@@ -17,7 +17,6 @@ import math
 import os
 import shutil
 import signal
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +111,6 @@ def invoke(args: list[str]) -> tuple[int, str, BaseException | None]:
     return result.exit_code, result.output, None
 
 
-#: Internal errors raised inside planner/fleet (another part of the product, validated by its own
-#: developer): recorded and reported at the end of the module instead of failing it. Everything
-#: else (the loader, the scenario checks, batch, the CLI) must hold outright.
-FLEET_GAPS: dict[str, str] = {}
-
-
 def _where_raised(exc: BaseException) -> str | None:
     """``planner/…/file.py:line`` of the innermost planner frame of the exception's traceback."""
     tb, where = exc.__traceback__, None
@@ -131,31 +124,14 @@ def _where_raised(exc: BaseException) -> str | None:
 
 def check(args: list[str], content: bytes | None = None) -> tuple[int, str]:
     code, out, exc = invoke(args)
-    if code == 3 and exc is not None:
-        where = _where_raised(exc) or ""
-        if where.startswith("planner/fleet/"):
-            key = f"{where}: {type(exc).__name__}: {str(exc)[:160]}"
-            FLEET_GAPS.setdefault(key, (content or b"").decode("utf-8", "replace")[:4000])
-            event("internal error in planner/fleet (reported, not failed)")
-            return code, out
-        out = f"raised at {where}\n{out}"
+    if code == 3 and exc is not None:  # an internal error anywhere fails, planner/fleet too
+        out = f"raised at {_where_raised(exc) or ''}\n{out}\ninput:\n{(content or b'').decode('utf-8', 'replace')[:2000]}"
     assert code in (0, 1, 2), f"exit {code} for {args}:\n{out[:3000]}"
     assert "Traceback" not in out, out[:3000]
     assert len(out) <= MAX_OUTPUT_CHARS, f"{len(out):,} characters of output"
     if currently_in_test_context():
         event(f"exit {code}")
     return code, out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report_fleet_gaps():
-    yield
-    if FLEET_GAPS:
-        lines = [f"{len(FLEET_GAPS)} internal errors inside planner/fleet on fuzzed portfolios (for its "
-                 "developer; not failed here):"]
-        for key, doc in FLEET_GAPS.items():
-            lines.append(f"- {key}\n  portfolio:\n    " + doc.replace("\n", "\n    "))
-        warnings.warn("\n".join(lines), stacklevel=1)
 
 
 @pytest.fixture(scope="module")

@@ -261,3 +261,28 @@ def test_shipped_portfolio_plans_fit_in_memory(shipped):
     _, t = shipped
     for plan in t.plans:
         assert plan.memory["fits"] is True and plan.memory["total_bytes"] <= plan.memory["usable_bytes"]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (("horizon_days: 120", "horizon_days: 1e300"), "horizon_days: at most"),
+    (("horizon_days: 120", "horizon_days: 120\ntime_unit_hours: 1e-9"), "time_unit_hours"),
+    (("lifetime_months: 36", "lifetime_months: 36\nhosting_usd_per_gpu_hour: .inf"), "hosting_usd_per_gpu_hour"),
+    (("lifetime_months: 36", "lifetime_months: 36\npurchase_unit_gpus: {rtx-4090: 1e30}"), "purchase_unit_gpus"),
+    (("    count: 3", "    count: 100000"), "runs in all"),
+])
+def test_portfolio_sizes_are_bounded_before_any_work(tmp_path, edit, field):
+    """A horizon of 1e300 days, a time unit of 1e-9 h, an infinite hosting price, a purchase unit
+    of 1e30 GPUs or 100,000 runs of a job ended in exit 3 (MemoryError, overflow) or ran for a
+    minute; each is now one line naming its field, exit 2, before the solve."""
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+
+    text = (ROOT / "scenarios" / "portfolios" / "team-h1-procurement.yaml").read_text()
+    assert edit[0] in text
+    path = tmp_path / "p.yaml"
+    path.write_text(text.replace(edit[0], edit[1], 1))
+    out = CliRunner().invoke(app, ["procure", str(path), "--time-limit", "5"])
+    assert out.exit_code == 2, out.output
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and field in lines[0], out.output

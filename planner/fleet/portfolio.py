@@ -20,6 +20,7 @@ Windows are in hours from the start of the horizon, or dates (which need ``start
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -43,6 +44,15 @@ DEFAULT_POWER_USD_PER_GPU_HOUR = 1.0 * 1.4 * 0.10
 DEFAULT_HOSTING_USD_PER_GPU_HOUR = 150.0 * 1.0 / HOURS_PER_MONTH
 
 PerGpu = float | dict[str, float]
+
+#: Bounds on a portfolio's size, checked before any work (the model's arrays grow with them):
+#: a horizon of ten years (beyond any GPU's useful life; lifetimes default to 36 months), at
+#: most 100,000 time slots over it (an hour's slots over ten years: 87,660), at most 1,000 runs
+#: in all (the 80-job benchmark has 160), and purchase units of at most 100,000 GPUs.
+MAX_HORIZON_HOURS = 10 * 365.25 * 24
+MAX_TIME_SLOTS = 100_000
+MAX_RUNS = 1_000
+MAX_PURCHASE_UNIT = 100_000
 
 
 def _date(value: Any) -> Any:
@@ -97,7 +107,8 @@ class Portfolio(StrictModel):
     max_price_age_days: PosFloat = 180.0
     power_usd_per_gpu_hour: PerGpu = DEFAULT_POWER_USD_PER_GPU_HOUR
     hosting_usd_per_gpu_hour: PerGpu = DEFAULT_HOSTING_USD_PER_GPU_HOUR
-    purchase_unit_gpus: dict[str, Count] = {}
+    purchase_unit_gpus: dict[str, Annotated[int, BeforeValidator(_parse_number),
+                                            Field(ge=1, le=MAX_PURCHASE_UNIT)]] = {}
     max_gpus_per_job: Annotated[int, BeforeValidator(_parse_number), Field(ge=1, le=100_000)] = 1024
     time_limit_s: PosFloat = 30.0
     time_unit_hours: PosFloat = 1.0
@@ -108,15 +119,25 @@ class Portfolio(StrictModel):
     @classmethod
     def _non_negative(cls, value: PerGpu) -> PerGpu:
         items = value.items() if isinstance(value, dict) else [(None, value)]
-        bad = [f"{k}: {v:g}" if k is not None else f"{v:g}" for k, v in items if not (float(v) >= 0)]
+        bad = [f"{k}: {v:g}" if k is not None else f"{v:g}" for k, v in items
+               if not (float(v) >= 0 and math.isfinite(float(v)))]
         if bad:
-            raise ValueError(f"must be ≥ 0 USD per GPU-hour (got {', '.join(bad)})")
+            raise ValueError(f"must be a finite number ≥ 0 USD per GPU-hour (got {', '.join(bad)})")
         return value
 
     @model_validator(mode="after")
     def _horizon(self) -> Portfolio:
         if (self.horizon_hours is None) == (self.horizon_days is None):
             raise ValueError("give horizon_hours or horizon_days (one of them)")
+        field = "horizon_hours" if self.horizon_hours is not None else "horizon_days"
+        if self.horizon_h > MAX_HORIZON_HOURS:
+            raise ValueError(f"{field}: at most {MAX_HORIZON_HOURS / 24:,.0f} days (ten years)")
+        if self.horizon_h / self.time_unit_hours > MAX_TIME_SLOTS:
+            raise ValueError(f"time_unit_hours: {self.time_unit_hours:g} cuts the horizon into more than "
+                             f"{MAX_TIME_SLOTS:,} slots (at least {self.horizon_h / MAX_TIME_SLOTS:.3g} h)")
+        runs = sum(j.count for j in self.jobs)
+        if runs > MAX_RUNS:
+            raise ValueError(f"jobs: {runs:,} runs in all (counts summed); at most {MAX_RUNS:,}")
         return self
 
     @property

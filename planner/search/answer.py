@@ -58,8 +58,11 @@ def checked(raw: dict[str, Any], plans: list[Plan]) -> tuple[list[Plan], list[st
 def absolute_model_path(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """A model given as a path relative to its scenario file, made absolute."""
     model = raw.get("model")
-    if isinstance(model, str) and not Path(model).is_absolute() and (Path(base_dir) / model).exists():
-        return {**raw, "model": str((Path(base_dir) / model).resolve())}
+    try:
+        if isinstance(model, str) and not Path(model).is_absolute() and (Path(base_dir) / model).exists():
+            return {**raw, "model": str((Path(base_dir) / model).resolve())}
+    except (OSError, ValueError):  # no file system takes it as a path (too long, a NUL byte): a name
+        pass
     return raw
 
 
