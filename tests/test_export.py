@@ -12,6 +12,8 @@ from planner.cli.main import app
 from planner.launch.export import export_resolved
 from planner.scenario.resolve import resolve
 
+from conftest import ROOT
+
 runner = CliRunner()
 
 FULL_16 = {"name": "full16", "profile": "seed", "model": "llama-3.1-8b",
@@ -281,3 +283,30 @@ def test_bad_export_input_is_one_line_per_problem(tmp_path):
     assert res.exit_code == 2 and "format: 'slurm'" in res.output
     res = runner.invoke(app, ["export", str(tmp_path / "missing.json")])
     assert res.exit_code == 2 and "no such file" in res.output
+
+
+@pytest.mark.parametrize("name, content, field", [
+    ("bin.json", bytes(range(200, 256)) * 4, "not a UTF-8 text file"),
+    ("p1.json", b'{"plans": "abc"}', "plans: must be a list of plans"),
+    ("p2.json", b'{"plans": [null]}', "plans: must be a list of plans"),
+    ("deep.json", b"[" * 100_000 + b"]" * 100_000, "nested deeper than"),
+])
+def test_an_export_source_that_is_no_plan_is_one_line_exit_2(tmp_path, name, content, field):
+    """A binary file, a plan list that is not a list of plans, or JSON nested 100,000 deep were
+    exit 3 (UnicodeDecodeError, AttributeError, RecursionError); the source is now read within the
+    scenario loader's limits."""
+    src = tmp_path / name
+    src.write_bytes(content)
+    out = CliRunner().invoke(app, ["export", str(src), "--out", str(tmp_path / "launch")])
+    assert out.exit_code == 2, out.output
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and field in lines[0], out.output
+
+
+def test_export_to_a_file_is_refused_before_any_work(tmp_path):
+    target = tmp_path / "taken.txt"
+    target.write_text("x")
+    out = CliRunner().invoke(app, ["export", str(ROOT / "scenarios" / "case-b-7b-full-zero3-plan.yaml"),
+                                   "--out", str(target)])
+    assert out.exit_code == 2 and "--out:" in out.output and "is a file" in out.output
+    assert target.read_text() == "x"

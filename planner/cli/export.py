@@ -33,6 +33,8 @@ def export(
     try:
         if rank < 1:
             raise InputError([f"rank: must be ≥ 1 (got {rank})"])
+        if not as_json:
+            _check_out_dir(out)  # before any work: a target that cannot be written is bad input
         _, bundle = export_plan(source, rank=rank, formats=chosen, backend=backend)
     except InputError as exc:
         _fail(exc.problems)
@@ -41,8 +43,24 @@ def export(
         typer.echo(json.dumps({"files": bundle.files, "fill_in": bundle.fill_in, "notes": bundle.notes,
                                "skipped": bundle.skipped}, indent=2, ensure_ascii=False))
         return
-    for path in write_bundle(bundle, out):
+    try:
+        written = write_bundle(bundle, out)
+    except OSError as exc:
+        _fail([f"--out: cannot write to {out} ({exc.strerror or exc})"])
+        return
+    for path in written:
         typer.echo(f"wrote {path}")
     for fmt, why in bundle.skipped.items():
         typer.echo(f"not written: {fmt}: {why}")
     typer.echo(f"fill in: see {out / 'PLAN.md'} ({len(bundle.fill_in)} items beyond the usual)")
+
+
+def _check_out_dir(out: Path) -> None:
+    """``--out`` is a folder that exists and can be written to, or one that can be made."""
+    import os
+
+    if out.exists() and not out.is_dir():
+        raise InputError([f"--out: {out} is a file, not a folder"])
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError([f"--out: {probe} is not writable"])

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from planner.core.errors import InputError
 from planner.launch.common import BACKENDS, FORMATS, Bundle, Ctx
 from planner.launch.frameworks import (accelerate_config, deepspeed_config, dump_json, dump_yaml,
                                        skypilot_task, torchrun_command)
 from planner.launch.recipes import hf_files, megatron_args, torchtune_override
-from planner.scenario.resolve import ResolvedScenario, read_scenario_file, resolve
+from planner.scenario.resolve import ResolvedScenario, parse_yaml, read_scenario_file, read_text_bounded, resolve
 
 #: Plan fields that pin a scenario (what ``plans.plan_scenario`` sets).
 _WORKLOAD = ("method", "precision", "seq_len", "micro_batch", "grad_accum", "optimizer")
@@ -21,17 +19,9 @@ _LAYOUT = ("gpu", "gpus", "dp", "tp", "pp", "cp", "sp", "zero", "offload", "chec
 
 
 def _read(path: Path) -> Any:
-    if not path.is_file():
-        raise InputError([f"{path}: no such file"])
-    text = path.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise InputError([f"{path}: neither JSON nor YAML"]) from None
+    """A plan output (JSON) or a scenario (YAML), read within the scenario loader's limits (size,
+    UTF-8, nesting depth, value count): JSON is read as the YAML it also is."""
+    return parse_yaml(read_text_bounded(path), str(path))
 
 
 def _is_plan_output(data: Any) -> bool:
@@ -75,6 +65,8 @@ def _pinned_from_output(data: Any, rank: int, path: Path) -> dict[str, Any]:
     if len(results) > 1:
         raise InputError([f"{path}: holds the plans of {len(results)} scenarios; export one"])
     plans = results[0]["plans"] if "plans" in results[0] else [results[0]]
+    if not isinstance(plans, list) or not all(isinstance(p, dict) for p in plans):
+        raise InputError([f"{path}: plans: must be a list of plans (`planner plan --json` output)"])
     return _pick(plans, rank, path)
 
 
