@@ -119,3 +119,19 @@ def test_unusable_rows_beside_good_ones_are_counted_not_fatal(tmp_path):
     table = read_prices(path)
     assert table.usd("h100-sxm-80gb", "on_demand") == pytest.approx(98.32 / 8)
     assert table.skipped["no GPU"] == 1 and sum(table.skipped.values()) == 2
+
+
+def test_a_binary_price_file_is_one_line_exit_2(tmp_path):
+    """``batch --prices BINARY`` was exit 3 (UnicodeDecodeError)."""
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+
+    prices = tmp_path / "prices.csv"
+    prices.write_bytes(bytes(range(200, 256)) * 4)
+    with pytest.raises(InputError, match="not a UTF-8 text file"):
+        read_prices(prices)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: llama-3.1-8b\nworkload: {method: lora}\nlayout: {gpu: h100}\n")
+    out = CliRunner().invoke(app, ["batch", str(scenario), "--prices", str(prices), "-o", str(tmp_path / "r.csv")])
+    assert out.exit_code == 2 and "not a UTF-8 text file" in out.output

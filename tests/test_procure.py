@@ -286,3 +286,12 @@ def test_portfolio_sizes_are_bounded_before_any_work(tmp_path, edit, field):
     assert out.exit_code == 2, out.output
     lines = [line for line in out.output.splitlines() if line.strip()]
     assert len(lines) == 1 and field in lines[0], out.output
+
+
+def test_an_unwritable_report_target_is_refused_before_the_solve(tmp_path):
+    """``procure --out`` under a file was raised after the solve (exit 3, the answer lost)."""
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    out = CliRunner().invoke(app, ["procure", str(ROOT / "scenarios" / "portfolios" / "team-h1-procurement.yaml"),
+                                   "--format", "md", "--out", str(taken / "r.md"), "--time-limit", "60"])
+    assert out.exit_code == 2 and "--out:" in out.output, out.output

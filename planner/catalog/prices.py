@@ -41,6 +41,8 @@ PRICE_KINDS: tuple[str, ...] = ("on_demand", "spot", "purchase")
 #: A price older than this is flagged stale (a half-year: cloud GPU prices moved by up to 45 %
 #: within months in 2025, catalog-facts §8, "AWS cut P4/P5 prices up to 45 %").
 DEFAULT_MAX_AGE_DAYS = 180.0
+#: The largest price file read: 64 MiB (SkyPilot's whole-cloud vms.csv catalogs run to a few MB).
+MAX_PRICE_FILE_BYTES = 64 << 20
 SKYPILOT_COLUMNS = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region")
 #: The catalog's fields for each kind of price.
 CATALOG_FIELDS = {"on_demand": "price_on_demand_usd_per_hour", "spot": "price_spot_usd_per_hour",
@@ -241,7 +243,12 @@ def read_prices(path: str | Path, *, fmt: str = "auto", date: Any = None) -> Pri
     path = Path(path)
     if not path.is_file():
         raise InputError([f"{path}: no such price file"])
-    text = path.read_text(encoding="utf-8")
+    if path.stat().st_size > MAX_PRICE_FILE_BYTES:
+        raise InputError([f"{path}: larger than {MAX_PRICE_FILE_BYTES >> 20} MiB: not a price file"])
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError([f"{path}: not a UTF-8 text file (byte {exc.start})"]) from None
     given = parse_date(date, "price date")
     if fmt == "auto":
         first = text.lstrip().splitlines()[0] if text.strip() else ""

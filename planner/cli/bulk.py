@@ -73,6 +73,16 @@ def _check_batch_outputs(out: Path, plot: Path | None) -> None:
         _fail(unwritable)
 
 
+def _check_procure_outputs(out: Path | None, plot: Path | None) -> None:
+    """``--out`` and ``--plot`` can be written (exit 2 if not), checked before the solve."""
+    from planner.report.files import check_writable
+
+    unwritable = [f"{flag}: {why}" for flag, path in (("--out", out), ("--plot", plot)) if path is not None
+                  for why in [check_writable(path)] if why]
+    if unwritable:
+        _fail(unwritable)
+
+
 def _plan_batch(paths: list[Path], top: int, workers: int | None, prices: list[Path] | None,
                 price_date: str | None, max_price_age: float):
     """The batch run (a progress bar on a terminal); exit 2 on unreadable input."""
@@ -172,6 +182,7 @@ def procure(
 
     if fmt not in ("table", "json", "md", "html"):
         _fail([f"--format: must be table, json, md or html (got {fmt!r})"])
+    _check_procure_outputs(out, plot)  # before the solve: its answer must not be lost
     result = _solve_portfolio(portfolio, time_limit, workers)
     t = tables(result)
     pictures = _procurement_pictures(result, t, plot) if plot is not None and t.plans else []
