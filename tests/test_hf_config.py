@@ -177,7 +177,8 @@ def test_a_model_level_rule_is_one_line_naming_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("model_type, tied", [("llama", False), ("qwen2", False), ("qwen3", False),
-                                              ("mistral", False), ("gemma", True), ("gpt2", True)])
+                                              ("mistral", False), ("mixtral", False), ("phi3", False),
+                                              ("olmo2", False), ("gemma", True), ("gpt2", True)])
 def test_a_config_without_tie_word_embeddings_takes_its_model_type_s_default(tmp_path, model_type, tied):
     """transformers' LlamaConfig, Qwen2Config, Qwen3Config and MistralConfig default to untied
     embeddings; the base class ties them. A Llama 3.1 8B config.json stripped of the key is the

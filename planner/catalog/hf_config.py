@@ -57,11 +57,16 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
 }
 
 #: model_type -> ``tie_word_embeddings`` of its transformers config class, where that is not
-#: the base class's True: what a config.json without the key means. Read in transformers'
-#: configuration_llama.py, configuration_qwen2.py, configuration_qwen3.py (commit 008e5743) and
-#: configuration_mistral.py (commit 001f85b3): ``tie_word_embeddings: bool = False``. A Llama
-#: config without the key has an untied head (Llama 3.1 8B: 8.03B parameters, not 7.50B).
-TIE_DEFAULT: dict[str, bool] = {"llama": False, "qwen2": False, "qwen3": False, "mistral": False}
+#: the older base class's True: what a config.json without the key means. Read in transformers'
+#: ``models/<type>/configuration_<type>.py`` at commit 008e5743 (``tie_word_embeddings: bool =
+#: False``) for llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, phi, phi3, olmo,
+#: olmo2, gpt_neox, granite, glm; as an ``__init__`` default of False for gptj (c4c7dfb7),
+#: stablelm (1459750d) and gpt_oss (02b8f42b). Gemma 1–3, Starcoder2, Cohere and SmolLM3 declare
+#: True, as the base class did. A Llama config without the key has an untied head (Llama 3.1 8B:
+#: 8.03B parameters, not 7.50B).
+TIE_DEFAULT: dict[str, bool] = {t: False for t in (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi", "phi3", "olmo",
+    "olmo2", "gpt_neox", "granite", "glm", "gptj", "stablelm", "gpt_oss")}
 
 _GATED_ACTIVATIONS = {"silu", "swiglu", "gelu_pytorch_tanh", "geglu", "gelu_new_gated"}
 
