@@ -194,3 +194,11 @@ def test_a_pinned_gpu_listed_among_the_allowed_types_under_another_name_is_no_co
                                    "--gpu", "h100", "--gpu-types", "h100-sxm-80gb,a10g", "--json"])
     assert out.exit_code == 0, out.output
     assert {p["gpu"] for p in json.loads(out.output)["plans"]} == {"h100-sxm-80gb"}
+
+
+def test_pareto_with_an_objective_it_does_not_trade_is_an_input_error():
+    """``--pareto`` trades time against cost; with ``--objective gpus`` it answered a time–cost front
+    as if the objective were not there."""
+    out = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "lora", "--tokens", "1e9",
+                                   "--pareto", "--objective", "gpus"])
+    assert out.exit_code == 2 and "objective:" in out.output and "--pareto" in out.output

@@ -28,6 +28,11 @@ def plan_raw(
     rs = resolve(raw, source=source, base_dir=base_dir)
     req = build_request(rs)
     if pareto:
+        if rs.scenario.objective is not None and rs.scenario.objective not in ("cost", "time"):
+            from planner.core.errors import InputError
+
+            raise InputError([f"objective: --pareto trades time against cost; {rs.scenario.objective!r} is "
+                              "neither (leave the objective out, or give cost or time)"])
         return pareto_front(req, raw)
     outcome = search(req, time_limit_s=rs.scenario.time_limit_s)
     plans, rejected = checked(raw, assemble(req, raw, outcome))
