@@ -62,19 +62,17 @@ def batch(
 
 def _check_batch_outputs(out: Path, plot: Path | None) -> None:
     """``--out``'s format, and that ``--out`` and ``--plot`` can be written (exit 2 if not)."""
-    from planner.report.files import TABLE_FORMATS, check_writable
+    from planner.report.files import TABLE_FORMATS
 
     if out.suffix.lower() not in TABLE_FORMATS:
         _fail([f"--out: {out}: unknown format {out.suffix or '(none)'}; use one of {', '.join(TABLE_FORMATS)}"])
     # Where the results go is checked before hours of planning, not after.
-    unwritable = [f"{flag}: {why}" for flag, path in (("--out", out), ("--plot", plot)) if path is not None
-                  for why in [check_writable(path)] if why]
-    if unwritable:
-        _fail(unwritable)
+    _check_writable_outputs(out, plot)
 
 
-def _check_procure_outputs(out: Path | None, plot: Path | None) -> None:
-    """``--out`` and ``--plot`` can be written (exit 2 if not), checked before the solve."""
+def _check_writable_outputs(out: Path | None, plot: Path | None) -> None:
+    """``--out`` and ``--plot`` can be written (exit 2 if not): checked before the work whose
+    answer they would hold."""
     from planner.report.files import check_writable
 
     unwritable = [f"{flag}: {why}" for flag, path in (("--out", out), ("--plot", plot)) if path is not None
@@ -182,7 +180,7 @@ def procure(
 
     if fmt not in ("table", "json", "md", "html"):
         _fail([f"--format: must be table, json, md or html (got {fmt!r})"])
-    _check_procure_outputs(out, plot)  # before the solve: its answer must not be lost
+    _check_writable_outputs(out, plot)  # before the solve: its answer must not be lost
     result = _solve_portfolio(portfolio, time_limit, workers)
     t = tables(result)
     pictures = _procurement_pictures(result, t, plot) if plot is not None and t.plans else []

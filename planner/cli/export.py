@@ -56,11 +56,12 @@ def export(
 
 
 def _check_out_dir(out: Path) -> None:
-    """``--out`` is a folder that exists and can be written to, or one that can be made."""
-    import os
+    """``--out`` is a folder that exists and takes files, or one that can be made (the result
+    files' writability check, for the bundle's PLAN.md)."""
+    from planner.report.files import check_writable
 
     if out.exists() and not out.is_dir():
         raise InputError([f"--out: {out} is a file, not a folder"])
-    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise InputError([f"--out: {probe} is not writable"])
+    why = check_writable(out / "PLAN.md")
+    if why:
+        raise InputError([f"--out: {why}"])
