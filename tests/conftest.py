@@ -18,3 +18,10 @@ def seed_7b() -> dict:
         "workload": {"seq_len": 2048, "micro_batch": 4},
         "layout": {"checkpointing": "full", "attention": "flash"},
     }
+
+
+def one_line(output: str) -> str:
+    """The one non-blank line of a command's output (an error with one problem prints one line)."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    return lines[0]

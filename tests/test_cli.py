@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from planner.cli.main import app
 
-from conftest import ROOT
+from conftest import ROOT, one_line
 
 runner = CliRunner()
 CASE_B = str(ROOT / "scenarios" / "case-b-7b-full-zero3.yaml")
@@ -185,8 +185,7 @@ def test_conflicting_or_absurd_plan_requests_are_input_errors_not_infeasible(arg
     (exit 2, one line naming the field), not a search that finds nothing (exit 1)."""
     out = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "lora", "--tokens", "1e9", *args])
     assert out.exit_code == 2, out.output
-    lines = [line for line in out.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and field in lines[0], out.output
+    assert field in one_line(out.output), out.output
 
 
 def test_a_pinned_gpu_listed_among_the_allowed_types_under_another_name_is_no_conflict():

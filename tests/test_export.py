@@ -12,7 +12,7 @@ from planner.cli.main import app
 from planner.launch.export import export_resolved
 from planner.scenario.resolve import resolve
 
-from conftest import ROOT
+from conftest import ROOT, one_line
 
 runner = CliRunner()
 
@@ -299,8 +299,7 @@ def test_an_export_source_that_is_no_plan_is_one_line_exit_2(tmp_path, name, con
     src.write_bytes(content)
     out = CliRunner().invoke(app, ["export", str(src), "--out", str(tmp_path / "launch")])
     assert out.exit_code == 2, out.output
-    lines = [line for line in out.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and field in lines[0], out.output
+    assert field in one_line(out.output), out.output
 
 
 def test_export_to_a_file_is_refused_before_any_work(tmp_path):

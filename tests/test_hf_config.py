@@ -13,7 +13,7 @@ from planner.core.errors import InputError
 from planner.cli.main import app
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, one_line
 
 HF = FIXTURES / "hf"
 
@@ -162,8 +162,8 @@ def test_a_size_that_is_no_positive_whole_number_is_one_line_exit_2(tmp_path, ke
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     out = CliRunner().invoke(app, ["estimate", "--model", str(tmp_path / "config.json"), "--method", "lora"])
     assert out.exit_code == 2, out.output
-    lines = [line for line in out.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and key in lines[0] and "positive whole number" in lines[0], out.output
+    line = one_line(out.output)
+    assert key in line and "positive whole number" in line, out.output
 
 
 def test_a_model_level_rule_is_one_line_naming_the_config(tmp_path):

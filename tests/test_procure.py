@@ -7,7 +7,7 @@ import itertools
 import random
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, one_line
 from typer.testing import CliRunner
 
 from planner.cli.main import app
@@ -284,8 +284,7 @@ def test_portfolio_sizes_are_bounded_before_any_work(tmp_path, edit, field):
     path.write_text(text.replace(edit[0], edit[1], 1))
     out = CliRunner().invoke(app, ["procure", str(path), "--time-limit", "5"])
     assert out.exit_code == 2, out.output
-    lines = [line for line in out.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and field in lines[0], out.output
+    assert field in one_line(out.output), out.output
 
 
 def test_an_unwritable_report_target_is_refused_before_the_solve(tmp_path):
