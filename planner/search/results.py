@@ -119,14 +119,6 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def est_workload(pinned: dict[str, Any]) -> Any:
-    """The workload a pinned plan scenario is estimated with (defaults filled in)."""
-    from planner.core.specs import Workload
-
-    return Workload.model_validate({k: v for k, v in pinned.get("workload", {}).items()
-                                    if k in Workload.model_fields})
-
-
 def recipe_text(recipe: dict[str, Any]) -> str:
     """What a plan's recipe changes from the plain one (standard loss and kernels, no compile):
     ``compiled loss, fused_rmsnorm``; empty when nothing."""
@@ -152,7 +144,8 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
         fields = {"stack": req.stacks[a["stack"]].id, "gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]),
                   "grad_accum": int(ev["grad_accum"]), **decode_class(a)}
         pinned = plan_scenario(raw, fields)
-        est = estimate_resolved(resolve(pinned))
+        rs_plan = resolve(pinned)
+        est = estimate_resolved(rs_plan)
         if est.total_bytes != int(ev["memory_bytes"]):
             raise AssertionError(
                 f"search memory {int(ev['memory_bytes'])} ≠ estimate {est.total_bytes} for plan {fields}")
@@ -171,7 +164,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             else Band(low=None, high=None),
             tokens_per_s=float(ev["tokens_per_s"]),
             relaxations=list(tier.relaxations),
-            recipe={k: getattr(est_workload(pinned), k) for k in STACK_WORKLOAD_RECIPE},
+            recipe={k: getattr(rs_plan.workload, k) for k in STACK_WORKLOAD_RECIPE},
             pinned_scenario=pinned,
             **fields,
         ))
