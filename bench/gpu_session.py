@@ -290,6 +290,8 @@ def repredict(runs_path: Path, results_path: Path) -> int:
 
 
 def collect(results_path: Path, runs_path: Path, memory_out: Path, throughput_out: Path) -> tuple[int, int]:
+    from planner.validate.score import KIND_VIEW
+
     runs = {r["key"]: r for r in json.loads(runs_path.read_text())}
     mem_rows, tp_rows = [], []
     for line in results_path.read_text().splitlines():
@@ -298,8 +300,8 @@ def collect(results_path: Path, runs_path: Path, memory_out: Path, throughput_ou
             continue
         run = as_ran(runs[res["key"]], res)
         gpu = res.get("gpu_name", "NVIDIA H200")
-        for kind, view in (("max_allocated", "allocated_bytes"), ("max_reserved", "reserved_bytes"),
-                           ("nvidia_smi", "device_bytes")):
+        for kind in ("max_allocated", "max_reserved", "nvidia_smi"):
+            view = KIND_VIEW[kind]  # the prediction's view each measured kind is scored against
             if kind in res:
                 row = gpu_memory.row_of(run, len(mem_rows) + 1, res[kind] / 1e9, kind, gpu)
                 predicted = run.get("predicted_as_ran", run["predicted"])

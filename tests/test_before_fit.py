@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.validate import before
-from planner.validate.score import read_rows, validate_file, validate_rows
+from planner.validate.score import KIND_VIEW, read_rows, validate_file, validate_rows
 
 from conftest import ROOT
 
@@ -85,7 +85,7 @@ def test_the_before_column_is_the_prediction_recorded_for_the_run_as_it_ran():
     where transformers skips checkpointing)."""
     session = _load("gpu_session")
     runs = {r["key"]: r for r in json.loads(RUNS.read_text())}
-    view = {"max_allocated": "allocated_bytes", "max_reserved": "reserved_bytes", "nvidia_smi": "device_bytes"}
+    view = {k: KIND_VIEW[k] for k in ("max_allocated", "max_reserved", "nvidia_smi")}
     raw = [json.loads(line) for line in RESULTS.read_text().splitlines()]
     rows = iter(read_rows(MEMORY))
     not_in_effect = 0
