@@ -9,13 +9,14 @@ blocks, an encoder-decoder, per-layer widths) is refused with the key that shows
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from planner.core.errors import InputError
 from planner.core.specs import MLASpec, ModelSpec, MoESpec
+from planner.core.textfiles import is_dir, is_file, load_json
 
 #: model_type -> extra facts the config does not state but the architecture implies.
 _FAMILY_FACTS: dict[str, dict[str, Any]] = {
@@ -243,14 +244,14 @@ def _check_sizes(cfg: dict[str, Any], source: str) -> None:
 
 def load_hf_config(path: Path) -> ModelSpec:
     path = Path(path)
-    if path.is_dir():
+    if is_dir(path):
         path = path / "config.json"
-    if not path.is_file():
+    if not is_file(path):
         raise ConfigError(f"no such file {str(path)!r}")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc})") from None
+        cfg = load_json(path)
+    except InputError as exc:
+        raise ConfigError("; ".join(exc.problems)) from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path} does not hold a JSON object")
     return spec_from_hf_config(cfg, source=str(path))

@@ -31,10 +31,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-import yaml
-
 from planner import catalog
 from planner.core.errors import InputError
+from planner.core.textfiles import parse_yaml, read_text_bounded
 
 PriceKind = Literal["on_demand", "spot", "purchase"]
 PRICE_KINDS: tuple[str, ...] = ("on_demand", "spot", "purchase")
@@ -241,14 +240,7 @@ def _catalog_yaml(rows: list[Any], source: str) -> PriceTable:
 def read_prices(path: str | Path, *, fmt: str = "auto", date: Any = None) -> PriceTable:
     """One price file. ``date`` dates a SkyPilot CSV (default: the file's modification date)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError([f"{path}: no such price file"])
-    if path.stat().st_size > MAX_PRICE_FILE_BYTES:
-        raise InputError([f"{path}: larger than {MAX_PRICE_FILE_BYTES >> 20} MiB: not a price file"])
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError([f"{path}: not a UTF-8 text file (byte {exc.start})"]) from None
+    text = read_text_bounded(path, limit=MAX_PRICE_FILE_BYTES)
     given = parse_date(date, "price date")
     if fmt == "auto":
         first = text.lstrip().splitlines()[0] if text.strip() else ""
@@ -259,10 +251,7 @@ def read_prices(path: str | Path, *, fmt: str = "auto", date: Any = None) -> Pri
     elif fmt == "csv":
         table = _price_list(csv.DictReader(io.StringIO(text)), str(path))
     else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InputError([f"{path}: malformed YAML: {str(exc).splitlines()[0]}"]) from None
+        data = parse_yaml(text, str(path))
         if isinstance(data, dict) and isinstance(data.get("gpus"), list):
             table = _catalog_yaml(data["gpus"], str(path))
         elif isinstance(data, dict) and isinstance(data.get("prices"), list):

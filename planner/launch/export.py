@@ -11,6 +11,7 @@ from planner.launch.common import BACKENDS, FORMATS, Bundle, Ctx
 from planner.launch.frameworks import (accelerate_config, deepspeed_config, dump_json, dump_yaml,
                                        skypilot_task, torchrun_command)
 from planner.launch.recipes import hf_files, megatron_args, torchtune_override
+from planner.core.outputs import atomic_write_text
 from planner.scenario.resolve import ResolvedScenario, parse_yaml, read_scenario_file, read_text_bounded, resolve
 
 #: Plan fields that pin a scenario (what ``plans.plan_scenario`` sets).
@@ -223,12 +224,13 @@ def _launch_script(run: str, ctx: Ctx) -> str:
 
 
 def write_bundle(bundle: Bundle, out_dir: Path) -> list[Path]:
+    """Every file of the bundle (all made before the first is written), each atomically: a crash
+    or Ctrl-C leaves each file whole, old or new, never half-written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in bundle.files.items():
-        target = out_dir / name
-        target.write_text(text, encoding="utf-8")
+        target = atomic_write_text(out_dir / name, text)
         if name.endswith(".sh"):  # launch.sh, torchtune_run.sh
-            target.chmod(0o755)
+            target.chmod(target.stat().st_mode | 0o111)
         written.append(target)
     return written

@@ -7,18 +7,16 @@ key of every config is read, passed over with a note, or warned about (``readers
 
 from __future__ import annotations
 
-import json
 import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from planner import catalog
 from planner.catalog.store import UnknownName
 from planner.core.errors import InputError
 from planner.core.specs import Layout, Workload
+from planner.core.textfiles import is_file, parse_json, parse_yaml, read_text_bounded
 from planner.launch.readers import (
     ACC_IGNORED,
     ACC_TUNING,
@@ -60,6 +58,9 @@ CONFIG_HELP = ("A config you have: DeepSpeed JSON, accelerate YAML, TrainingArgu
                "alignment-handbook recipe, LLaMA-Factory YAML, PEFT LoraConfig, BitsAndBytesConfig, "
                "model kwargs, axolotl or torchtune YAML (repeatable).")
 #: What the memory depends on: each must come from the scenario, a config or a flag.
+#: The longest text a config's value may hold: configs carry chat templates and prompts inline
+#: (axolotl's ``chat_template_jinja``, tens of KiB at most), far longer than a scenario's names.
+CONFIG_TEXT_CHARS = 256 << 10
 REQUIRED_ESTIMATE = ("model", "method", "precision", "optimizer", "seq_len", "micro_batch",
                      "checkpointing", "attention", "zero")
 REQUIRED_PLAN = ("model", "method", "precision", "optimizer", "seq_len")
@@ -179,17 +180,17 @@ def sniff(data: Any) -> str | None:
 def load_config(path: Path, f: Found, expect: str | None = None) -> None:
     """Read one config file into ``f`` (a DeepSpeed JSON named by another config too)."""
     where = path.name
-    if not path.is_file():
+    if not is_file(path):
         hint = (f" (a relative path is read from the working directory, {Path.cwd()}, as the "
                 "training tool reads it)" if expect and not path.is_absolute() else "")
         f.problems.append(f"{path}: no such file{hint}")
         return
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        f.problems.append(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                          f"{str(exc).splitlines()[0]}")
+        text = read_text_bounded(path)
+        data = parse_json(text, str(path)) if path.suffix == ".json" else \
+            parse_yaml(text, str(path), max_text_chars=CONFIG_TEXT_CHARS)
+    except InputError as exc:
+        f.problems.extend(exc.problems)
         return
     kind = expect or sniff(data)
     if kind is None or not isinstance(data, dict):
@@ -200,6 +201,19 @@ def load_config(path: Path, f: Found, expect: str | None = None) -> None:
     base = path.parent
     used: set[str] = set()
     cfg = Tracked(data, used)
+    try:
+        ignored, tuning = _read_kind(kind, cfg, f, where, base, text, path)
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError):
+        # A value of a kind the tool never takes (a list where it takes a mapping, text where it
+        # takes a number) where a reader looked for its usual form: named, not a crash.
+        f.problems.append(f"{where}: {cfg.wrong_kind()}")
+        return
+    account(data, used, where, f, ignored, tuning)
+
+
+def _read_kind(kind: str, cfg: Tracked, f: Found, where: str, base: Path, text: str,
+               path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Read ``cfg`` as a config of ``kind``; the keys that kind ignores and those it only tunes."""
     ignored: tuple[str, ...] = ()
     tuning: tuple[str, ...] = ()
     if kind == "deepspeed":
@@ -230,7 +244,7 @@ def load_config(path: Path, f: Found, expect: str | None = None) -> None:
     else:
         read_torchtune(cfg, f, where, text, path.stem)
         ignored, tuning = TT_IGNORED, TT_TUNING
-    account(data, used, where, f, ignored, tuning)
+    return ignored, tuning
 
 
 def read_model_side(cfg: dict, f: Found, where: str, tool: str) -> None:

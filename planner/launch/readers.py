@@ -20,6 +20,8 @@ from pathlib import Path
 import math
 from typing import Any
 
+from planner.core.errors import clip
+from planner.core.textfiles import is_file
 from planner.launch.common import PEFT_MODULES
 
 #: Why a key was passed over, by category (the words of the note).
@@ -74,14 +76,18 @@ class Found:
 class Tracked(dict):
     """A config mapping that records which of its keys a reader consulted (dotted paths)."""
 
-    def __init__(self, data: dict, used: set[str], prefix: str = "") -> None:
+    def __init__(self, data: dict, used: set[str], prefix: str = "", last: list | None = None) -> None:
         super().__init__(data)
         self._used = used
         self._prefix = prefix
+        #: the last key read and its value, shared by the whole config: where a reader fails on a
+        #: value of the wrong kind (a list where the tool takes a mapping), that is the key to name
+        self.last: list = [None, None] if last is None else last
 
     def _wrap(self, key: Any, value: Any) -> Any:
+        self.last[:] = [f"{self._prefix}{key}", value]
         if isinstance(value, dict) and not isinstance(value, Tracked):
-            return Tracked(value, self._used, f"{self._prefix}{key}.")
+            return Tracked(value, self._used, f"{self._prefix}{key}.", self.last)
         return value
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -91,6 +97,14 @@ class Tracked(dict):
     def __getitem__(self, key: Any) -> Any:
         self._used.add(f"{self._prefix}{key}")
         return self._wrap(key, super().__getitem__(key))
+
+    def wrong_kind(self) -> str:
+        """The last key read, with the kind of value it held (for a reader that failed on it)."""
+        key, value = self.last
+        kind = {dict: "a mapping", list: "a list", str: "text", bool: "true/false", int: "a number",
+                float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)
+        return f"{key}: {kind} ({clip(repr(value), 60)}) is not what the tool takes here" if key \
+            else "the top level is not what the tool takes"
 
     def __contains__(self, key: object) -> bool:
         self._used.add(f"{self._prefix}{key}")
@@ -351,10 +365,10 @@ def config_path(name: str, base: Path, f: Found, where: str) -> Path:
     working directory, as the training tool (run from there) reads it; if it is only found beside
     the naming config, that one is read and the difference said."""
     path = Path(name).expanduser()
-    if path.is_absolute() or path.is_file():
+    if path.is_absolute() or is_file(path):
         return path
     beside = base / path
-    if beside.is_file():
+    if is_file(beside):
         f.warn(where, f"{name} is not in the working directory ({Path.cwd()}), where the training "
                       f"tool looks for it; read {beside} beside the config instead")
         return beside
