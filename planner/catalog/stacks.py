@@ -6,7 +6,7 @@ from functools import lru_cache
 
 import yaml
 
-from planner.catalog.store import UnknownName, catalog_dir, normalize_name
+from planner.catalog.store import CATALOG_LOADER, UnknownName, catalog_dir, normalize_name
 from planner.core.specs import StackSpec
 
 
@@ -14,7 +14,7 @@ from planner.core.specs import StackSpec
 def stacks() -> tuple[StackSpec, ...]:
     """Every stack, in the file's order (the default preference when several run a plan)."""
     with (catalog_dir() / "stacks.yaml").open(encoding="utf-8") as f:
-        entries = yaml.safe_load(f)["stacks"]
+        entries = yaml.load(f, Loader=CATALOG_LOADER)["stacks"]  # noqa: S506 - safe
     return tuple(StackSpec.model_validate(e) for e in entries)
 
 

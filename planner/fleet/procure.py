@@ -81,12 +81,16 @@ from planner.fleet.portfolio import (
 #: Share of the time limit that candidate generation may use before the solver starts (measured
 #: from the call's start; every job's coarse candidates are built even past it).
 GENERATION_SHARE = 0.5
-#: Seconds the solver always gets, even when generation used up the limit.
-MIN_SOLVER_S = 1.0
+#: Seconds the solver always gets, even when generation used up the limit. Small: the solver
+#: starts from the best of the greedy fleet and the baselines, which stand as the answer (status
+#: ``timeout``) when it finds nothing better in time, so a short limit is honoured, not floored.
+MIN_SOLVER_S = 0.1
 #: Seconds kept back from the solver for trimming, checking and the report: a second, plus the
-#: report's plans at about 7 ms a run (1.1 s for bench/portfolio_80.py's 160 runs, measured).
+#: report's plans at about 7 ms a run (1.1 s for bench/portfolio_80.py's 160 runs, measured);
+#: at most :data:`RESERVE_SHARE` of the limit, so that a short limit leaves the solver something.
 RESERVE_S = 1.0
 RESERVE_S_PER_RUN = 0.01
+RESERVE_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -605,23 +609,27 @@ def generate_options(runs: list[JobRun], gpu_types, max_gpus: int, *, workers: i
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, wait
 
+        from planner.core.pools import ignore_interrupts, stopped_on_interrupt
+
         # Fork where there is one: a spawned worker first re-imports the package (3-5 s on a loaded
         # 2-core machine, most of a 30 s limit); a forked one starts with the parent's modules and
         # loaded catalogs. Nothing runs threads in the parent yet (the solver starts later).
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         ctx = multiprocessing.get_context(method)
-        with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx,
+                                 initializer=ignore_interrupts) as pool:
             futures = {pool.submit(_options_group, [runs[k] for k in idx], gpu_types, max_gpus, "all"): (i, "all")
                        for i, idx in enumerate(items)}
-            timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
-            wait(futures, timeout=timeout)
-            for f, (i, _) in list(futures.items()):
-                if not f.done() and f.cancel():  # not started in time: the coarse counts only
-                    del futures[f]
-                    futures[pool.submit(_options_group, [runs[k] for k in items[i]], gpu_types, max_gpus,
-                                        "coarse")] = (i, "coarse")
-            for f, (i, tier) in futures.items():
-                keep(items[i], tier, f.result())
+            with stopped_on_interrupt(pool):
+                timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                wait(futures, timeout=timeout)
+                for f, (i, _) in list(futures.items()):
+                    if not f.done() and f.cancel():  # not started in time: the coarse counts only
+                        del futures[f]
+                        futures[pool.submit(_options_group, [runs[k] for k in items[i]], gpu_types, max_gpus,
+                                            "coarse")] = (i, "coarse")
+                for f, (i, tier) in futures.items():
+                    keep(items[i], tier, f.result())
     problems = [m for k in range(len(runs)) if isinstance(results[k][1], list) for m in results[k][1]]
     if problems:
         raise InputError(problems)
@@ -698,7 +706,8 @@ def procure(path: str | Path, *, time_limit_s: float | None = None, workers: int
     if deterministic_time is not None:
         limit = SolveLimit(deterministic=deterministic_time, workers=solver_workers or 1)
     else:
-        left = limit_s - (time.perf_counter() - t0) - RESERVE_S - RESERVE_S_PER_RUN * len(problem.inst.runs)
+        reserve = min(RESERVE_S + RESERVE_S_PER_RUN * len(problem.inst.runs), RESERVE_SHARE * limit_s)
+        left = limit_s - (time.perf_counter() - t0) - reserve
         limit = SolveLimit(wall_s=max(MIN_SOLVER_S, left), workers=solver_workers)
     if missing:
         return ProcureResult(problem, None, gen, limit, missing)

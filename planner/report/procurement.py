@@ -234,7 +234,7 @@ def summary_text(t: ProcureTables) -> str:
     cand = "" if s["candidates_complete"] else f", {s['jobs_refined']} of {s['jobs']} jobs at every GPU count (the rest at powers of two)"
     lim = s["limit"]
     limit = (f"deterministic limit {lim['deterministic']:g}" if lim["deterministic"] is not None
-             else f"{lim['wall_s']:.1f} s left of the time limit")
+             else f"limit {lim['wall_s']:.2f} s: what candidates and the report left of the time limit")
     lines.append(f"solver: {s['solver_status']} in {s['solve_s']:.1f} s ({limit}); candidates: "
                  f"{s['candidates_s']:.1f} s, {s['own_options']:,} own-hardware options{cand}")
     lines.append(f"total over the horizon: ${s['total_usd']:,.0f}")

@@ -103,9 +103,24 @@ def _usd(x: float | None) -> str:
     return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
 
 
+def status_words(result: Any) -> str:
+    """The search's status as a reader needs it: proven, or cut short by the time limit (with how
+    far the best may be from the optimum), or nothing found in time (not proven infeasible)."""
+    gap = (getattr(result, "stats", None) or {}).get("gap")
+    if result.status == "feasible":
+        return ("feasible: the time limit ended the search; " +
+                ("the best is the optimum" if gap == 0 else
+                 f"the optimum may be up to {gap:.0%} lower" if gap is not None else "not proven optimal"))
+    if result.status == "unknown":
+        return "no plan found within the time limit (unknown: not proven infeasible; raise --time-limit)"
+    if not result.plans:
+        return f"no feasible plan ({result.status})"
+    return result.status
+
+
 def plans_table(result: Any, *, gib: bool = False) -> Table:
     table = Table(header_style="bold", title=f"{result.scenario}: {len(result.plans)} plans, "
-                  f"objective {result.objective}, {result.status}")
+                  f"objective {result.objective}, {status_words(result)}")
     for col in ("#", "stack", "GPU × n", "dp·tp·pp·cp", "zero/offload", "mb×ga", "ckpt/attn", "method/seq",
                 "mem/GPU", "headroom", "time [band]", "cost [band]", "$/h"):
         table.add_column(col, justify="right" if col in ("#", "mem/GPU", "headroom", "$/h") else "left",
@@ -185,7 +200,7 @@ def print_plans(console: Console, result: Any, *, gib: bool = False) -> None:
         for line, stale in price_notes(result):
             console.print(f"  [yellow]warning: {line}[/yellow]" if stale else f"  [dim]{line}[/dim]")
     else:
-        console.print(f"[bold red]{result.scenario}: no feasible plan[/bold red] ({result.status})")
+        console.print(f"[bold red]{result.scenario}: {status_words(result)}[/bold red]")
     ex = result.explanation or {}
     if ex.get("binding"):
         closest = ex.get("closest") or {}

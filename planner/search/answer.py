@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ def plan_raw(
     raw: dict[str, Any], *, source: str | None = None, base_dir: Path | None = None,
     pareto: bool = False, explain_infeasible: bool = True,
 ) -> PlanResult:
+    started = time.perf_counter()  # the time limit counts reading the scenario too
     if base_dir is not None:
         raw = absolute_model_path(raw, base_dir)  # plans are re-checked from elsewhere
     rs = resolve(raw, source=source, base_dir=base_dir)
@@ -34,7 +36,7 @@ def plan_raw(
             raise InputError([f"objective: --pareto trades time against cost; {rs.scenario.objective!r} is "
                               "neither (leave the objective out, or give cost or time)"])
         return pareto_front(req, raw)
-    outcome = search(req, time_limit_s=rs.scenario.time_limit_s)
+    outcome = search(req, time_limit_s=rs.scenario.time_limit_s, started=started)
     plans, rejected = checked(raw, assemble(req, raw, outcome))
     explanation = None
     status = outcome.status if plans else ("infeasible" if outcome.status == "optimal" else outcome.status)

@@ -222,7 +222,14 @@ def _reduce(cls: Classes, parts: list[Evaluated]) -> Evaluated:
                      merged.key[keep], merged.group[keep], merged.rejected)
 
 
-def search(req: SearchRequest, *, time_limit_s: float = 30.0, hints: bool = True) -> SearchOutcome:
+#: Where the time limit passes before the best-first has found any plan, it goes on for at most
+#: this many seconds more: an answer a moment late is worth more than "unknown" (the limit
+#: benchmark, bench/bench_limits.py, allows 10 % of the limit plus half a second).
+FIRST_PLAN_GRACE_S = 0.3
+
+
+def search(req: SearchRequest, *, time_limit_s: float = 30.0, hints: bool = True,
+           started: float | None = None) -> SearchOutcome:
     """The top k plans, chosen by CP-SAT (planner.search.cpsat) over the decisions.
 
     With ``hints`` a best-first expansion first finds good plans quickly: classes expanded in
@@ -231,20 +238,29 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0, hints: bool = True
     CP-SAT's search, and the k-th best objective bounds the region CP-SAT is given (no plan
     worse than it can be in the top k). Every plan of that region is handed to CP-SAT whether it
     fits or not: CP-SAT decides memory, GPU count, host RAM, budget and deadline itself. Without
-    hints the region is the whole space. A time limit stops either stage early, and the status
-    then says the answer is not proven (``feasible``)."""
-    t0 = time.perf_counter()
+    hints the region is the whole space.
+
+    The time limit counts from ``started`` (a ``time.perf_counter()`` reading: the caller's
+    start, so that reading the scenario counts too; default now). When it passes during the
+    best-first, the answer is the best plans found so far (status ``feasible``, with
+    ``stats["gap"]``: how far the best may be from the optimum, as a share of its objective),
+    without the region and CP-SAT: that is the work the limit cuts. Where nothing was found by
+    then, the best-first goes on for at most :data:`FIRST_PLAN_GRACE_S`; ``unknown`` means
+    nothing was found even so. A CP-SAT stage cut short keeps what it proved (``feasible``)."""
+    t0 = time.perf_counter() if started is None else started
     deadline = t0 + time_limit_s
     cls, table = build_classes(req), gpu_table(req)
     lat = build_lattice(req, table, cls)
     threshold, proven, seeds, stats = np.inf, True, None, {}
     if hints:
         bf = _BestFirst(req, cls, table, lat)
-        proven = bf.run(deadline=deadline)
+        proven = bf.run(deadline=deadline, hard_deadline=deadline + FIRST_PLAN_GRACE_S)
         threshold = _region_bound(req, bf)
         seeds = bf.e
         stats = {"classes_expanded": bf.cpos, "windows_evaluated": bf.windows_evaluated,
                  "best_first_columns": bf.evaluated_cols, "best_first_s": time.perf_counter() - t0}
+        if not proven:
+            return _best_found(req, table, cls, bf, stats, t0)
     t1 = time.perf_counter()
     e = region(req, table, cls, lat, threshold, seeds)
     if seeds is not None:  # what the best-first saw violate each constraint (for explanations)
@@ -256,12 +272,40 @@ def search(req: SearchRequest, *, time_limit_s: float = 30.0, hints: bool = True
         rows = _seed_rows(e, seeds)
         hint_cols = rows[np.argsort(space.c_rank[rows], kind="stable")][: req.top].tolist()
     status, picked = top_k(space, limits, req.top, max(0.05, deadline - t2), hints=hint_cols, stats=stats)
-    if not proven:
-        status = "feasible" if picked else "unknown"
+    if not picked and status == "unknown" and hint_cols:  # cut short before its first answer
+        picked, status = hint_cols, "feasible"
     stats.update({"classes": len(cls), "columns_evaluated": len(e.key), "region_plans": len(space.c_gpu),
                   "region_s": t2 - t1, "cpsat_s": time.perf_counter() - t2,
                   "seconds": time.perf_counter() - t0})
     return SearchOutcome(status, cls, e, picked, stats)
+
+
+def _best_found(req: SearchRequest, table: GpuTable, cls: Classes, bf: _BestFirst, stats: dict,
+                t0: float) -> SearchOutcome:
+    """The answer when time ran out during the best-first: its k best distinct plans, ranked as
+    CP-SAT ranks them, with the gap to the lowest bound of what it left unexplored."""
+    e = bf.e
+    if not len(e.key):
+        stats["seconds"] = time.perf_counter() - t0
+        return SearchOutcome("unknown", cls, e, [], stats)
+    rank = plan_ranks(req, {k: v[e.cls_index] for k, v in cls.a.items()}, e)
+    e = _take(e, np.argsort(rank, kind="stable")[: req.top])
+    _fill_memory(req, table, cls, e)  # the best-first skips memory where it knows a plan fits
+    e.rejected = dict(bf.e.rejected)
+    stats.update(gap=_gap(float(e.key.min()), bf.lower_bound()), columns_evaluated=len(e.key),
+                 seconds=time.perf_counter() - t0)
+    return SearchOutcome("feasible", cls, e, list(range(len(e.key))), stats)
+
+
+def _gap(best_key: float, bound_key: float) -> float | None:
+    """(best − bound) / best in objective units, both in the same relaxation tier; None where
+    that cannot be said (another tier may still hold a better plan, or no bound)."""
+    if bound_key >= best_key:  # nothing left unexplored can beat it (inf: nothing left at all)
+        return 0.0
+    if not np.isfinite(bound_key) or int(best_key // TIER_WEIGHT) != int(bound_key // TIER_WEIGHT):
+        return None
+    best_units, bound_units = best_key % TIER_WEIGHT, bound_key % TIER_WEIGHT
+    return float((best_units - bound_units) / best_units) if best_units > 0 else None
 
 
 def _region_bound(req: SearchRequest, bf: _BestFirst) -> float:
@@ -444,19 +488,26 @@ class _BestFirst:
         self.threshold = np.inf
         self.evaluated_cols = self.windows_evaluated = 0
 
-    def run(self, *, deadline: float) -> bool:
-        """Expand until nothing left can beat the threshold (True: proven) or the deadline passes."""
+    def run(self, *, deadline: float, hard_deadline: float | None = None) -> bool:
+        """Expand until nothing left can beat the threshold (True: proven) or the deadline passes
+        (False); with nothing found by then, on until ``hard_deadline``."""
         while True:
             next_class = self.lb0_sorted[self.cpos] if self.cpos < len(self.corder) else np.inf
             next_window = self.pend_lb.min() if len(self.pend_lb) else np.inf
             if min(next_class, next_window) > self.threshold or (next_class == np.inf and next_window == np.inf):
                 return True
-            if time.perf_counter() > deadline:
+            now = time.perf_counter()
+            if now > deadline and (len(self.e.key) or hard_deadline is None or now > hard_deadline):
                 return False
             if next_window <= next_class:
                 self._evaluate_windows(next_class)
             else:
                 self._expand_classes()
+
+    def lower_bound(self) -> float:
+        """The lowest key any plan not yet evaluated can have."""
+        next_class = self.lb0_sorted[self.cpos] if self.cpos < len(self.corder) else np.inf
+        return float(min(next_class, self.pend_lb.min() if len(self.pend_lb) else np.inf))
 
     def _evaluate_windows(self, next_class: float) -> None:
         """Evaluate the pending windows of lowest bound (a batch that doubles up to its largest)."""
