@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 
+from planner.core.pools import ignore_interrupts, stopped_on_interrupt
 from planner.core.errors import MAX_LINE_CHARS, InputError, clip, excerpt, shown
 from planner.search.answer import absolute_model_path
 from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS
@@ -200,6 +201,9 @@ def plan_item(item: Item, top: int, opts: PriceOptions) -> list[dict[str, Any]]:
         return [{**base, "status": "error", "error": clip(f"internal error: {type(exc).__name__}: {exc}", MAX_LINE_CHARS),
                  "seconds": time.perf_counter() - t0}]
     seconds = time.perf_counter() - t0
+    if not result.plans and result.status == "unknown":
+        return [{**base, "status": "unknown", "seconds": seconds,
+                 "error": "no plan found within the time limit (not proven infeasible; raise time_limit_s)"}]
     if not result.plans:
         ex = result.explanation or {}
         rejected = sorted((ex.get("rejected") or {}).items(), key=lambda kv: -kv[1])[:3]
@@ -238,6 +242,7 @@ _WORKER_CONTEXT = None
 def _init_worker(opts: PriceOptions) -> None:
     """Each worker enters the price overlay once, for its whole life."""
     global _WORKER_CONTEXT
+    ignore_interrupts()
     _WORKER_CONTEXT = _price_context(opts)
     _WORKER_CONTEXT.__enter__()
 
@@ -299,7 +304,7 @@ def run_items(items: list[Item], *, top: int = 1, workers: int | None = None, pr
             with _main_not_rerun(), ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx,
                                                         initializer=_init_worker, initargs=(prices,)) as pool:
                 futures = {pool.submit(_run_in_worker, i, items[i], top, prices): i for i in todo}
-                try:
+                with stopped_on_interrupt(pool):
                     for fut in as_completed(futures):
                         i = futures[fut]
                         try:
@@ -313,10 +318,6 @@ def run_items(items: list[Item], *, top: int = 1, workers: int | None = None, pr
                         done += 1
                         if progress:
                             progress(done, len(items))
-                except BaseException:
-                    for f in futures:
-                        f.cancel()
-                    raise
     return [r for rec in results for r in (rec or [])]
 
 
