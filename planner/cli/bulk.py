@@ -5,6 +5,7 @@ Registered on the main app by :func:`register` (one line in planner.cli.main).
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -55,6 +56,8 @@ def batch(
     Exit code 0 when every scenario got a plan, 1 when some were infeasible or invalid (all
     results still written), 2 when nothing could be read.
     """
+    if not math.isfinite(max_price_age) or max_price_age < 0:
+        _fail([f"--max-price-age-days: {max_price_age:g} is not a number of days ≥ 0"])
     _check_batch_outputs(out, plot)
     run = _plan_batch(paths, top, workers, prices, price_date, max_price_age)
     _write_batch_results(run, out, plot)

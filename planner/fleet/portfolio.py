@@ -132,6 +132,9 @@ class Portfolio(StrictModel):
         field = "horizon_hours" if self.horizon_hours is not None else "horizon_days"
         if self.horizon_h > MAX_HORIZON_HOURS:
             raise ValueError(f"{field}: at most {MAX_HORIZON_HOURS / 24:,.0f} days (ten years)")
+        if self.time_unit_hours > self.horizon_h:
+            raise ValueError(f"time_unit_hours: {self.time_unit_hours:g} h is longer than the horizon "
+                             f"({self.horizon_h:g} h): at most the horizon, one slot")
         if self.horizon_h / self.time_unit_hours > MAX_TIME_SLOTS:
             raise ValueError(f"time_unit_hours: {self.time_unit_hours:g} cuts the horizon into more than "
                              f"{MAX_TIME_SLOTS:,} slots (at least {self.horizon_h / MAX_TIME_SLOTS:.3g} h)")

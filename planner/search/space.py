@@ -256,11 +256,11 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
 
 def _default_global_batch(rs: ResolvedScenario) -> int | None:
     """planner.perf.timing.default_global_batch where the scenario fixes neither the batch
-    (global_batch, grad_accum) nor the GPU count (layout.gpus, layout.dp, a fleet)."""
+    (global_batch, grad_accum) nor the GPU count (layout.gpus, layout.dp). A fleet bounds the
+    count without fixing it: its plans train with the same default batch as any other (without
+    one, each plan's batch would be whatever micro-batch · dp it happened to pick)."""
     wl, pinned = rs.workload, rs.scenario.layout.model_fields_set
     if wl.grad_accum is not None or {"gpus", "dp"} & pinned or wl.method not in METHOD_LADDER:
-        return None
-    if rs.scenario.constraints.fleet:
         return None
     return default_global_batch(wl.method, wl.seq_len, wl.tokens)
 
