@@ -111,3 +111,46 @@ def test_estimate_plan_and_the_rule_agree_on_every_pipeline_degree(model, pp, un
     search = {**raw, "layout": {"gpu": "h100", "uneven_pp": uneven}, "search": {"pp": [pp], "gpu_types": ["h100"]}}
     rejected = build_classes(build_request(resolve(search))).rejected
     assert (sum(v for k, v in rejected.items() if k.startswith("pp ")) == 0) == legal
+
+
+#: One card of each kind the rules tell apart: (NVLink domain, GPUs per node).
+CARD_KINDS = sorted({(g.nvlink_domain, g.gpus_per_node): g.id for g in catalog.gpus()}.values())
+
+
+@pytest.mark.parametrize("gpu", CARD_KINDS)
+@pytest.mark.parametrize("tp, pp", [(t, p) for t in (1, 2, 4, 8, 16) for p in (1, 2, 4)])
+@pytest.mark.parametrize("pcie", [True, False])
+def test_estimate_plan_and_the_checker_agree_on_tp_and_pp_over_a_card(gpu, tp, pp, pcie):
+    """One rule for TP and PP against a card's node and NVLink domain: a pinned layout that
+    ``estimate`` refuses is exactly one the search rejects and the checker flags (an H100 NVL
+    pair, NVLink domain 2, takes TP 2 but not TP 4 where PCIe is forbidden)."""
+    from types import SimpleNamespace
+
+    from planner.core.specs import Scenario
+    from planner.scenario.legality import pp_gpu_fault
+    from planner.search.checker import _layout_problems
+
+    card = catalog.get_gpu(gpu)
+    tp_fault = tp_gpu_fault(card, tp, pcie_model_parallel=pcie)
+    pp_fault_ = pp_gpu_fault(card, pp, pcie_model_parallel=pcie)
+    base = {"model": "llama-3.1-8b", "workload": {"method": "full"}, "constraints": {"pcie_model_parallel": pcie}}
+    # estimate: a pinned layout
+    pinned = {**base, "layout": {"gpu": gpu, "tp": tp, "pp": pp, "zero": 0}}
+    try:
+        resolve(pinned)
+        refused = []
+    except InputError as exc:
+        refused = [p for p in exc.problems if p.startswith(("layout.tp", "layout.pp"))]
+    assert bool(refused) == bool(tp_fault or pp_fault_), refused
+    # the search: the same degrees as its only choice
+    request = build_request(resolve({**base, "search": {"tp": [tp], "pp": [pp], "gpu_types": [gpu]}}))
+    rejected = build_classes(request).rejected
+    assert (rejected[f"tp {tp_fault}"] > 0) == bool(tp_fault)
+    assert (rejected["pp over PCIe forbidden"] > 0) == bool(pp_fault_)
+    # the checker, on a plan of that layout (memory and the rest taken as valid)
+    plan = {"gpus": tp * pp, "dp": 1, "tp": tp, "pp": pp, "cp": 1, "precision": "mixed",
+            "memory": {"total_bytes": 0}}
+    est = SimpleNamespace(fits=True, total_bytes=0, host_bytes=0)
+    flagged = _layout_problems(Scenario.model_validate(base), SimpleNamespace(gpu=card), est, plan)
+    assert any(m.startswith("tp ") for m in flagged) == bool(tp_fault), flagged
+    assert any(m.startswith("pp ") for m in flagged) == bool(pp_fault_), flagged

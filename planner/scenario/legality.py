@@ -37,6 +37,14 @@ def tp_gpu_fault(gpu: GpuSpec, tp: int, *, pcie_model_parallel: bool = True) -> 
     return None
 
 
+def pp_gpu_fault(gpu: GpuSpec, pp: int, *, pcie_model_parallel: bool = True) -> str | None:
+    """Pipeline stages on a card with no NVLink (``nvlink_domain`` 1) pass activations over PCIe:
+    only where the scenario allows model parallelism over PCIe."""
+    if pp > 1 and gpu.nvlink_domain == 1 and not pcie_model_parallel:
+        return "runs over PCIe, which constraints.pcie_model_parallel: false forbids"
+    return None
+
+
 def pp_divides(model: ModelSpec, pp: Any) -> Any:
     """Equal pipeline stages: pp divides the layers (arrays broadcast)."""
     return np.asarray(model.layers) % np.maximum(pp, 1) == 0

@@ -23,7 +23,7 @@ from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario, Workload
 from planner.core.textfiles import (  # noqa: F401 - re-exported: where scenario readers find them
     MAX_DEPTH, MAX_INPUT_BYTES, MAX_TEXT_CHARS, MAX_VALUES, load_yaml, parse_yaml, read_text_bounded,
 )
-from planner.scenario.legality import pp_fault
+from planner.scenario.legality import pp_fault, pp_gpu_fault, tp_gpu_fault
 
 #: Flat option names (CLI flags, keyword arguments) -> the scenario section that holds them.
 FLAG_SECTIONS: dict[str, str] = {
@@ -185,7 +185,7 @@ def resolve(
     scenario = _fit_profile(scenario, model, problems, warnings)
     _check_saved_modules(scenario, warnings)
     if gpu is not None:
-        _check_gpu(wl, lay, gpu, problems, warnings)
+        _check_gpu(wl, lay, gpu, scenario.constraints.pcie_model_parallel, problems, warnings)
     if problems:
         raise InputError([prefix + p for p in problems])
     return ResolvedScenario(
@@ -383,8 +383,10 @@ def _fit_profile(scenario: Scenario, model: ModelSpec | None, problems: list[str
     return scenario.model_copy(update={"profile": "seed"})
 
 
-def _check_gpu(wl: Workload, lay: Layout, gpu: GpuSpec, problems: list[str], warnings: list[str]) -> None:
-    """What the GPU lacks for the workload (BF16, FlashAttention-2), and TP against its node."""
+def _check_gpu(wl: Workload, lay: Layout, gpu: GpuSpec, pcie_model_parallel: bool, problems: list[str],
+               warnings: list[str]) -> None:
+    """What the GPU lacks for the workload (BF16, FlashAttention-2), and TP and PP against its
+    node and NVLink (planner.scenario.legality: the rules the search and the checker apply)."""
     if wl.precision == "bf16" and not gpu.supports_bf16:
         warnings.append(f"{gpu.name} has no BF16: pure-BF16 training will not run natively; use fp16")
     if wl.precision == "mixed" and not gpu.supports_bf16:
@@ -393,9 +395,11 @@ def _check_gpu(wl: Workload, lay: Layout, gpu: GpuSpec, problems: list[str], war
         warnings.append(
             f"{gpu.name} has no FlashAttention-2: 'flash' means a memory-efficient kernel (SDPA/xformers)"
         )
-    if lay.tp > gpu.gpus_per_node:
-        problems.append(f"layout.tp: {lay.tp} exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node")
-    elif lay.tp > gpu.nvlink_domain:
+    for key, fault in (("tp", tp_gpu_fault(gpu, lay.tp, pcie_model_parallel=pcie_model_parallel)),
+                       ("pp", pp_gpu_fault(gpu, lay.pp, pcie_model_parallel=pcie_model_parallel))):
+        if fault:
+            problems.append(f"layout.{key}: {getattr(lay, key)} {fault}")
+    if lay.tp > gpu.nvlink_domain and not tp_gpu_fault(gpu, lay.tp):
         warnings.append(f"TP {lay.tp} on {gpu.name} runs over PCIe (NVLink domain {gpu.nvlink_domain})")
 
 

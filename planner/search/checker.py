@@ -12,7 +12,7 @@ from typing import Any
 
 from planner import catalog
 from planner.catalog.stacks import get_stack, stacks
-from planner.scenario.legality import stack_runs
+from planner.scenario.legality import pp_gpu_fault, stack_runs, tp_gpu_fault
 from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
 from planner.core.errors import InputError
 from planner.memory.estimate import estimate_resolved
@@ -50,12 +50,13 @@ def _layout_problems(sc: Scenario, rs, est, p: dict[str, Any]) -> list[str]:
         problems.append(f"memory: plan says {p['memory']['total_bytes']}, estimate says {est.total_bytes}")
     if p["gpus"] != p["dp"] * p["tp"] * p["pp"] * p["cp"]:
         problems.append("gpus ≠ dp·tp·pp·cp")
-    if p["tp"] > gpu.gpus_per_node:
-        problems.append("tp crosses a node")
+    pcie = sc.constraints.pcie_model_parallel
+    for key, fault in (("tp", tp_gpu_fault(gpu, p["tp"], pcie_model_parallel=pcie)),
+                       ("pp", pp_gpu_fault(gpu, p["pp"], pcie_model_parallel=pcie))):
+        if fault:
+            problems.append(f"{key} {p[key]} {fault}")
     if p["precision"] == "bf16" and not gpu.supports_bf16:
         problems.append(f"bf16 on {gpu.id}, which has no BF16")
-    if not sc.constraints.pcie_model_parallel and gpu.nvlink_domain == 1 and (p["tp"] > 1 or p["pp"] > 1):
-        problems.append("tp/pp over PCIe, which the scenario forbids")
     if est.host_bytes and est.host_bytes * min(p["gpus"], gpu.gpus_per_node) > gpu.host_ram_budget_bytes:
         problems.append("offloaded states exceed the node's host RAM")
     return problems

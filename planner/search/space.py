@@ -29,7 +29,8 @@ from planner.memory.profiles import memory_components
 from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, CODES, METHODS, OFFLOADS, OPTIMIZERS,
                                        PRECISIONS, STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE)
 from planner.catalog.stacks import get_stack, stacks
-from planner.scenario.legality import offload_illegal, pp_legal, stack_runs, tp_gpu_fault, tp_model_fault
+from planner.scenario.legality import (offload_illegal, pp_gpu_fault, pp_legal, stack_runs, tp_gpu_fault,
+                                       tp_model_fault)
 from planner.scenario.resolve import ResolvedScenario, uneven_pp_allowed
 from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, StackSpec
 
@@ -331,9 +332,9 @@ def _model_parallel_degrees(req: SearchRequest, gpu: GpuSpec, rejected: Counter)
     uneven = uneven_pp_allowed(req.rs.scenario)
     pps = [p for p in req.lists["pp"] if pp_legal(req.model, p, uneven=uneven)]
     rejected["pp does not divide the layers" if not uneven else "pp exceeds the layers"] += len(req.lists["pp"]) - len(pps)
-    if not req.pcie_model_parallel and gpu.nvlink_domain == 1:
-        rejected["pp over PCIe forbidden"] += len([p for p in pps if p > 1])
-        pps = [p for p in pps if p == 1]
+    over_pcie = [p for p in pps if pp_gpu_fault(gpu, p, pcie_model_parallel=req.pcie_model_parallel)]
+    rejected["pp over PCIe forbidden"] += len(over_pcie)
+    pps = [p for p in pps if p not in over_pcie]
     return tps, pps
 
 
