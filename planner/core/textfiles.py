@@ -229,6 +229,8 @@ def parse_yaml(text: str, source: str, *, max_text_chars: int = MAX_TEXT_CHARS) 
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if "maximum nesting depth" in problem:  # libyaml ≥ 0.2.5 stops at 1,000 levels itself
+            raise InputError([f"{source}: {where}nested deeper than {MAX_DEPTH} levels"]) from None
         context = getattr(exc, "context", None)
         if context and context.startswith("found"):  # "found duplicate anchor 'x'; first occurrence"
             cmark = getattr(exc, "context_mark", None)
