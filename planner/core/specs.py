@@ -268,7 +268,8 @@ class ModelSpec(StrictModel):
 
 
 #: The loss's implementation (``Workload.loss``) and the layer kernels (``Workload.kernels``).
-Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace"]
+Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace",
+               "chunked_head", "chunked_head_in_forward"]
 Kernels = Literal["standard", "fused_rmsnorm", "unsloth"]
 
 
@@ -345,7 +346,11 @@ class Workload(StrictModel):
     # "in_forward": the loss and the hidden states' gradient computed in the forward, the
     # logits upcast to FP32 (Unsloth's fused cross-entropy, 2025: one chunk unless the FP32
     # logits exceed half the free memory); "inplace": the logits in the compute dtype, their
-    # gradient written into them (Unsloth's Fast_CrossEntropyLoss before 2025)
+    # gradient written into them (Unsloth's Fast_CrossEntropyLoss before 2025); "chunked_head":
+    # the head and FP32 cross-entropy run per chunk of tokens with each chunk's graph kept for
+    # the one backward (torchtune's LinearCrossEntropyLoss); "chunked_head_in_forward": each
+    # chunk's head, loss and backward run in the forward into a gradient of the hidden states
+    # (torchtitan's ChunkedLossWrapper)
     loss: Loss = "standard"
     # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
     # first): no earlier step's outputs are still held by the training loop at the peak

@@ -70,8 +70,9 @@ PLAN_KEYS = ("model", "method", "precision", "optimizer", "seq_len", "global_bat
              "loss", "optimizer_paged", "compile", "kernels", "fp8")
 TT_OPTIM = {"AdamW": "adamw", "Adam": "adamw", "AdamW8bit": "adam8bit", "PagedAdamW8bit": "paged_adamw8bit",
             "SGD": "sgd", "PagedAdamW": "adamw", "PagedAdamW32bit": "adamw"}
-#: torchtune's losses: the chunked cross-entropy, and the one that never builds the logits.
-TT_LOSS = {"CEWithChunkedOutputLoss": "chunked", "LinearCrossEntropyLoss": "fused",
+#: torchtune's losses: the chunked cross-entropy over whole logits, and the one that runs the head per
+#: chunk of tokens (memory/activations.py: ``chunked_head``).
+TT_LOSS = {"CEWithChunkedOutputLoss": "chunked", "LinearCrossEntropyLoss": "chunked_head",
            "CrossEntropyLoss": "standard"}
 
 #: axolotl keys that leave memory per GPU alone, and tuning the planner does not model.

@@ -656,7 +656,8 @@ LOSS_PARALLEL_BACKWARD_FP32_COPIES = 4
 #: ``torchtune/modules/transformer.py`` (``.float()``), from Jan 2024 to PR #1390 (Aug 2024).
 HELD_FP32_SAVED_COPIES = 2
 HELD_FP32_PEAK_COPIES = 4
-#: Chunks of torchtune's ``CEWithChunkedOutputLoss`` (``num_output_chunks = 8``).
+#: Chunks of torchtune's ``CEWithChunkedOutputLoss`` and ``LinearCrossEntropyLoss``
+#: (``num_output_chunks = 8``) and of torchtitan's ``ChunkedLossWrapper`` (``num_chunks = 8``).
 LOSS_CHUNKS = 8
 #: Cut Cross-Entropy's backward indexes the valid tokens with an int64 tensor
 #: (``_build_flat_valids`` in apple/ml-cross-entropy).
@@ -690,10 +691,21 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
     ``in_forward`` (Unsloth's fused loss, 2025): the loss and its gradient run in the forward,
     the logits in the compute dtype and FP32 at once; the hidden states' gradient is kept.
     ``inplace`` (Unsloth's Triton cross-entropy, 2024): e-byte logits, gradient in place.
+    ``chunked_head`` (torchtune ``LinearCrossEntropyLoss``, the default of its shipped configs
+    since 2025-04): per chunk of tokens the masked hidden states (a copy, e·h, which the head's
+    matmul saves where the head trains), the head's e-byte logits and their FP32 upcast, whose
+    ``log_softmax`` keeps its FP32 output; no whole logits exist, but every chunk's graph stays
+    until the one backward: 4V + e·h per token saved, and one chunk's two FP32 gradients above.
+    ``chunked_head_in_forward`` (torchtitan ``ChunkedLossWrapper``, its Llama 3 recipes' default
+    since 2026-06): the hidden states are detached and each chunk's head, loss and backward run
+    in the forward, its gradient written into one buffer of the hidden states' gradient (e·h
+    per token, kept for the model's backward); one chunk's log-probabilities and their two FP32
+    gradients exist at a time.
     """
     saved, peak, held = _loss_bytes(model, e, tokens, loss, tp, compiled, batch, first_step,
                                     carried, head_dequant)
-    if model.logit_softcap and loss not in ("fused", "cce", "in_forward", "inplace"):
+    if model.logit_softcap and loss not in ("fused", "cce", "in_forward", "inplace", "chunked_head",
+                                            "chunked_head_in_forward"):
         # tanh(logits / cap) · cap keeps the tanh output (e per logit) until its backward, which
         # runs after the loss's (HF Gemma 2; litgpt, per chunk of its LoRA head since 2024-12).
         cap = e * model.vocab / tp * tokens
@@ -739,6 +751,16 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
         # hidden states (``tl_lock_add``, the hidden states' dtype) and indexes the tokens
         # (int64). Nothing vocabulary-wide exists.
         return FP32 * tokens, (e * model.hidden + FP32 + CCE_INDEX_BYTES) * tokens, 0.0
+    elif loss == "chunked_head":
+        # at the start of backward: every chunk's log-probabilities, and for the last chunk the
+        # FP32 gradient of its log-probabilities and of its logits (tests/truth measures it)
+        saved = FP32 * v + e * model.hidden
+        peak = saved + 2 * FP32 * v / LOSS_CHUNKS
+    elif loss == "chunked_head_in_forward":
+        # a chunk's backward: its log-probabilities and their two FP32 gradients (the logits and
+        # their upcast are freed by then), beside the hidden states' gradient buffer
+        saved = e * model.hidden
+        peak = saved + 3 * FP32 * v / LOSS_CHUNKS
     elif loss == "inplace":
         # Unsloth's ``Fast_CrossEntropyLoss`` (unsloth/kernels/cross_entropy_loss.py, 2024):
         # ``save_for_backward(logits, logsumexp, labels)`` with the logits in the compute dtype
@@ -764,13 +786,16 @@ def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 
     """Peak bytes of the logits and the loss in an evaluation forward (no gradients): the loss's
     forward only (see :func:`loss_bytes`). ``standard``: the compute-dtype logits, their FP32
     upcast and the FP32 log-probabilities at once (e + 4 + 4 per logit); ``chunked``: the logits
-    and one chunk's upcast and log-probabilities; ``compiled`` and ``inplace``: the logits;
+    and one chunk's upcast and log-probabilities; ``chunked_head`` and ``chunked_head_in_forward``:
+    one chunk's logits, upcast and log-probabilities; ``compiled`` and ``inplace``: the logits;
     ``in_forward``: the logits and their FP32 copy; ``fused`` and ``cce`` form no logits."""
     v = model.vocab / tp
     if loss in ("standard", "held_fp32"):
         per = (e + 2 * FP32) * v
     elif loss == "chunked":
         per = e * v + 2 * FP32 * v / LOSS_CHUNKS
+    elif loss in ("chunked_head", "chunked_head_in_forward"):  # one chunk's logits, upcast, log-probs
+        per = (e + 2 * FP32) * v / LOSS_CHUNKS
     elif loss in ("compiled", "inplace"):
         per = e * v
     elif loss == "in_forward":

@@ -234,7 +234,9 @@ KERNELS = ("standard", "fused_rmsnorm", "unsloth")
 #: ``loss_impl`` cells -> the workload's ``loss`` (and the names other files use for them).
 LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunked", "fused": "fused",
               "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled",
-              "cce": "cce", "in-forward": "in_forward", "inplace": "inplace"}
+              "cce": "cce", "in-forward": "in_forward", "inplace": "inplace",
+              "chunked-head": "chunked_head", "linear-ce": "chunked_head",
+              "chunked-head-in-forward": "chunked_head_in_forward"}
 #: AutoAWQ's GEMM checkpoints pack int4 weights with an FP16 scale and an int4 zero point per group
 #: of 128 inputs, as GPTQ does: the same bytes per weight (``awq`` reads as ``gptq``).
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}

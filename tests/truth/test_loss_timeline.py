@@ -181,3 +181,63 @@ def test_compiled_cross_entropy_keeps_only_the_logits():
     _, eager_want, _ = act.loss_bytes(spec, 2, b * s, "standard")
     eager = _peak_bytes(lambda: step(loss_fn))  # the leaf ``pred`` stays: + its e bytes
     assert eager_want + 2 * vocab * b * s <= eager <= eager_want + 2 * vocab * b * s + REST_BYTES_PER_TOKEN * b * s
+
+
+def _head(vocab: int, trainable: bool):
+    head = torch.nn.Linear(HIDDEN, vocab, bias=False).to(torch.bfloat16)
+    head.weight.requires_grad_(trainable)
+    return head
+
+
+@pytest.mark.parametrize("s, vocab", [(512, 4000), (1024, 8000)])
+def test_torchtune_linear_cross_entropy_keeps_every_chunks_log_probabilities(s, vocab):
+    """torchtune's ``LinearCrossEntropyLoss`` (8 chunks; masked hidden states, head, FP32
+    cross-entropy per chunk, one backward at the end), full fine-tuning (the head trains):
+    ``chunked_head``. Predicted before it was first measured: 21.6 MB at s = 512, V = 4000
+    (one chunk's logits counted too); measured 20.6 MB, so the chunk's transient is its two FP32
+    gradients only."""
+    b, n = 2, act.LOSS_CHUNKS
+    hidden = torch.randn(b, s, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+    head, targets = _head(vocab, True), torch.randint(0, vocab, (b, s))
+
+    def step():
+        total = 0.0
+        for hc, tc in zip(hidden.tensor_split(n, dim=1), targets.tensor_split(n, dim=1)):
+            keep = tc != -100
+            total = total + torch.nn.functional.cross_entropy(head(hc[keep]).float(), tc[keep], reduction="sum")
+        (total / (b * s)).backward()
+
+    _, want, _ = act.loss_bytes(_model(vocab, impl="hf"), 2, b * s, "chunked_head")
+    measured = _peak_bytes(step)
+    assert want <= measured <= want + REST_BYTES_PER_TOKEN * b * s, (measured, want)
+    _, standard, _ = act.loss_bytes(_model(vocab, impl="hf"), 2, b * s, "standard")
+    assert measured < 0.5 * standard
+
+
+@pytest.mark.parametrize("s, vocab", [(512, 4000), (1024, 8000)])
+@pytest.mark.parametrize("trainable", [False, True])
+def test_torchtitan_chunked_loss_runs_each_chunks_backward_in_the_forward(s, vocab, trainable):
+    """torchtitan's ``ChunkedLossWrapper`` (8 chunks of detached hidden states; each chunk's
+    head, loss and backward in the forward, into one buffer of the hidden states' gradient):
+    ``chunked_head_in_forward``. Where the head trains its weight gradient (a parameter's, counted
+    with the gradients) comes on top."""
+    b, n = 2, act.LOSS_CHUNKS
+    hidden = torch.randn(b, s, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+    head, targets = _head(vocab, trainable), torch.randint(0, vocab, (b, s))
+
+    def step():
+        h = hidden.detach()
+        buffer = torch.zeros_like(h)
+        width = s // n
+        for i, (hc, tc) in enumerate(zip(h.tensor_split(n, dim=1), targets.tensor_split(n, dim=1))):
+            leaf = hc.detach().requires_grad_(True)
+            loss = torch.nn.functional.cross_entropy(head(leaf).flatten(0, 1).float(), tc.flatten(0, 1),
+                                                     reduction="sum") / (b * s)
+            loss.backward()
+            buffer[:, i * width:(i + 1) * width] = leaf.grad
+        hidden.backward(buffer)
+
+    _, want, _ = act.loss_bytes(_model(vocab, impl="hf"), 2, b * s, "chunked_head_in_forward")
+    head_grad = 2 * vocab * HIDDEN if trainable else 0
+    measured = _peak_bytes(step)
+    assert want + head_grad <= measured <= want + head_grad + REST_BYTES_PER_TOKEN * b * s, (measured, want)
