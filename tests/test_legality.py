@@ -150,7 +150,7 @@ def test_estimate_plan_and_the_checker_agree_on_tp_and_pp_over_a_card(gpu, tp, p
     # the checker, on a plan of that layout (memory and the rest taken as valid)
     plan = {"gpus": tp * pp, "dp": 1, "tp": tp, "pp": pp, "cp": 1, "precision": "mixed",
             "memory": {"total_bytes": 0}}
-    est = SimpleNamespace(fits=True, total_bytes=0, host_bytes=0)
+    est = SimpleNamespace(within_usable=True, total_bytes=0, host_bytes=0)
     flagged = _layout_problems(Scenario.model_validate(base), SimpleNamespace(gpu=card), est, plan)
     assert any(m.startswith("tp ") for m in flagged) == bool(tp_fault), flagged
     assert any(m.startswith("pp ") for m in flagged) == bool(pp_fault_), flagged

@@ -48,22 +48,29 @@ class Estimate(BaseModel):
     #: allocated_bytes, reserved_bytes, device_bytes, needed_bytes (profiles that model the
     #: allocator).
     predicted: dict[str, int] | None = None
-    #: The relative error validation measured for this method; tight: headroom inside it, or a
-    #: fit that relies on the allocator giving back its cache (device view above capacity).
+    #: The relative error validation measured for this method; tight: the prediction within it
+    #: of the usable bytes, either side (or a fit that relies on the allocator giving back its
+    #: cache: device view above capacity).
     error_band: float | None = None
     tight: bool | None = None
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def verdict(self) -> str | None:
-        """``fits``, ``tight`` (it fits, but within the method's error band of the card, or only
-        as the allocator gives back its cache) or ``does_not_fit``; None without a GPU. ``fits``
-        is true for the first two."""
+        """``fits``, ``tight`` (within the method's error band of the usable bytes, above or below
+        them, or fitting only as the allocator gives back its cache: the prediction cannot tell)
+        or ``does_not_fit``; None without a GPU. ``fits`` is true for the first two; a plan
+        (``planner plan``) is held to the line itself (:attr:`within_usable`)."""
         if self.fits is None:
             return None
         if not self.fits:
             return "does_not_fit"
         return "tight" if self.tight else "fits"
+
+    @property
+    def within_usable(self) -> bool | None:
+        """The predicted total at most the usable bytes: the rule every plan keeps."""
+        return None if self.usable_bytes is None else self.total_bytes <= self.usable_bytes
 
     #: What ``--config`` read: each scenario key, its value and the config key it came from.
     read_from_configs: list[dict[str, Any]] | None = None
@@ -103,15 +110,17 @@ def usable_bytes(capacity_bytes: int, profile: str = "detailed", reserve: float 
 
 def is_tight(total_bytes: int, usable: int, capacity_bytes: int, error_band: float | None,
              device_bytes: float | None = None) -> bool | None:
-    """A plan that fits, but only just: its headroom is within the profile's 90 % error band for
-    the method, or it fits only because the allocator gives its cache back at the card's limit
-    (what nvidia-smi shows where memory is plentiful, ``device_bytes``, is more than the card).
-    None where the profile has no band."""
+    """A prediction too close to the line to call: within the profile's 90 % error band for the
+    method of the usable bytes, below them (headroom under ``band`` of the total) or above them
+    (over by less than ``band`` of the usable bytes), or a fit only because the allocator gives
+    its cache back at the card's limit (what nvidia-smi shows where memory is plentiful,
+    ``device_bytes``, is more than the card). None where the profile has no band."""
     if error_band is None:
         return None
     device = total_bytes if device_bytes is None else device_bytes
-    return total_bytes <= usable and (usable - total_bytes < error_band * total_bytes
-                                      or device > capacity_bytes)
+    if total_bytes > usable:
+        return total_bytes <= usable * (1.0 + error_band)
+    return usable - total_bytes < error_band * total_bytes or device > capacity_bytes
 
 
 def fit_rule(profile: str, reserve: float | None) -> str:
@@ -134,9 +143,9 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         capacity = rs.gpu.memory_bytes
         usable = usable_bytes(capacity, rs.profile, reserve)
         headroom = usable - total
-        fits = total <= usable
         tight = is_tight(total, usable, capacity, mem.error_band,
                          (mem.predicted or {}).get("device_bytes"))
+        fits = total <= usable or bool(tight)  # over the line by less than the error: tight
     lay = rs.layout
     return Estimate(
         scenario=rs.name,

@@ -51,7 +51,11 @@ def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
         headroom = est.headroom_bytes
         sign = "" if headroom >= 0 else "−"
         table.add_row("headroom", f"{sign}{fmt(abs(headroom))}")
-        verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
+        verdict = {"fits": "[green]fits[/green]", "does_not_fit": "[red]does not fit[/red]",
+                   "tight": ("[yellow]tight: fits, within the method's error of the card[/yellow]"
+                             if est.within_usable else
+                             "[yellow]tight: over the usable bytes by less than the method's error; "
+                             "it may not fit[/yellow]")}[est.verdict]
         table.add_row("verdict", verdict)
     return table
 

@@ -44,7 +44,7 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
 def _layout_problems(sc: Scenario, rs, est, p: dict[str, Any]) -> list[str]:
     """Memory (exactly the estimate of the plan), the layout's arithmetic and the card's limits."""
     gpu, problems = rs.gpu, []
-    if not est.fits:
+    if not est.within_usable:
         problems.append(f"memory: needs {est.total_bytes} bytes, usable {est.usable_bytes}")
     if p["memory"]["total_bytes"] != est.total_bytes:
         problems.append(f"memory: plan says {p['memory']['total_bytes']}, estimate says {est.total_bytes}")

@@ -99,8 +99,8 @@ def document_steps(req: SearchRequest, raw: dict[str, Any], layout: dict[str, An
         allowed = not label.startswith(("3.", "4.")) or (
             ("method" if label.startswith("3.") else "seq_len") in wl.allow_relax)
         steps.append({"step": label, "memory_bytes": est.total_bytes, "usable_bytes": est.usable_bytes,
-                      "fits": bool(est.fits), "allowed": allowed})
-        if est.fits:
+                      "fits": bool(est.within_usable), "allowed": allowed})
+        if est.within_usable:
             break
     return steps
 

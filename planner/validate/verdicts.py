@@ -35,8 +35,15 @@ class VerdictResult:
     predicted_bytes: int | None  # device view
     judged_fit: bool | None
     reason: str | None  # why the row could not be modelled
-    #: judged to fit, but within the method's error band of the card (the estimate's ``tight``)
+    #: within the method's error band of the usable bytes, either side (the estimate's ``tight``)
     tight: bool | None = None
+
+    @property
+    def judged(self) -> str | None:
+        """The estimate's three-class verdict: ``fits``, ``tight`` or ``does_not_fit``."""
+        if self.judged_fit is None:
+            return None
+        return "tight" if self.tight else ("fits" if self.judged_fit else "does_not_fit")
 
     @property
     def right(self) -> bool:
@@ -142,6 +149,12 @@ def summarize(results: list[VerdictResult]) -> dict[str, Any]:
             "right": sum(r.right for r in rows),
             # judged to fit but marked tight: the warning a user of ``estimate`` or ``plan`` sees
             "tight": sum(bool(r.judged_fit and r.tight) for r in rows),
+            # the three-class verdict: tight on either side of the line, and the share of runs
+            # the verdict does not contradict (a run that ran not called does_not_fit; an OOM
+            # report not called fits)
+            "judged_tight": sum(r.judged == "tight" for r in rows),
+            "not_contradicted": sum(r.judged is not None and r.judged != ("does_not_fit" if verdict == "ran"
+                                                                          else "fits") for r in rows),
             "share_right": sum(r.right for r in rows) / len(rows) if rows else None,
             "share_right_modelled": (sum(r.right for r in modelled) / len(modelled)
                                      if modelled else None),
@@ -200,13 +213,13 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
         def gb(v: int | None) -> str:
             return "—" if v is None else f"{v / 1e9:.1f}"
         judged = "—" if r["judged_fit"] is None else (
-            ("fits, tight" if r["tight"] else "fits") if r["judged_fit"] else "OOM")
+            ("fits, tight" if r["tight"] else "fits") if r["judged_fit"] else ("OOM, tight" if r["tight"] else "OOM"))
         rows.add_row(r["id"], r["model"][:32], r["method"], r["verdict"], gb(r["capacity_bytes"]),
                      gb(r["usable_bytes"]), gb(r["predicted_bytes"]), judged,
                      "yes" if r["right"] else (r["reason"] or "no"))
     summary = Table(title="summary (unmodelled rows count as wrong)", header_style="bold")
     for col in ("what happened", "rows", "modelled", "judged right", "share", "share of modelled",
-                "judged to fit, tight"):
+                "judged to fit, tight", "tight (either side)", "not contradicted"):
         summary.add_column(col, justify="left" if col == "what happened" else "right")
     for verdict, label in (("ran", "ran (judged to fit)"), ("oom", "oom (judged not to fit)")):
         s = result[verdict]
@@ -214,7 +227,8 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
             summary.add_row(label, str(s["rows"]), str(s["modelled"]), str(s["right"]),
                             f"{s['share_right'] * 100:.0f} %",
                             "—" if s["share_right_modelled"] is None else f"{s['share_right_modelled'] * 100:.0f} %",
-                            str(s["tight"]))
+                            str(s["tight"]), str(s["judged_tight"]),
+                            f"{s['not_contradicted']} ({s['not_contradicted'] / s['rows'] * 100:.0f} %)")
     by_source = Table(title=f"by source ({result['ran_judged_oom_within_card']} runs that ran were judged "
                             "out of memory by the margin alone: predicted within their card)",
                       header_style="bold")
