@@ -8,7 +8,7 @@ estimate, plan, batch, export) and tests/test_fuzz_limits.py with ``FUZZ_SCALE``
 usual number of examples. Every run must exit 0, 1 or 2 with no traceback (the suites assert
 it); here, too, no run may take over 10 s nor any process grow past 1 GB. Prints the runs, the
 slowest, the peak memory and the wall time; exits 1 if any of that fails or fewer than
-``--min-runs`` ran. CI runs ``--scale 8`` (over 5,000 runs); the default is a longer one.
+``--min-runs`` ran. CI runs ``--scale 12`` (over 5,000 runs); the default is a longer one.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def test_most_unchanged_configs_estimate_with_their_flags():
     assert codes.count(0) + codes.count(1) >= 0.75 * len(codes), codes
 
 
-@fuzz_settings(120)
+@fuzz_settings(60)
 @given(data=st.data())
 def test_mutated_training_configs(workdir, data):
     name = data.draw(st.sampled_from(sorted(CONFIGS)), label="config")
@@ -125,7 +125,7 @@ def test_mutated_training_configs(workdir, data):
 # --model config.json: a real one, its values changed
 
 
-@fuzz_settings(120)
+@fuzz_settings(60)
 @given(data=st.data())
 def test_mutated_model_config_json(workdir, data):
     doc = json.loads(MODEL_CONFIG.read_text())
@@ -191,7 +191,7 @@ QUICK_SCENARIO = "name: quick\nmodel: llama-3.2-1b\nworkload: {method: lora, tok
                  "search: {gpu_types: [h100, rtx-4090, l4]}\ntop: 1\ntime_limit_s: 2\n"
 
 
-@fuzz_settings(60)
+@fuzz_settings(40)
 @given(file=price_files())
 def test_price_files(workdir, file):
     name, content = file
@@ -227,7 +227,7 @@ def plan_json(workdir) -> dict[str, Any]:
     return json.loads(out)
 
 
-@fuzz_settings(100)
+@fuzz_settings(50)
 @given(data=st.data())
 def test_mutated_plan_json_export(workdir, plan_json, data):
     if data.draw(st.integers(0, 4), label="as bytes") == 0:
