@@ -213,3 +213,12 @@ def test_fields_named_like_the_model_union_tags_are_named(tmp_path, text, needle
     """"name" and "dims" tag the model union in pydantic's error locations; elsewhere they are fields."""
     code, out = invoke("estimate", write(tmp_path, text))
     assert code == 2 and needle in out, out
+
+
+def test_an_unknown_model_name_is_quoted_as_an_excerpt():
+    """A 300-character name that is no path and no catalog name: the message quotes at most an
+    excerpt of it, not all of it."""
+    name = "m" * 300
+    code, out = invoke("estimate", "--model", name)
+    assert code == 2 and "unknown model" in out
+    assert name not in out and excerpt(name) in out

@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 
 import yaml
 
+from planner.core.errors import excerpt
 from planner.core.specs import GpuSpec, ModelSpec
 from planner.core.textfiles import is_dir, is_file
 
@@ -234,10 +235,10 @@ class Catalog(Generic[T]):
         hybrid = hybrid_architecture(name) if self.kind == "model" else None
         if hybrid:
             raise UnknownName(
-                f"unknown {self.kind} {name!r}: it {hybrid}, and the planner models decoders "
+                f"unknown {self.kind} {excerpt(name)}: it {hybrid}, and the planner models decoders "
                 "whose layers are all softmax attention, so it has no estimate for it (nor for "
                 "its config.json)")
-        message = f"unknown {self.kind} {name!r}{self.suggest(name)}"
+        message = f"unknown {self.kind} {excerpt(name)}{self.suggest(name)}"
         if self.kind == "model":
             message += f"; {CONFIG_HINT}"
         raise UnknownName(message)
