@@ -305,3 +305,17 @@ def test_an_eval_batch_cell_is_the_workloads_evaluation_pass(cell, evals):
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))
     assert scenario_of({**row, "eval_batch": cell})["workload"].get("eval_micro_batch") == evals
+
+
+@pytest.mark.parametrize("words, stage", [
+    ("fsdp_shard_grad_op", 2), ("FSDP NO_SHARD (sharding_strategy ddp)", 0), ("FSDP2 (FSDP group 8)", 3),
+    ("DDP + distributed optimizer (FSDP=0)", 1), ("megatron-dist-opt (NeMo default; not stated)", 1),
+    ("DeepSpeed ZeRO-3", 3), ("DeepSpeed ZeRO-1 (ds_config stage 1)", 1), ("fsdp_full_shard (FSDP1)", 3),
+    ("none", 0), ("zero2 (1 GPU)", 2),
+])
+def test_every_data_file_reads_sharding_words_alike(words, stage):
+    """The memory and throughput readers each had their own reading, which disagreed on 18 of
+    the 66 spellings in data/ (SHARD_GRAD_OP: 2 in one, 3 in the other; NO_SHARD: 0 and 3)."""
+    from planner.validate.sharding import zero_stage_of
+
+    assert zero_stage_of(words) == stage

@@ -21,6 +21,7 @@ from typing import Any
 from planner import catalog
 from planner.catalog.store import UnknownName
 from planner.core.errors import InputError
+from planner.validate.sharding import zero_stage_of
 
 #: Architecture facts the CSV columns lack, from each model's published Hugging Face config.json
 #: (norm type, gated MLP, biases, tied embeddings, head size, norms per layer).
@@ -210,21 +211,6 @@ def _checkpointing(text: str) -> str:
         return "selective"
     # "no (the flag was not passed)": a qualified no is still no
     return "none" if text == "" or re.match(r"(no|off|false|none)\b", text) else "full"
-
-
-def _zero(text: str) -> int:
-    """ZeRO stage of a ``zero_or_fsdp`` cell: FSDP full/hybrid shard and Megatron's FSDP are
-    stage 3, Megatron's distributed optimizer stage 1; FSDP ``NO_SHARD`` is plain data parallel."""
-    text = text.lower()
-    if "no_shard" in text:
-        return 0
-    if "zero3" in text or "full_shard" in text or "fsdp=1" in text:
-        return 3
-    if "zero2" in text or "shard_grad_op" in text:
-        return 2
-    if "zero1" in text or "distributed optimizer" in text or "dist-opt" in text:
-        return 1
-    return 0
 
 
 
@@ -448,7 +434,7 @@ def _layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
     lay: dict[str, Any] = {
         "gpus": int(_num(row, "gpus", 1)), "tp": int(_num(row, "tp", 1)),
         "pp": int(_num(row, "pp", 1)), "cp": int(_num(row, "cp", 1)),
-        "zero": _zero(row.get("zero_or_fsdp", "")),
+        "zero": zero_stage_of(row.get("zero_or_fsdp", "")),
         "checkpointing": _checkpointing(row.get("grad_ckpt", "")),
         "attention": "eager" if row.get("flash_attn", "").strip() == "eager" else "flash",
         "activation_offload": "activations" in offload,

@@ -33,6 +33,7 @@ from planner.perf import timing
 from planner.perf.timing import PRIOR, GpuPerf, ModelFlops, TimeParams, model_flops, step_time_s
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, figures, recorded
 from planner.validate.rows import Unmodelable, model_of, read_csv
+from planner.validate.sharding import zero_stage_of
 
 REQUIRED_COLUMNS = ("id", "source", "model", "planner_model", "method", "planner_gpu", "gpus", "tp",
                     "pp", "cp", "dp", "seq_len", "micro_batch", "grad_accum", "tokens_per_s_per_gpu")
@@ -117,19 +118,6 @@ def _model(row: dict[str, str]) -> ModelSpec:
     return ModelSpec.model_validate(spec)
 
 
-def zero_of(text: str) -> int:
-    """ZeRO stage a row's sharding words mean (FSDP full shard and Megatron FSDP: 3)."""
-    t = text.lower().replace(" ", "").replace("-", "")
-    t = t.replace("fsdp=0", "")  # Megatron-Bridge: "DDP + distributed optimizer (FSDP=0)"
-    if "fsdp" in t or "zero3" in t or "stage3" in t:
-        return 3
-    if "zero2" in t or "stage2" in t:
-        return 2
-    if "zero1" in t or "stage1" in t or "distributedoptimizer" in t:
-        return 1
-    return 0
-
-
 def checkpointing_of(text: str) -> int:
     """0 none, 1 selective, 2 full; an unstated recipe default is read as none."""
     t = text.strip().lower()
@@ -183,7 +171,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     if mbs and int(mbs.group(1)) < mb and mb % int(mbs.group(1)) == 0:  # NeMo AutoModel: LBS, MBS
         ga, mb = ga * (mb // int(mbs.group(1))), int(mbs.group(1))
     sharding = row.get("zero_fsdp", "")
-    zero = zero_of(sharding)
+    zero = zero_stage_of(sharding)
     offload = 2 if "offload" in sharding.lower() else 0
     if offload:
         zero = 3
