@@ -365,3 +365,25 @@ def test_batch_from_a_plain_script_with_worker_processes(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "bootstrapping" not in run.stderr and "Traceback" not in run.stderr
     assert "ROWS 4 ['optimal']" in run.stdout
+
+
+def test_a_batch_larger_than_its_bound_is_refused_before_planning(tmp_path, monkeypatch):
+    """Files and scenarios are counted before any is planned: over the bound is exit 2 naming it."""
+    from planner.search import batch as batch_module
+
+    def boom(*args, **kwargs):
+        raise AssertionError("planned before counting")
+
+    monkeypatch.setattr(batch_module, "run_items", boom)
+    runner = CliRunner()
+
+    for i in range(3):
+        (tmp_path / f"s{i}.yaml").write_text("model: llama-3.2-1b\n")
+    monkeypatch.setattr(batch_module, "MAX_BATCH_FILES", 2)
+    result = runner.invoke(app, ["batch", str(tmp_path), "--out", str(tmp_path / "r.csv")])
+    assert result.exit_code == 2 and "more than the 2 a batch takes" in result.output, result.output
+    monkeypatch.setattr(batch_module, "MAX_BATCH_FILES", 10)
+    monkeypatch.setattr(batch_module, "MAX_BATCH_SCENARIOS", 2)
+    result = runner.invoke(app, ["batch", str(tmp_path), "--out", str(tmp_path / "r.csv")])
+    assert result.exit_code == 2 and "3 scenarios is more than the 2" in result.output, result.output
+    assert not (tmp_path / "r.csv").exists()

@@ -358,13 +358,26 @@ class BatchRun:
         return 0 if read["status"].isin(PLANNED).all() else 1
 
 
+#: The most scenario files and scenarios one batch takes, checked before any is planned: far
+#: above any real sweep (at about a second a plan, 100,000 scenarios keep two cores busy for
+#: half a day), and a bound on what a mistaken folder (``planner batch /``) can set going.
+MAX_BATCH_FILES = 100_000
+MAX_BATCH_SCENARIOS = 100_000
+
+
 def run_batch(paths: Iterable[str | Path], *, top: int = 1, workers: int | None = None,
               prices: PriceOptions = PriceOptions(),
               progress: Callable[[int, int], None] | None = None) -> BatchRun:
     t0 = time.perf_counter()
     paths = list(paths)
     files, problems, notes = collect_files(paths)
+    if len(files) > MAX_BATCH_FILES:
+        raise InputError([f"paths: {len(files):,} scenario files is more than the {MAX_BATCH_FILES:,} a batch "
+                          "takes; give fewer folders"])
     items, skipped = read_items(files)
+    if len(items) > MAX_BATCH_SCENARIOS:
+        raise InputError([f"paths: {len(items):,} scenarios is more than the {MAX_BATCH_SCENARIOS:,} a batch "
+                          "takes; split them over several batches"])
     skipped += notes
     missing = [Item(str(p), str(p), Path(p).stem, None, (f"{p}: no such file or folder",))
                for p in map(Path, paths) if not os.path.lexists(p)]
