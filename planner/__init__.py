@@ -19,10 +19,21 @@ from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, sc
 from planner.core.specs import Scenario
 
 if TYPE_CHECKING:
-    from planner.search.results import PlanResult
+    from planner.search.results import Plan, PlanResult  # noqa: F401 - for type checkers; lazy below
 
-__all__ = ["Estimate", "InputError", "PlanResult", "Scenario", "batch", "estimate", "plan", "procure"]
+__all__ = ["Estimate", "InputError", "Plan", "PlanResult", "Scenario", "batch", "estimate", "plan", "procure"]
 __version__ = "0.1.0"
+
+#: Names imported on first use: the search and its solver load only when a plan is asked for.
+_LAZY = {"Plan": "planner.search.results", "PlanResult": "planner.search.results"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")
 
 
 def estimate(scenario: str | Path | dict[str, Any] | Scenario | None = None, **options: Any) -> Estimate:

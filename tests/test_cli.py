@@ -201,3 +201,20 @@ def test_pareto_with_an_objective_it_does_not_trade_is_an_input_error():
     out = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--method", "lora", "--tokens", "1e9",
                                    "--pareto", "--objective", "gpus"])
     assert out.exit_code == 2 and "objective:" in out.output and "--pareto" in out.output
+
+
+def test_the_public_api_imports_as_listed():
+    """Every name in ``planner.__all__`` imports (``from planner import *`` too), ``Plan`` and
+    ``PlanResult`` included, while ``import planner`` alone leaves the search unloaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, planner\n"
+            "assert 'planner.search.results' not in sys.modules\n"
+            "ns = {}\n"
+            "exec('from planner import *', ns)\n"
+            "assert set(planner.__all__) <= set(ns), set(planner.__all__) - set(ns)\n"
+            "from planner import Plan, PlanResult\n"
+            "assert PlanResult.model_fields['plans'] and Plan.model_fields['memory']\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
