@@ -135,3 +135,19 @@ def test_a_binary_price_file_is_one_line_exit_2(tmp_path):
     scenario.write_text("model: llama-3.1-8b\nworkload: {method: lora}\nlayout: {gpu: h100}\n")
     out = CliRunner().invoke(app, ["batch", str(scenario), "--prices", str(prices), "-o", str(tmp_path / "r.csv")])
     assert out.exit_code == 2 and "not a UTF-8 text file" in out.output
+
+
+def test_one_stale_rule_for_every_table():
+    """Undated, or more than the allowed days old on the day asked: the rule the plan table, the
+    batch records, the procurement report and price tables all apply (planner.catalog.prices)."""
+    import datetime as dt
+
+    from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS, Price, is_stale_date
+
+    today = dt.date(2026, 12, 4)
+    edge = today - dt.timedelta(days=int(DEFAULT_MAX_AGE_DAYS))
+    assert not is_stale_date(edge, today) and is_stale_date(edge - dt.timedelta(days=1), today)
+    assert is_stale_date(None, today)
+    assert not is_stale_date(today - dt.timedelta(days=10), today, 10.0)
+    price = Price("h100-sxm-80gb", "on_demand", 2.0, edge - dt.timedelta(days=1), "quote")
+    assert price.is_stale(today) == is_stale_date(price.date, today)

@@ -61,8 +61,18 @@ class Price:
         return None if self.date is None else float((as_of - self.date).days)
 
     def is_stale(self, as_of: dt.date, max_age_days: float = DEFAULT_MAX_AGE_DAYS) -> bool:
-        age = self.age_days(as_of)
-        return age is None or age > max_age_days
+        return is_stale_date(self.date, as_of, max_age_days)
+
+
+def is_stale_date(date: dt.date | None, as_of: dt.date, max_age_days: float = DEFAULT_MAX_AGE_DAYS) -> bool:
+    """The stale-price rule, the one every table and record applies: undated, or older than
+    ``max_age_days`` on ``as_of``."""
+    return date is None or (as_of - date).days > max_age_days
+
+
+def catalog_price_date(gpu) -> dt.date | None:
+    """The date of a catalog GPU's on-demand price (``price_retrieved``), or None."""
+    return parse_date(gpu.price_retrieved, "price_retrieved") if gpu.price_retrieved else None
 
 
 @dataclass

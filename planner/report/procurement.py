@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from planner.catalog.prices import is_stale_date
 from planner.fleet.job_options import option_plan
 from planner.fleet.portfolio import HOURS_PER_MONTH
 from planner.fleet.procure import ProcureResult, as_date
@@ -146,7 +147,7 @@ def _fleet_rows(res: ProcureResult, as_of: dt.date, busy: dict[str, float],
         outlay = n * offer.unit_usd + hosts * offer.host_usd
         amortised = outlay * min(1.0, H / pr.lifetime_hours)
         age = None if offer.unit_date is None else (as_of - offer.unit_date).days
-        if offer.unit_gpus > 1 and (age is None or age > p.max_price_age_days):  # a card's is in the prices
+        if offer.unit_gpus > 1 and is_stale_date(offer.unit_date, as_of, p.max_price_age_days):  # a card's: prices
             stale_units.append(f"{gid} server")
         fleet_rows.append({
             "gpu": gid, "units": n, "gpus_per_unit": offer.unit_gpus, "gpus": gpus,

@@ -158,7 +158,7 @@ def price_notes(result: Any, as_of: dt.date | None = None) -> list[tuple[str, bo
     whether it is stale (older than planner.catalog.prices.DEFAULT_MAX_AGE_DAYS, or undated); a
     spot price above on-demand is named (the plans use on-demand)."""
     from planner import catalog
-    from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS, parse_date
+    from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS, catalog_price_date, is_stale_date
 
     as_of = as_of or dt.date.today()
     out: list[tuple[str, bool]] = []
@@ -171,9 +171,9 @@ def price_notes(result: Any, as_of: dt.date | None = None) -> list[tuple[str, bo
         if price is None:
             out.append((f"{gid}: no on-demand price in the catalog", True))
             continue
-        date = parse_date(g.price_retrieved, "price_retrieved") if g.price_retrieved else None
+        date = catalog_price_date(g)
         age = None if date is None else (as_of - date).days
-        stale = age is None or age > DEFAULT_MAX_AGE_DAYS
+        stale = is_stale_date(date, as_of)
         when = "undated" if date is None else f"{date.isoformat()} ({age} days old)"
         source = " ".join((g.price_on_demand_source or "source not given").split())
         line = f"{gid}: ${price:.2f}/GPU-h on-demand, {when}; {source}"

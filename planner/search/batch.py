@@ -184,7 +184,7 @@ def _as_of(opts: PriceOptions) -> dt.date:
 def plan_item(item: Item, top: int, opts: PriceOptions) -> list[dict[str, Any]]:
     """The records of one scenario: its best ``top`` plans, or one record saying why none."""
     from planner import catalog
-    from planner.catalog.prices import parse_date
+    from planner.catalog.prices import catalog_price_date, is_stale_date
     from planner.search.answer import plan_raw
 
     t0 = time.perf_counter()
@@ -214,8 +214,8 @@ def plan_item(item: Item, top: int, opts: PriceOptions) -> list[dict[str, Any]]:
     records = []
     for p in result.plans[:top]:
         gpu = catalog.get_gpu(p.gpu)
-        date = parse_date(gpu.price_retrieved, "price_retrieved") if gpu.price_retrieved else None
-        stale = None if p.hourly_usd is None else (date is None or (_as_of(opts) - date).days > opts.max_age_days)
+        date = catalog_price_date(gpu)
+        stale = None if p.hourly_usd is None else is_stale_date(date, _as_of(opts), opts.max_age_days)
         records.append({
             **base, "status": result.status, "rank": p.rank, "gpu": p.gpu, "gpus": p.gpus, "nodes": p.nodes,
             **{k: getattr(p, k) for k in ("dp", "tp", "pp", "cp", "sp", "zero", "offload", "micro_batch",
