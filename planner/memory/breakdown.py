@@ -8,12 +8,14 @@ bytes by :func:`ceil_components`, so components always add up to the total exact
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 
-from planner.core.specs import (Attention, Checkpointing, Kernels, Layout, Loss, Method, Offload, Optimizer,
-                                Precision, Workload, ZeroImpl)
+from planner.core.codes import (  # the one home of the code tables, re-exported here
+    ATTENTION, CHECKPOINTING, KERNELS, LOSSES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, ZERO_IMPLS,
+)
+from planner.core.specs import Layout, Workload
 
 
 @dataclass(frozen=True)
@@ -36,17 +38,6 @@ class MemoryBreakdown:
         return sum(self.components.values())
 
 
-#: Codes of the categorical choices, for the array form of the formulas (index = code): the
-#: scenario schema's own value lists, so a code and a name can never disagree.
-METHODS: tuple[str, ...] = get_args(Method)
-PRECISIONS: tuple[str, ...] = get_args(Precision)
-OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
-CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
-ATTENTION: tuple[str, ...] = get_args(Attention)
-OFFLOADS: tuple[str, ...] = get_args(Offload)
-ZERO_IMPLS: tuple[str, ...] = get_args(ZeroImpl)
-LOSSES: tuple[str, ...] = get_args(Loss)
-KERNELS: tuple[str, ...] = get_args(Kernels)
 #: Array keys whose values are codes into one of the tuples above.
 CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS,
                                      "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS,

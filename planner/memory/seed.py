@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from planner.core.arch import expert_params, seed_lora_params, total_params
+from planner.core.codes import FULL, INFERENCE, LORA, QLORA
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import DTYPE_BYTES
 from planner.memory.breakdown import codes as breakdown_codes
@@ -130,13 +131,13 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
     master_b = _MASTER_BYTES[prec]
     keep_o = np.where(offload >= 1, 0.0, 1.0)  # optimizer states stay on the GPU
     keep_w = np.where(offload >= 2, 0.0, 1.0)  # weights stay on the GPU
-    is_full = method == 0
-    is_adapter = (method == 1) | (method == 2)
-    is_train = method != 3
+    is_full = method == FULL
+    is_adapter = (method == LORA) | (method == QLORA)
+    is_train = method != INFERENCE
 
     qlora_base = overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM
     inference_base = overrides.base_bytes_per_param or w_b
-    base_b = np.where(method == 1, w_b, np.where(method == 2, qlora_base, np.where(is_full, w_b, 0.0)))
+    base_b = np.where(method == LORA, w_b, np.where(method == QLORA, qlora_base, np.where(is_full, w_b, 0.0)))
     weights = sh.spread(base_b, sh.s_w)
     adapter_dev, adapter_host = _seed_adapters(model, overrides, x, sh, w_b, opt_b + master_b,
                                                keep_w, keep_o)

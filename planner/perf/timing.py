@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
+from planner.core.codes import FULL, QLORA
 from planner.core.specs import GpuSpec, ModelSpec
 
 # --------------------------------------------------------------------------------------------
@@ -197,9 +198,9 @@ def linear_flops_per_token(mf: ModelFlops, *, method: Any, checkpointing: Any, n
     """FLOPs of the linear layers per trained token (weights, adapters, recomputed forward).
     ``saved_head``: parameters of an LM head a LoRA run trains in full (``modules_to_save``),
     which adds its weight gradient; a trained embedding's gradient is a scatter, no GEMM."""
-    per_param = np.where(method == 0, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
+    per_param = np.where(method == FULL, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
     recompute = np.where(checkpointing == 2, RECOMPUTE_FLOPS_PER_PARAM * mf.active_params, 0.0)
-    head_grad = np.where(method == 0, 0.0, (FULL_FLOPS_PER_PARAM - ADAPTER_FLOPS_PER_PARAM) * saved_head)
+    head_grad = np.where(method == FULL, 0.0, (FULL_FLOPS_PER_PARAM - ADAPTER_FLOPS_PER_PARAM) * saved_head)
     return per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora + head_grad + recompute
 
 
@@ -356,7 +357,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     tp, pp, cp = x["tp"], x["pp"], x["cp"]
     n_lora = x.get("n_lora", 0.0)
     fp8 = np.asarray(x.get("fp8", 0)) > 0
-    quant = x.get("quant", np.where(method == 2, 1, 0))
+    quant = x.get("quant", np.where(method == QLORA, 1, 0))
     tokens_mb = mb * seq
     tokens_gpu = tokens_mb / cp  # tokens of one micro-batch this GPU processes
     mp = tp * pp * cp
@@ -387,7 +388,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # Eager attention writes and reads the s×s scores (:data:`EAGER_SCORE_BYTES` per score).
     scores = np.where(attention_kernel == 0, mf.heads * seq * tokens_gpu * mf.layers / (pp * tp), 0.0)
     t_elem = t_elem + scores * EAGER_SCORE_BYTES * np.where(ckpt >= 1, 4.0 / 3.0, 1.0) / perf.memory_bps
-    frozen = np.where(method == 0, 0.0, mf.params) / (tp * pp)
+    frozen = np.where(method == FULL, 0.0, mf.params) / (tp * pp)
     passes = np.where(ckpt == 2, 3.0, 2.0)
     t_dequant = np.where(quant > 0, passes * frozen * DEQUANT_BYTES_PER_PARAM / perf.memory_bps, 0.0)
     return t_gemm + (t_elem + t_dequant) / perf.kernel_speed, t_att
@@ -427,7 +428,7 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
     d = dp * cp
     # Parameters on this GPU: expert parallelism shards the routed experts over ep ranks.
     local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(ep, 1))
-    trainable = np.where(method == 0, local, n_lora + x.get("n_saved", 0.0))
+    trainable = np.where(method == FULL, local, n_lora + x.get("n_saved", 0.0))
     grad_bytes = trainable * 2.0 / (tp * pp)
     weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
 

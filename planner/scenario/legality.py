@@ -6,16 +6,15 @@ Messages read after the field and its value: ``layout.tp: 3`` + ``does not divid
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 
-from planner.core.specs import Checkpointing, GpuSpec, Method, ModelSpec, Offload, StackSpec
+from planner.core.codes import CHECKPOINTING, METHODS, OFFLOADS
+from planner.core.specs import GpuSpec, ModelSpec, StackSpec
 
 #: Offload codes: the schema's values in order (none, optimizer, optimizer+params).
-OFFLOAD_CODES: tuple[str, ...] = get_args(Offload)
-METHOD_CODES: tuple[str, ...] = get_args(Method)
-CHECKPOINT_CODES: tuple[str, ...] = get_args(Checkpointing)
+OFFLOAD_CODES, METHOD_CODES, CHECKPOINT_CODES = OFFLOADS, METHODS, CHECKPOINTING  # planner.core.codes
 
 
 def tp_model_fault(model: ModelSpec, tp: int) -> str | None:
