@@ -31,6 +31,11 @@ DTYPE_BYTES: dict[str, float] = {
 }
 
 
+def nodes_for(gpus: Any, gpus_per_node: Any) -> Any:
+    """Nodes that ``gpus`` GPUs occupy: ⌈gpus / gpus per node⌉ (integers or integer arrays)."""
+    return -(-gpus // gpus_per_node)
+
+
 def mib_to_bytes(mib: int) -> int:
     return int(mib) * BYTES_PER_MIB
 

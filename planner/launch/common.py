@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.scenario.resolve import ResolvedScenario
+from planner.core.units import nodes_for
 
 #: Export formats, in the order they are written.
 FORMATS = ("deepspeed", "accelerate", "torchrun", "hf", "torchtune", "megatron", "skypilot")
@@ -110,7 +111,7 @@ class Ctx:
     def nodes(self) -> int:
         if self.gpu is None:
             return 1
-        return -(-self.lay.gpus // self.gpu.gpus_per_node)
+        return nodes_for(self.lay.gpus, self.gpu.gpus_per_node)
 
     @property
     def per_node(self) -> int | None:

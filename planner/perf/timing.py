@@ -29,6 +29,7 @@ import numpy as np
 from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
 from planner.core.codes import FULL, QLORA
 from planner.core.specs import GpuSpec, ModelSpec
+from planner.core.units import nodes_for
 
 # --------------------------------------------------------------------------------------------
 # Named constants (physics and stated priors)
@@ -465,7 +466,7 @@ def default_global_batch(method: str, seq_len: int, tokens: float | None) -> int
 
 def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:
     """GPUs paid for: whole nodes where the type is rented only so, else the GPUs used."""
-    return np.where(whole_node_only, -(-gpus // gpus_per_node) * gpus_per_node, gpus)
+    return np.where(whole_node_only, nodes_for(gpus, gpus_per_node) * gpus_per_node, gpus)
 
 
 def job_cost_usd(time_s: Any, *, gpus: Any, price_usd_per_hour: Any) -> Any:

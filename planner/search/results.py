@@ -18,6 +18,7 @@ from planner.memory.estimate import estimate_resolved
 from planner.search.candidates import SearchOutcome
 from planner.scenario.resolve import deep_merge, resolve
 from planner.search.space import SearchRequest
+from planner.core.units import nodes_for
 
 
 class Band(BaseModel):
@@ -151,7 +152,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
                 f"search memory {int(ev['memory_bytes'])} ≠ estimate {est.total_bytes} for plan {fields}")
         has_time = "time_s" in ev
         plans.append(Plan(
-            rank=rank, nodes=-(-fields["gpus"] // gpu.gpus_per_node),
+            rank=rank, nodes=nodes_for(fields["gpus"], gpu.gpus_per_node),
             global_batch=fields["micro_batch"] * fields["dp"] * fields["grad_accum"],
             lora_rank=req.rs.workload.lora_rank if fields["method"] != "full" else None,
             memory=est.model_dump(mode="json"),
