@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.core.errors import EXCERPT_CHARS, MAX_LINE_CHARS, MAX_SHOWN_PROBLEMS, excerpt
-from planner.scenario.resolve import MAX_DEPTH, MAX_INPUT_BYTES, MAX_TEXT_CHARS, MAX_VALUES, load_yaml
+from planner.core.textfiles import MAX_DEPTH, MAX_INPUT_BYTES, MAX_TEXT_CHARS, MAX_VALUES, load_yaml
 
 from conftest import ROOT
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import yaml
-
-from planner.catalog.store import CATALOG_LOADER, UnknownName, catalog_dir, normalize_name
+from planner.catalog.store import UnknownName, catalog_dir, load_catalog_file, normalize_name
 from planner.core.specs import StackSpec
 
 
 @lru_cache(maxsize=1)
 def stacks() -> tuple[StackSpec, ...]:
     """Every stack, in the file's order (the default preference when several run a plan)."""
-    with (catalog_dir() / "stacks.yaml").open(encoding="utf-8") as f:
-        entries = yaml.load(f, Loader=CATALOG_LOADER)["stacks"]  # noqa: S506 - safe
+    entries = load_catalog_file(catalog_dir() / "stacks.yaml", "stacks")
     return tuple(StackSpec.model_validate(e) for e in entries)
 
 

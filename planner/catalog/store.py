@@ -276,7 +276,8 @@ class Catalog(Generic[T]):
 CATALOG_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _load_yaml(path: Path, key: str) -> list[dict]:
+def load_catalog_file(path: Path, key: str) -> list[dict]:
+    """The ``key`` list of a shipped catalog file (read with :data:`CATALOG_LOADER`)."""
     with path.open(encoding="utf-8") as f:
         data = yaml.load(f, Loader=CATALOG_LOADER)  # noqa: S506 - a safe loader, our own files
     return data[key]
@@ -284,7 +285,7 @@ def _load_yaml(path: Path, key: str) -> list[dict]:
 
 @lru_cache(maxsize=1)
 def _gpus_from_file() -> Catalog[GpuSpec]:
-    rows = _load_yaml(catalog_dir() / "gpus.yaml", "gpus")
+    rows = load_catalog_file(catalog_dir() / "gpus.yaml", "gpus")
     return Catalog("gpu", (GpuSpec.model_validate(row) for row in rows))
 
 
@@ -308,18 +309,12 @@ def gpus_overlaid(entries: Iterable[GpuSpec]):
 
 @lru_cache(maxsize=1)
 def models() -> Catalog[ModelSpec]:
-    rows = _load_yaml(catalog_dir() / "models.yaml", "models")
+    rows = load_catalog_file(catalog_dir() / "models.yaml", "models")
     return Catalog("model", (ModelSpec.model_validate(row) for row in rows))
 
 
 def get_gpu(name: str) -> GpuSpec:
     return gpus().get(name)
-
-
-def _is_file_or_dir(path: Path) -> bool:
-    """Whether ``path`` names a file or folder; False for what no file system takes as a path
-    (a part longer than a file name may be, a NUL character), where ``Path.is_file`` raises."""
-    return is_file(path) or is_dir(path)
 
 
 def get_model(name: str, *, base_dir: Path | None = None) -> ModelSpec:
@@ -334,7 +329,7 @@ def get_model(name: str, *, base_dir: Path | None = None) -> ModelSpec:
     path = Path(name).expanduser()
     candidates = [path] if path.is_absolute() or base_dir is None else [base_dir / path, path]
     for candidate in candidates:
-        if _is_file_or_dir(candidate):
+        if is_file(candidate) or is_dir(candidate):  # never raises, whatever the name
             from planner.catalog.hf_config import load_hf_config
 
             return load_hf_config(candidate)

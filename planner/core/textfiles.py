@@ -192,10 +192,7 @@ def read_text_bounded(path: str | Path, *, limit: int = MAX_INPUT_BYTES) -> str:
 
 
 def _is_link(path: Path) -> bool:
-    try:
-        return path.is_symlink()
-    except (OSError, ValueError):
-        return False
+    return _holds(Path.is_symlink, path)
 
 
 def _check_regular(path: Path, st: os.stat_result, limit: int) -> None:
@@ -284,15 +281,17 @@ def load_json(path: str | Path, *, limit: int = MAX_INPUT_BYTES) -> Any:
 def is_file(path: str | Path) -> bool:
     """``Path.is_file``, False (not an error) for what no file system takes as a path: a part
     longer than a file name may be, a NUL character."""
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):
-        return False
+    return _holds(Path.is_file, path)
 
 
 def is_dir(path: str | Path) -> bool:
     """``Path.is_dir``, False for what no file system takes as a path (see :func:`is_file`)."""
+    return _holds(Path.is_dir, path)
+
+
+def _holds(test, path: str | Path) -> bool:
+    """``test(path)``, False where the file system cannot take ``path`` at all."""
     try:
-        return Path(path).is_dir()
+        return test(Path(path))
     except (OSError, ValueError):
         return False

@@ -217,7 +217,8 @@ def _gpu_name_problems(p: Portfolio, path: Path) -> list[str]:
 
 def load_portfolio(path: str | Path) -> tuple[Portfolio, list[JobRun]]:
     """Read and check a portfolio file; every problem at once, one line each."""
-    from planner.scenario.resolve import deep_merge, load_yaml, read_scenario_file
+    from planner.core.textfiles import load_yaml
+    from planner.scenario.resolve import deep_merge, read_scenario_file
     from planner.search.answer import absolute_model_path
 
     path = Path(path)

@@ -12,7 +12,8 @@ from planner.launch.frameworks import (accelerate_config, deepspeed_config, dump
                                        skypilot_task, torchrun_command)
 from planner.launch.recipes import hf_files, megatron_args, torchtune_override
 from planner.core.outputs import atomic_write_text
-from planner.scenario.resolve import ResolvedScenario, parse_yaml, read_scenario_file, read_text_bounded, resolve
+from planner.core.textfiles import parse_yaml, read_text_bounded
+from planner.scenario.resolve import ResolvedScenario, read_scenario_file, resolve
 
 #: Plan fields that pin a scenario (what ``plans.plan_scenario`` sets).
 _WORKLOAD = ("method", "precision", "seq_len", "micro_batch", "grad_accum", "optimizer")

@@ -20,9 +20,7 @@ from planner.catalog.store import UnknownName
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
 from planner.catalog.hf_config import ConfigError
 from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario, Workload
-from planner.core.textfiles import (  # noqa: F401 - re-exported: where scenario readers find them
-    MAX_DEPTH, MAX_INPUT_BYTES, MAX_TEXT_CHARS, MAX_VALUES, load_yaml, parse_yaml, read_text_bounded,
-)
+from planner.core.textfiles import load_yaml
 from planner.scenario.legality import pp_fault, pp_gpu_fault, tp_gpu_fault
 
 #: Flat option names (CLI flags, keyword arguments) -> the scenario section that holds them.

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 import pandas as pd
 
 from planner.core.pools import ignore_interrupts, stopped_on_interrupt
+from planner.core.textfiles import is_dir
 from planner.core.errors import MAX_LINE_CHARS, InputError, clip, excerpt, shown
 from planner.search.answer import absolute_model_path
 from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS
@@ -73,7 +74,7 @@ def collect_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str], l
     problems: list[str] = []
     notes: list[str] = []
     for p in map(Path, paths):
-        if _is_real_dir(p):  # a link given by name is followed
+        if is_dir(p):  # a link given by name is followed
             found, more = _search(p)
             files.extend(found)
             notes.extend(more)
@@ -82,13 +83,6 @@ def collect_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str], l
         else:
             problems.append(f"{p}: no such file or folder")
     return list(dict.fromkeys(files)), problems, notes
-
-
-def _is_real_dir(p: Path) -> bool:
-    try:
-        return p.is_dir()
-    except OSError:
-        return False
 
 
 def _search(root: Path) -> tuple[list[Path], list[str]]:
@@ -110,7 +104,7 @@ def _search(root: Path) -> tuple[list[Path], list[str]]:
 
 
 def _read(path: Path) -> Any:
-    from planner.scenario.resolve import load_yaml
+    from planner.core.textfiles import load_yaml
 
     return load_yaml(path)
 
@@ -143,7 +137,7 @@ def read_items(files: Iterable[Path]) -> tuple[list[Item], list[str]]:
     items, skipped = [], []
     for path in files:
         try:
-            if _is_real_dir(path):  # a folder os.walk could not list
+            if is_dir(path):  # a folder os.walk could not list
                 try:
                     os.listdir(path)
                     why = "could not be searched"
