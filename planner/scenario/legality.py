@@ -15,6 +15,7 @@ from planner.core.specs import GpuSpec, ModelSpec, StackSpec
 
 #: Offload codes: the schema's values in order (none, optimizer, optimizer+params).
 OFFLOAD_CODES, METHOD_CODES, CHECKPOINT_CODES = OFFLOADS, METHODS, CHECKPOINTING  # planner.core.codes
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 
 def tp_model_fault(model: ModelSpec, tp: int) -> str | None:
@@ -91,25 +92,21 @@ def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, t
     def code(values: tuple[str, ...], x: Any) -> Any:
         return values.index(x) if isinstance(x, str) else np.asarray(x)
 
-    def among(values: tuple[str, ...], x: Any, allowed: list) -> Any:
+    def among(values: tuple, x: Any, allowed: list) -> Any:
         table = np.zeros(len(values), dtype=bool)  # a lookup, not np.isin: the search calls this
         table[[values.index(v) for v in allowed]] = True  # on grids of 10^5 layouts per stack
         return table[code(values, x)]
-
-    def stage(x: Any, allowed: list) -> Any:  # a ZeRO stage among those allowed
-        table = np.zeros(4, dtype=bool)
-        table[list(allowed)] = True
-        return table[np.asarray(x)]
 
     m = code(METHOD_CODES, method)
     qlora = m == METHOD_CODES.index("qlora")
     ok = among(METHOD_CODES, m, stack.methods) & np.asarray(vendor in stack.vendors)
     ok &= ~qlora | (np.asarray(quant_type in stack.quant_types and vendor in stack.qlora_vendors)
-                    & stage(zero, stack.zero_with_qlora))
-    ok &= stage(zero, stack.zero) & among(OFFLOAD_CODES, offload, stack.offload)
+                    & among(ZERO_STAGES, zero, stack.zero_with_qlora))
+    ok &= among(ZERO_STAGES, zero, stack.zero) & among(OFFLOAD_CODES, offload, stack.offload)
     ok &= among(CHECKPOINT_CODES, checkpointing, stack.checkpointing)
     ok &= (np.asarray(tp) == 1) | among(METHOD_CODES, m, stack.tp_methods)
-    ok &= (np.asarray(pp) == 1) | (among(METHOD_CODES, m, stack.pp_methods) & stage(zero, stack.zero_with_pp))
+    ok &= (np.asarray(pp) == 1) | (among(METHOD_CODES, m, stack.pp_methods)
+                                   & among(ZERO_STAGES, zero, stack.zero_with_pp))
     ok &= (np.asarray(cp) == 1) | stack.cp
     ok &= (np.asarray(ep) == 1) | stack.ep
     ok &= ~np.asarray(sp, dtype=bool) | stack.sp

@@ -492,8 +492,7 @@ class _BestFirst:
         """Expand until nothing left can beat the threshold (True: proven) or the deadline passes
         (False); with nothing found by then, on until ``hard_deadline``."""
         while True:
-            next_class = self.lb0_sorted[self.cpos] if self.cpos < len(self.corder) else np.inf
-            next_window = self.pend_lb.min() if len(self.pend_lb) else np.inf
+            next_class, next_window = self._next_bounds()
             if min(next_class, next_window) > self.threshold or (next_class == np.inf and next_window == np.inf):
                 return True
             now = time.perf_counter()
@@ -504,10 +503,14 @@ class _BestFirst:
             else:
                 self._expand_classes()
 
+    def _next_bounds(self) -> tuple[float, float]:
+        """The lower bounds of the next class to expand and of the best pending window."""
+        next_class = self.lb0_sorted[self.cpos] if self.cpos < len(self.corder) else np.inf
+        return next_class, (self.pend_lb.min() if len(self.pend_lb) else np.inf)
+
     def lower_bound(self) -> float:
         """The lowest key any plan not yet evaluated can have."""
-        next_class = self.lb0_sorted[self.cpos] if self.cpos < len(self.corder) else np.inf
-        return float(min(next_class, self.pend_lb.min() if len(self.pend_lb) else np.inf))
+        return float(min(self._next_bounds()))
 
     def _evaluate_windows(self, next_class: float) -> None:
         """Evaluate the pending windows of lowest bound (a batch that doubles up to its largest)."""
