@@ -115,7 +115,8 @@ def throughput_row(run: dict, index: int, tokens_per_s: float, step_s: list[floa
         "tokens_per_s_per_gpu": f"{tokens_per_s:.1f}",
         "conversion": f"{tokens} tokens per step / median step time", "confidence": "high",
         "notes": (f"transformers LlamaForCausalLM, random weights, SDPA, torch.cuda.synchronize around each "
-                  f"optimizer step; {WARMUP_STEPS} warm-up steps not timed; no compile, standard loss"
+                  f"optimizer step; {WARMUP_STEPS} warm-up steps not timed; no compile, standard loss; "
+                  f"torch AdamW foreach (torch's default), states in the parameters' dtype"
                   + (", bitsandbytes NF4 base (double quant)" if run["method"] == "qlora" else "")),
     }
     return {k: str(v) for k, v in row.items()}  # as a CSV reads it back

@@ -310,6 +310,10 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
                                          res["step_s"], res.get("gpu_name", "NVIDIA H200"))
         row["source"] = "planner-bench-h200-hf-2"
         row["source_ref"] = "bench/gpu_time_session.py"
+        if run["method"] != "full":
+            row["precision"] = ("bf16 base, " + ("BF16 PEFT adapters (cast)" if run.get("adapter_dtype") == "bf16"
+                                                  else "FP32 PEFT adapters, no autocast (inputs cast to FP32)"))
+        row["notes"] += "; torch AdamW foreach (torch's default), states in the parameters' dtype"
         row["notes"] += (_variant_note(run) + "; one process per model, settings in turn; host share of the "
                          f"step {statistics.median(res['host_s'][gpu_session.WARMUP_STEPS:]) / statistics.median(timed):.2f}")
         row["predicted_before_tokens_per_s"] = f"{run['predicted_tokens_per_s']:.1f}"

@@ -66,6 +66,6 @@ def test_cli_loso_several_files_and_bad_combinations():
     got = json.loads(out.output)
     assert got["loso"] and set(got["refitted"]) == set(got["by_source"])
     out = CliRunner().invoke(app, ["validate", str(CALIBRATION), str(MORE)])
-    assert out.exit_code == 2 and "several files only with --loso" in out.output
+    assert out.exit_code == 2 and "several files only for throughput, or with --loso" in out.output
     out = CliRunner().invoke(app, ["validate", str(CALIBRATION), "--loso", "--profile", "seed"])
     assert out.exit_code == 2 and "--loso" in out.output

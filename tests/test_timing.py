@@ -134,3 +134,37 @@ def test_short_job_without_a_batch_stays_on_few_gpus():
                         "search": {"gpu_types": ["h100", "a100-80gb"]}, "top": 3})
     assert res.plans and all(p.gpus <= 8 for p in res.plans)
     assert all(p.micro_batch * p.dp * p.grad_accum == 64 for p in res.plans)
+
+
+def test_lora_adapters_pay_their_side_path_over_memory_bandwidth():
+    """LoRA's adapters add memory-bound traffic over the adapted width (n_lora / rank): 19 bytes
+    per element in the compute dtype, 76 as PEFT's FP32 adapters (kernel profiles of 1B and 8B
+    steps on an H200, data/README.md); full recompute repeats the forward's third; a fusing stack
+    keeps the fused share; full fine-tuning has none."""
+    n_lora, rank = 4.2e7, 16
+    tokens = BASE["micro_batch"] * BASE["seq_len"] * BASE["grad_accum"]
+    plain = step(method=1, n_lora=n_lora)
+    for dtype, per in (("compute", 19.0), ("fp32", 76.0)):
+        traffic = timing.adapter_bytes_per_token(n_lora, rank, dtype)
+        assert traffic == pytest.approx(n_lora / rank * per)
+        assert step(method=1, n_lora=n_lora, adapter_bytes=traffic) - plain == pytest.approx(
+            tokens * traffic / H100.memory_bps / H100.kernel_speed, rel=1e-6)
+        ckpt = step(method=1, n_lora=n_lora, adapter_bytes=traffic, checkpointing=2)
+        assert ckpt - step(method=1, n_lora=n_lora, checkpointing=2) == pytest.approx(
+            4 / 3 * tokens * traffic / H100.memory_bps / H100.kernel_speed, rel=1e-6)
+        fused = step(method=1, n_lora=n_lora, adapter_bytes=traffic, fused=1)
+        assert fused - step(method=1, n_lora=n_lora, fused=1) == pytest.approx(
+            FITTED.fused_elementwise_share * tokens * traffic / H100.memory_bps / H100.kernel_speed, rel=1e-6)
+    assert step(adapter_bytes=1e9) == pytest.approx(step())  # full fine-tuning: no adapters
+
+
+def test_optimizer_step_by_implementation():
+    """torch's foreach AdamW: 20 passes over its states at the measured bandwidth share; a fused
+    step 7 passes (FP32 states with a 16-bit copy: the 28 bytes every published row assumes)."""
+    assert timing.optimizer_bytes_per_param("fused", 4.0) == timing.OPTIMIZER_BYTES_PER_PARAM == 28.0
+    assert timing.optimizer_bytes_per_param("fused", 2.0) == 14.0
+    foreach = timing.optimizer_bytes_per_param("foreach", 2.0)
+    assert foreach == pytest.approx(40.0 / timing.FOREACH_BANDWIDTH_SHARE)
+    assert 0.5 <= timing.FOREACH_BANDWIDTH_SHARE <= 0.95
+    delta = step(optimizer_bytes=foreach) - step()
+    assert delta == pytest.approx(MF.params * (foreach - 28.0) / H100.memory_bps, rel=1e-6)

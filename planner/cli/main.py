@@ -304,13 +304,13 @@ def validate(
         problems.append(f"profile: {profile!r} is not seed or detailed")
     if loso and (verdicts or profile != "detailed"):
         problems.append("--loso: memory or throughput, with the detailed profile")
-    if len(files) > 1 and (verdicts or kind == "throughput" or not loso):
-        problems.append("FILE: several files only with --loso on memory")
+    if len(files) > 1 and (verdicts or (kind == "memory" and not loso)):
+        problems.append("FILE: several files only for throughput, or with --loso on memory")
     if problems:
         _fail(problems)
     run, render_tables = _validator(kind, profile, loso, verdicts)
     try:
-        result = run(files if len(files) > 1 or (loso and kind == "memory") else files[0])
+        result = run(list(files) if len(files) > 1 or (loso and kind == "memory") else files[0])
     except InputError as exc:
         _fail(exc.problems)
         return

@@ -75,6 +75,49 @@ EAGER_SCORE_BYTES = 20.0
 #: AdamW reads FP32 master, m, v and the gradient and writes master, m, v and the 16-bit weight
 #: (4·3 + 2 read, 4·3 + 2 written ≈ 28). Memory-bound, once per optimizer step.
 OPTIMIZER_BYTES_PER_PARAM = 28.0
+#: torch's default (``foreach``, not fused) AdamW: eight ``_foreach_`` kernels per step, each a
+#: pass over a state-sized tensor list — decay (read/write the weight: 2), lerp of m (3), scale
+#: and addcmul of v (2 + 3), sqrt, divide and add into a temporary (2 + 2 + 2), addcdiv into the
+#: weight (4): 20 element reads and writes per parameter (torch/optim/adamw.py,
+#: ``_multi_tensor_adamw``). The profile of an 8B and a 1B step on an H200 (data/README.md, "Where
+#: an H200 step's time goes") shows those kernels at 8 × 384 launches moving 3.2 of the card's
+#: nominal 4.8 TB/s: :data:`FOREACH_BANDWIDTH_SHARE`, a measured share (physical range 0.5–0.95:
+#: a plain device copy reaches 0.9).
+FOREACH_ADAMW_PASSES = 20.0
+#: A fused AdamW kernel reads weight, gradient, m and v and writes weight, m and v: 7 passes
+#: (with 16-bit states, 14 bytes; with FP32 states and a 16-bit weight copy,
+#: :data:`OPTIMIZER_BYTES_PER_PARAM`).
+FUSED_ADAMW_PASSES = 7.0
+FOREACH_BANDWIDTH_SHARE = 0.67
+
+
+def optimizer_bytes_per_param(implementation: str, state_bytes: float) -> float:
+    """Bytes at the card's nominal bandwidth the AdamW step costs per trainable parameter:
+    ``fused`` (one kernel: :data:`OPTIMIZER_BYTES_PER_PARAM`, a mixed-precision step) or
+    ``foreach`` (torch's default: :data:`FOREACH_ADAMW_PASSES` passes over states of
+    ``state_bytes`` each, at :data:`FOREACH_BANDWIDTH_SHARE` of the bandwidth)."""
+    if implementation == "foreach":
+        return FOREACH_ADAMW_PASSES * state_bytes / FOREACH_BANDWIDTH_SHARE
+    return OPTIMIZER_BYTES_PER_PARAM if state_bytes >= 4 else FUSED_ADAMW_PASSES * state_bytes
+
+
+#: LoRA adapters' own memory traffic per token and per unit of adapted width (the sum of in and
+#: out features over the adapted linear layers, n_lora / rank), as bytes at the card's nominal
+#: bandwidth. The side path of each adapted layer is memory-bound: its rank-r GEMMs read the
+#: layer's input and write its output width (forward), read the output gradient twice and the
+#: input again and write an input gradient (backward), and the scaling and the two adds each read
+#: and write the output or input width — about 8 passes of an element, 16 bytes in BF16.
+#: Measured from the kernel profiles of 1B and 8B steps on an H200 (data/README.md, "Where an
+#: H200 step's time goes"): ``compute`` (adapters in the 16-bit compute dtype) 19; ``fp32``
+#: (PEFT's default: FP32 adapters, the layer's input cast to FP32 for them, the rank-r GEMMs on
+#: CUDA cores) 76 — the same passes at 4 bytes plus the casts both ways (≈ 62 counted) and the
+#: FP32 GEMMs' time. Physical range: 16–24 and 62–90.
+ADAPTER_BYTES_PER_WIDTH = {"compute": 19.0, "fp32": 76.0}
+
+
+def adapter_bytes_per_token(n_lora: float, rank: int, adapter_dtype: str) -> float:
+    """Adapter traffic per token (bytes), from the adapted width n_lora / rank."""
+    return n_lora / max(rank, 1) * ADAPTER_BYTES_PER_WIDTH[adapter_dtype]
 #: Bandwidth assumed where the catalog has none: PCIe 4.0 x16 (~25 GB/s usable per direction)
 #: inside a node, 100 Gb/s Ethernet (12.5 GB/s) between nodes, and 1 TB/s device memory.
 DEFAULT_INTRA_NODE_GBPS = 25.0
@@ -125,12 +168,14 @@ class TimeParams:
     #: Hardware-FLOPs utilisation of the 16-bit tensor-core work (GEMMs and attention kernels).
     #: Prior 0.65; fit bound 0.70 (cuBLAS reaches 0.7–0.85 of the dense peak on large GEMMs).
     gemm_hfu: float = 0.65
-    #: Memory-bound time per token and layer, as 16-bit hidden vectors moved over the card's
-    #: memory bandwidth. Prior 80 (a count of the element-wise ops' reads and writes). The fit
-    #: lands several times higher: it also stands for what scales the same way — small kernels,
-    #: launch gaps, layout copies — and it is what makes cards with more FLOPs per byte of
-    #: bandwidth (H100 vs A100) reach a lower share of their peak.
-    elementwise_vectors: float = 80.0
+    #: Memory-bound time per token and layer, as 16-bit hidden vectors moved at the card's
+    #: nominal memory bandwidth, of a stack that does not fuse its element-wise ops (eager
+    #: PyTorch modeling code: RMSNorm in FP32, rotary by concatenation, unfused SwiGLU, residual
+    #: adds, casts, the FP32 logits). Physical range 250–600: a count of those ops' reads and
+    #: writes at full bandwidth gives ≈ 250; kernel profiles of eager Hugging Face steps on an
+    #: H200 measure 440–490 at 1B and 8B and 460 at 135M (data/README.md, "Where an H200 step's
+    #: time goes"). Prior 450. Fusing stacks keep :attr:`fused_elementwise_share` of it.
+    elementwise_vectors: float = 450.0
     #: FP8 linear layers: share of the FP8 peak reached, relative to ``gemm_hfu`` of the 16-bit
     #: peak (scaling casts, amax bookkeeping, smaller tiles). Prior 0.6.
     fp8_efficiency: float = 0.6
@@ -139,10 +184,14 @@ class TimeParams:
     #: Prior 64.
     microbatch_half_tokens: float = 64.0
     #: MoE layers: memory-bound traffic per token per routed expert copy (permute, the expert's
-    #: activation, unpermute and the weighted sum), in hidden vectors. Prior 20.
+    #: activation, unpermute and the weighted sum), in hidden vectors. Prior 20; physical range
+    #: 5–60 (a fused permute moves ≈ 4 vectors each way; unfused gathers, scatters and the
+    #: router's FP32 softmax a few times more).
     moe_route_vectors: float = 20.0
     #: Share of the memory-bound traffic left where the stack fuses element-wise ops into
-    #: neighbouring kernels (torch.compile; Megatron-Core's Transformer Engine layers). Prior 0.6.
+    #: neighbouring kernels (torch.compile; Megatron-Core's Transformer Engine layers). Prior 0.6;
+    #: physical range 0.1–1 (a fused norm-linear-activation chain keeps ≈ one read and one write
+    #: of the ≈ 10 its unfused ops make).
     fused_elementwise_share: float = 0.6
 
 
@@ -150,16 +199,20 @@ class TimeParams:
 PRIOR = TimeParams()
 #: Fitted on data/measured_throughput.csv (124 runs, 11 sources: torchtitan, Qwen v1, NeMo 24.07,
 #: Megatron-Bridge 25.11, NeMo AutoModel, the PyTorch/IBM FSDP blog, XTuner, torchtune,
-#: Korthikanti et al. 2022, OneFlow DLPerf, FlagPerf) by minimising the mean absolute log error
-#: (planner.validate.throughput.fit). In-sample MdAPE 9.8 %; each source predicted by a refit
-#: without it (LOSO): 11.5 %.
+#: Korthikanti et al. 2022, OneFlow DLPerf, FlagPerf) and the 68 runs measured on an H200
+#: (data/measured_throughput_h200.csv, data/measured_throughput_h200_time.csv) by minimising the
+#: mean absolute log error within each constant's physical range
+#: (planner.validate.throughput.fit, FIT_BOUNDS). Reproduce: ``planner validate --kind
+#: throughput data/measured_throughput.csv data/measured_throughput_h200.csv
+#: data/measured_throughput_h200_time.csv [--loso]``. ``moe_route_vectors`` sits at its lower
+#: bound: the MoE rows want less routing traffic than a fused permute moves.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=584.0,
-    fp8_efficiency=0.730,
-    microbatch_half_tokens=59.2,
-    moe_route_vectors=29.9,
-    fused_elementwise_share=0.292,
+    elementwise_vectors=536.1,
+    fp8_efficiency=0.652,
+    microbatch_half_tokens=39.7,
+    moe_route_vectors=5.0,
+    fused_elementwise_share=0.148,
 )
 
 
@@ -316,7 +369,10 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     (bytes per parameter of the stored weights; default :func:`stored_weight_bytes`), ``vp``
     (virtual pipeline stages of an interleaved 1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
     1 a 4-bit base; default: QLoRA has one), ``attention`` (0 eager, 1 fused; default fused),
-    ``fused`` (the stack fuses element-wise ops: torch.compile, Transformer Engine; default off).
+    ``fused`` (the stack fuses element-wise ops: torch.compile, Transformer Engine; default off),
+    ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
+    default 0), ``optimizer_bytes`` (per trainable parameter, :func:`optimizer_bytes_per_param`;
+    default :data:`OPTIMIZER_BYTES_PER_PARAM`).
 
     step = (m + (pp − 1)/vp) · t_microbatch   (1F1B, interleaved over vp virtual stages: the
                                               bubble is (pp − 1)/vp micro-batch slots;
@@ -389,6 +445,12 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # Eager attention writes and reads the s×s scores (:data:`EAGER_SCORE_BYTES` per score).
     scores = np.where(attention_kernel == 0, mf.heads * seq * tokens_gpu * mf.layers / (pp * tp), 0.0)
     t_elem = t_elem + scores * EAGER_SCORE_BYTES * np.where(ckpt >= 1, 4.0 / 3.0, 1.0) / perf.memory_bps
+    # LoRA's side path: memory-bound traffic over the adapted widths (repeated by full recompute).
+    # A fusing stack (torch.compile; fused LoRA kernels) fuses its casts, scaling and adds as it
+    # does the other element-wise ops.
+    adapter = np.where(method == FULL, 0.0, x.get("adapter_bytes", 0.0)) * tokens_gpu / (tp * pp)
+    adapter = adapter * np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
+    t_elem = t_elem + adapter * np.where(ckpt == 2, 4.0 / 3.0, 1.0) / perf.memory_bps
     frozen = np.where(method == FULL, 0.0, mf.params) / (tp * pp)
     passes = np.where(ckpt == 2, 3.0, 2.0)
     t_dequant = np.where(quant > 0, passes * frozen * DEQUANT_BYTES_PER_PARAM / perf.memory_bps, 0.0)
@@ -442,7 +504,8 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
     dp_comm = np.where(zero >= 3, zero3, allreduce)
 
     shard = trainable / (tp * pp * np.where(zero >= 1, np.maximum(d, 1), 1))
-    optimizer = 0.0 if x.get("intra_only") else shard * OPTIMIZER_BYTES_PER_PARAM / perf.memory_bps
+    opt_bytes = x.get("optimizer_bytes", OPTIMIZER_BYTES_PER_PARAM)
+    optimizer = 0.0 if x.get("intra_only") else shard * opt_bytes / perf.memory_bps
     offload_opt = np.where(offload >= 1, shard * 4.0 / (PCIE_HOST_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S, 0.0)
     optimizer = np.where(offload >= 1, 0.0, optimizer)
     offload_params = np.where(offload >= 2, 2.0 * ga * weight_bytes / np.maximum(d, 1) / (PCIE_HOST_GBPS * 1e9), 0.0)

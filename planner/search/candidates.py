@@ -32,7 +32,7 @@ from planner.search.cpsat import (
 from planner.search.lattice import Lattice, build_lattice, degree_windows, fitting_windows
 from planner.search.space import (CLASS_KEYS, Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table,
                                   host_bytes_per_node, memory_flags, memory_of, memory_total)
-from planner.search.space import grad_accum_of, n_lora_of, perf_rows, saved_modules_of
+from planner.search.space import adapter_traffic_of, grad_accum_of, n_lora_of, perf_rows, saved_modules_of
 
 #: Columns evaluated per batch: the first batch is small (the bound often stops the search
 #: after it), later ones double up to the largest, which bounds the arrays' size.
@@ -80,7 +80,7 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
                            checkpointing=a["checkpointing"], offload=np.zeros_like(g), zero=np.zeros_like(g),
                            seq_len=a["seq_len"], micro_batch=a["micro_batch"], grad_accum=ga, tp=a["tp"],
                            pp=a["pp"], cp=a["cp"], ep=a["ep"], dp=np.ones_like(g), n_lora=n_lora,
-                           **saved_modules_of(req.rs),
+                           **saved_modules_of(req.rs), **adapter_traffic_of(req.rs),
                            attention=a["attention"], fp8=int(bool(req.rs.workload.fp8)), intra_only=True,
                            fused=req.fused(a["stack"]),
                            vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)

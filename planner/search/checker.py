@@ -20,7 +20,7 @@ from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS
 from planner.search.results import Plan, plan_scenario
 from planner.scenario.resolve import resolve
 from planner.search.cpsat import budget_units, cost_units, deadline_ms, time_ms
-from planner.search.space import METHOD_LADDER, build_tiers, n_lora_of, saved_modules_of
+from planner.search.space import METHOD_LADDER, adapter_traffic_of, build_tiers, n_lora_of, saved_modules_of
 from planner.core.specs import DEFAULT_MAX_GPUS, Scenario
 
 #: Relative tolerance when comparing a plan's reported time and cost with the recomputation.
@@ -129,7 +129,7 @@ def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[st
         checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
         zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
         tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),
-        **saved_modules_of(rs_user),
+        **saved_modules_of(rs_user), **adapter_traffic_of(rs_user),
         attention=ATTENTION.index(p["attention"]),
         fp8=int(bool(rs.workload.fp8)), fused=int(get_stack(p["stack"]).fused_kernels or rs.workload.compile),
         vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)

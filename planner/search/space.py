@@ -529,6 +529,16 @@ def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
     return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
 
 
+def adapter_traffic_of(rs: ResolvedScenario) -> dict[str, float]:
+    """``adapter_bytes``: LoRA's side-path memory traffic per token as the time model takes it,
+    from the adapted width (n_lora / rank) and the adapters' dtype (the time model charges it to
+    LoRA and QLoRA columns only)."""
+    from planner.perf.timing import adapter_bytes_per_token
+
+    wl = rs.workload
+    return {"adapter_bytes": adapter_bytes_per_token(n_lora_of(rs), wl.lora_rank, wl.adapter_dtype)}
+
+
 def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
              *, known_to_fit: bool = False, host_upper: np.ndarray | None = None,
              memory: bool = True) -> dict[str, np.ndarray]:
@@ -564,7 +574,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     x = dict(method=c["method"], checkpointing=c["checkpointing"], offload=c["offload"], zero=c["zero"],
              seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
-             **saved_modules_of(req.rs),
+             **saved_modules_of(req.rs), **adapter_traffic_of(req.rs),
              attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
              fused=req.fused(c["stack"]),
              vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)

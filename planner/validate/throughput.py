@@ -42,18 +42,21 @@ BASELINE_MFU = 0.40
 #: LoRA rank where a row does not state it (NeMo's LoRA recipes use 32; PEFT's default is 8).
 DEFAULT_LORA_RANK = 16
 #: Parameters the fit moves, each within bounds (the fit works on their logarithms).
+#: Each is the physical range its docstring in :class:`planner.perf.timing.TimeParams` gives.
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_hfu": (0.2, 0.70),
-    "elementwise_vectors": (1.0, 2000.0),
+    "elementwise_vectors": (250.0, 600.0),
     "fp8_efficiency": (0.3, 1.0),
     "microbatch_half_tokens": (1.0, 4096.0),
-    "moe_route_vectors": (0.1, 2000.0),
-    "fused_elementwise_share": (0.05, 1.0),
+    "moe_route_vectors": (5.0, 60.0),
+    "fused_elementwise_share": (0.1, 1.0),
 }
 #: Words that name a stack fusing element-wise ops into its GEMMs and neighbours: torch.compile,
 #: and Megatron-Core's Transformer Engine layers (fused norm-linear, bias-activation, FP8 casts),
 #: which NeMo and Megatron-Bridge run and which any FP8 recipe needs. Stacks that use a few TE
 #: modules inside Hugging Face model code (NeMo AutoModel) keep their unfused element-wise ops.
+#: Phrases that say a run was *not* compiled (removed before :data:`FUSED_WORDS` are looked for).
+NOT_COMPILED = r"compile\s*[=:]\s*(no|false|off)|\b(no|not|without)\s+(torch\.)?compile\b"
 FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge")
 #: Sources whose runs predate fused attention kernels (FlashAttention appeared in May 2022 and
 #: reached Megatron-LM in 2023): their attention ran the unfused math path (the whole s×s
@@ -145,8 +148,29 @@ def _fused(row: dict[str, str]) -> bool:
     text = " ".join((row.get("source", ""), row.get("precision", ""), row.get("notes", ""))).lower()
     if row.get("source", "").startswith("nemo-automodel"):
         text = text.replace("te +", "")
-    text = re.sub(r"compile\s*=\s*(no|false|off)", "", text)
+    text = re.sub(NOT_COMPILED, "", text)
     return any(re.search(w, text) for w in FUSED_WORDS)
+
+
+def _text(row: dict[str, str]) -> str:
+    return " ".join((row.get("precision", ""), row.get("notes", ""))).lower()
+
+
+def adapter_dtype_of(row: dict[str, str]) -> str:
+    """``fp32`` where the row says its adapters were FP32 (PEFT's default), else ``compute``:
+    the LoRA rows of the other sources run their adapters in the 16-bit compute dtype
+    (DeepSpeed's and Megatron's BF16 engines cast every parameter; torchtune builds them so)."""
+    return "fp32" if re.search(r"fp32 (peft )?adapters", _text(row)) else "compute"
+
+
+def optimizer_bytes_of(row: dict[str, str]) -> float:
+    """Bytes per parameter of the row's optimizer step: torch's foreach AdamW where the row says
+    so (its states' dtype from the row: BF16 where the weights are BF16), else a fused step."""
+    text = _text(row)
+    if "foreach" not in text:
+        return timing.OPTIMIZER_BYTES_PER_PARAM
+    state_bytes = 2.0 if re.search(r"states in (the parameters' dtype|bf16)", text) and "bf16" in text else 4.0
+    return timing.optimizer_bytes_per_param("foreach", state_bytes)
 
 
 def case_of(row: dict[str, str]) -> ThroughputCase:
@@ -184,6 +208,8 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "n_lora": n_lora, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
              "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
              "fused": int(_fused(row)),
+             "adapter_bytes": 0.0 if code == 0 else timing.adapter_bytes_per_token(n_lora, rank, adapter_dtype_of(row)),
+             "optimizer_bytes": optimizer_bytes_of(row),
              "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
     node = int(_num(row, "gpus_per_node", gpu.gpus_per_node) or gpu.gpus_per_node)
     measured = _num(row, "tokens_per_s_per_gpu")
@@ -456,11 +482,14 @@ def before_figures(results: list[ThroughputResult]) -> dict[str, Any] | None:
     return {**overall, "groups": {k: v for k, v in groups.items() if v is not None}}
 
 
-def validate_file(path: str | Path, *, loso: bool = False, params: TimeParams | None = None) -> dict[str, Any]:
-    """Score the time model on a CSV of measured runs (columns of data/measured_throughput.csv)."""
-    cases, unmodelled = cases_of(read_rows(path))
+def validate_file(path: str | Path | list[str | Path], *, loso: bool = False,
+                  params: TimeParams | None = None) -> dict[str, Any]:
+    """Score the time model on CSVs of measured runs (columns of data/measured_throughput.csv;
+    several files are scored, and left out source by source, together)."""
+    paths = path if isinstance(path, list) else [path]
+    cases, unmodelled = cases_of([row for p in paths for row in read_rows(p)])
     if not cases:
-        raise InputError([f"{path}: no row could be modelled"])
+        raise InputError([f"{', '.join(map(str, paths))}: no row could be modelled"])
     batch = Batch.of(cases)
     params = params or timing.FITTED
     if loso:
