@@ -92,6 +92,10 @@ def sweep_run(model_id: str, method: str, seq: int, batch: int, ckpt: bool) -> d
     return run
 
 
+def _targets_text(targets) -> str:
+    return "all linear" if targets == "all-linear" else ",".join(t.removesuffix("_proj") for t in targets)
+
+
 def throughput_row(run: dict, index: int, tokens_per_s: float, step_s: list[float], gpu_name: str) -> dict:
     """A row in the columns of data/measured_throughput.csv."""
     tokens = run["micro_batch"] * run["seq_len"] * run.get("grad_accum", 1)
@@ -105,7 +109,8 @@ def throughput_row(run: dict, index: int, tokens_per_s: float, step_s: list[floa
         "lora_rank": run.get("lora_rank", "") if run["method"] != "full" else "",
         "quant": "nf4" if run["method"] == "qlora" else "",
         "precision": "bf16 (BF16 weights, torch AdamW states in BF16)" if run["method"] == "full"
-        else "bf16 base, FP32 PEFT adapters under autocast",
+        else "bf16 base, BF16 PEFT adapters (cast)" if run.get("adapter_dtype") == "bf16"
+        else "bf16 base, FP32 PEFT adapters, no autocast (inputs cast to FP32)",
         "gpu_type": gpu_name, "planner_gpu": GPU_ID, "gpus": 1, "gpus_per_node": 1, "tp": 1, "pp": 1, "cp": 1,
         "dp": 1, "zero_fsdp": "none", "seq_len": run["seq_len"], "micro_batch": run["micro_batch"],
         "grad_accum": run.get("grad_accum", 1), "global_batch": run["micro_batch"] * run.get("grad_accum", 1),
@@ -116,8 +121,11 @@ def throughput_row(run: dict, index: int, tokens_per_s: float, step_s: list[floa
         "conversion": f"{tokens} tokens per step / median step time", "confidence": "high",
         "notes": (f"transformers LlamaForCausalLM, random weights, SDPA, torch.cuda.synchronize around each "
                   f"optimizer step; {WARMUP_STEPS} warm-up steps not timed; no compile, standard loss; "
-                  f"torch AdamW foreach (torch's default), states in the parameters' dtype"
-                  + (", bitsandbytes NF4 base (double quant)" if run["method"] == "qlora" else "")),
+                  + ("torch AdamW fused (fused=True)" if run.get("optimizer_impl") == "fused"
+                     else "torch AdamW foreach (torch's default)") + ", states in the parameters' dtype"
+                  + (", bitsandbytes NF4 base (double quant)" if run["method"] == "qlora" else "")
+                  + ("" if run["method"] == "full" else f"; LoRA rank {run.get('lora_rank', gpu_memory.LORA_RANK)} on "
+                     + _targets_text(run.get("lora_targets", "all-linear")))),
     }
     return {k: str(v) for k, v in row.items()}  # as a CSV reads it back
 

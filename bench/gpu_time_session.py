@@ -90,10 +90,37 @@ GROUPS = (
 )
 
 
-def _run_of(model: str, method: str, variant, setting) -> dict:
-    seq, batch, ckpt, prof = setting
+#: A second session, planned with the time model that the first one's profiles led to, each
+#: setting predicted before it ran: settings the first did not measure (fused AdamW, BF16
+#: adapters on other models, ranks 8 and 128, q,v only with FP32 adapters, gradient
+#: accumulation, 8K tokens). A setting may add its micro-batches per step; a group may name its
+#: AdamW ("fused": torch's fused kernel).
+GROUPS_2 = (
+    ("llama-3.2-1b", "full", None, [(2048, 4, False, False), (2048, 2, False, False, 4)], "fused"),
+    ("qwen2.5-1.5b", "full", None, [(2048, 8, False, False)], "fused"),
+    ("llama-3.1-8b", "full", None, [(2048, 2, True, False)], "fused"),
+    ("mistral-7b-v0.3", "full", None, [(2048, 4, True, False)], "fused"),
+    ("qwen2.5-0.5b", "full", None, [(2048, 4, False, False, 4)], "foreach"),
+    ("qwen2.5-7b", "lora", (16, ALL, "bf16"), [(2048, 4, False, False)], "foreach"),
+    ("qwen3-4b", "lora", (16, ALL, "bf16"), [(2048, 4, False, False)], "foreach"),
+    ("tinyllama-1.1b", "lora", (16, ALL, "bf16"), [(2048, 8, False, False)], "foreach"),
+    ("llama-2-13b", "lora", (16, ALL, "bf16"), [(2048, 2, False, False)], "foreach"),
+    ("llama-3.2-3b", "lora", (8, ALL, "fp32"), [(2048, 4, False, False)], "foreach"),
+    ("llama-3.2-3b", "lora", (128, ALL, "fp32"), [(2048, 4, False, False)], "foreach"),
+    ("llama-3.1-8b", "lora", (16, QV, "fp32"), [(2048, 4, False, False), (8192, 1, True, False)], "foreach"),
+    ("qwen2.5-0.5b", "lora", (16, ALL, "fp32"), [(4096, 4, False, False)], "foreach"),
+    ("llama-3.2-1b", "lora", (16, ALL, "fp32"), [(2048, 2, False, False, 4)], "foreach"),
+    ("qwen2.5-7b", "full", None, [(8192, 1, True, False)], "foreach"),
+)
+SESSIONS = {1: GROUPS, 2: GROUPS_2}
+
+
+def _run_of(model: str, method: str, variant, setting, optimizer: str = "foreach") -> dict:
+    seq, batch, ckpt, prof, *accum = setting
     run = gpu_session.sweep_run(model, method, seq, batch, ckpt)
     run["steps"] = STEPS
+    run["grad_accum"] = accum[0] if accum else 1
+    run["optimizer_impl"] = optimizer
     if variant is not None:
         rank, targets, dtype = variant
         run.update(lora_rank=rank, lora_targets=targets, adapter_dtype=dtype)
@@ -101,18 +128,18 @@ def _run_of(model: str, method: str, variant, setting) -> dict:
     return run
 
 
-def prepare() -> list[dict]:
+def prepare(session: int = 1) -> list[dict]:
     """Every group with its runs and the planner's predictions for each, now."""
     groups, key = [], 0
-    for model, method, variant, settings in GROUPS:
+    for model, method, variant, settings, *optimizer in SESSIONS[session]:
         runs = []
         for setting in settings:
-            run = _run_of(model, method, variant, setting)
+            run = _run_of(model, method, variant, setting, *optimizer)
             run["key"] = key
             key += 1
             run["predicted"] = gpu_session._predicted_memory(run)
             run["predicted_tokens_per_s"] = gpu_session._predicted_tokens_per_s(run)
-            if run["seq_len"] * run["micro_batch"] / run["predicted_tokens_per_s"] > LONG_STEP_S:
+            if run["seq_len"] * run["micro_batch"] * run["grad_accum"] / run["predicted_tokens_per_s"] > LONG_STEP_S:
                 run["steps"] = STEPS - 1  # a long step: one timed step fewer
             runs.append(run)
         groups.append({"model": model, "method": method, "variant": variant, "runs": runs})
@@ -192,15 +219,16 @@ def _setting(model, run: dict, device: str) -> dict:
     else:
         model.gradient_checkpointing_disable()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-5)
+    opt = torch.optim.AdamW(params, lr=1e-5, fused=run.get("optimizer_impl") == "fused")
     tokens = torch.randint(0, run["vocab"], (run["micro_batch"], run["seq_len"]), device=device)
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
     def step():
-        loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
+        for _ in range(run.get("grad_accum", 1)):
+            loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -286,15 +314,6 @@ def run_groups(groups: list[dict], out: Path, budget_s: float, device: str) -> N
 # collect (here)
 
 
-def _variant_note(run: dict) -> str:
-    if run["method"] == "full":
-        return ""
-    targets = run["lora_targets"]
-    targets = "all linear" if targets == ALL else ",".join(t.removesuffix("_proj") for t in targets)
-    dtype = "BF16 adapters (cast)" if run.get("adapter_dtype") == "bf16" else "FP32 adapters (PEFT default, input cast to FP32)"
-    return f"; LoRA rank {run['lora_rank']} on {targets}, {dtype}"
-
-
 def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Path, start: int) -> tuple[int, int]:
     groups = json.loads(runs_path.read_text())
     runs = {r["key"]: r for g in groups for r in g["runs"]}
@@ -305,16 +324,12 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
             continue
         run = runs[res["key"]]
         timed = res["step_s"][gpu_session.WARMUP_STEPS:]
-        tokens = run["micro_batch"] * run["seq_len"]
+        tokens = run["micro_batch"] * run["seq_len"] * run.get("grad_accum", 1)
         row = gpu_session.throughput_row(run, start + len(tp_rows), tokens / statistics.median(timed),
                                          res["step_s"], res.get("gpu_name", "NVIDIA H200"))
         row["source"] = "planner-bench-h200-hf-2"
         row["source_ref"] = "bench/gpu_time_session.py"
-        if run["method"] != "full":
-            row["precision"] = ("bf16 base, " + ("BF16 PEFT adapters (cast)" if run.get("adapter_dtype") == "bf16"
-                                                  else "FP32 PEFT adapters, no autocast (inputs cast to FP32)"))
-        row["notes"] += "; torch AdamW foreach (torch's default), states in the parameters' dtype"
-        row["notes"] += (_variant_note(run) + "; one process per model, settings in turn; host share of the "
+        row["notes"] += ("; one process per model, settings in turn; host share of the "
                          f"step {statistics.median(res['host_s'][gpu_session.WARMUP_STEPS:]) / statistics.median(timed):.2f}")
         row["predicted_before_tokens_per_s"] = f"{run['predicted_tokens_per_s']:.1f}"
         tp_rows.append(row)
@@ -340,6 +355,8 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--out", type=Path, default=ROOT / "data" / "gpu_h200_time_runs.json")
+    p.add_argument("--session", type=int, choices=sorted(SESSIONS), default=1)
+    p.add_argument("--first-key", type=int, default=0, help="the first run's key")
     r = sub.add_parser("run")
     r.add_argument("--runs", type=Path, default=ROOT / "data" / "gpu_h200_time_runs.json")
     r.add_argument("--out-dir", type=Path, required=True)
@@ -353,7 +370,10 @@ def main() -> int:
     c.add_argument("--first-id", type=int, default=101, help="the first throughput row's number (G101...)")
     args = ap.parse_args()
     if args.cmd == "prepare":
-        groups = prepare()
+        groups = prepare(args.session)
+        for g in groups:
+            for r in g["runs"]:
+                r["key"] += args.first_key
         args.out.write_text(json.dumps(groups, indent=0))
         print(f"{sum(len(g['runs']) for g in groups)} runs in {len(groups)} groups -> {args.out}")
     elif args.cmd == "run":

@@ -208,11 +208,11 @@ PRIOR = TimeParams()
 #: bound: the MoE rows want less routing traffic than a fused permute moves.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=536.1,
-    fp8_efficiency=0.652,
-    microbatch_half_tokens=39.7,
+    elementwise_vectors=517.5,
+    fp8_efficiency=0.674,
+    microbatch_half_tokens=59.1,
     moe_route_vectors=5.0,
-    fused_elementwise_share=0.148,
+    fused_elementwise_share=0.231,
 )
 
 

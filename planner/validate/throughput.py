@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from planner import catalog
-from planner.core.arch import seed_lora_params
+from planner.core.arch import LORA_TARGETS, exact_lora_params, has_full_architecture, seed_lora_params
 from planner.core.errors import InputError
 from planner.core.specs import GpuSpec, ModelSpec
 from planner.perf import timing
@@ -165,12 +165,22 @@ def adapter_dtype_of(row: dict[str, str]) -> str:
 
 def optimizer_bytes_of(row: dict[str, str]) -> float:
     """Bytes per parameter of the row's optimizer step: torch's foreach AdamW where the row says
-    so (its states' dtype from the row: BF16 where the weights are BF16), else a fused step."""
+    so, else a fused step; states in BF16 where the row says they are (in the parameters' dtype,
+    the parameters BF16), else FP32 beside a 16-bit weight copy."""
     text = _text(row)
-    if "foreach" not in text:
-        return timing.OPTIMIZER_BYTES_PER_PARAM
-    state_bytes = 2.0 if re.search(r"states in (the parameters' dtype|bf16)", text) and "bf16" in text else 4.0
-    return timing.optimizer_bytes_per_param("foreach", state_bytes)
+    bf16_states = bool(re.search(r"states in (the parameters' dtype|bf16)", text)) and "bf16" in text
+    return timing.optimizer_bytes_per_param("foreach" if "foreach" in text else "fused", 2.0 if bf16_states else 4.0)
+
+
+def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
+    """Adapter parameters: exact over the modules the notes name ("LoRA rank 16 on q,v", "on all
+    linear") for a dense model the catalog describes in full, else L·18·r·H."""
+    found = re.search(r"lora rank \d+ on (all linear|[a-z]+(?:,[a-z]+)*)", row.get("notes", "").lower())
+    if found is None or model.moe is not None or not has_full_architecture(model):
+        return float(seed_lora_params(model, rank))
+    named = found.group(1)
+    targets = LORA_TARGETS if named == "all linear" else tuple(t for t in named.split(",") if t in LORA_TARGETS)
+    return float(exact_lora_params(model, rank, targets or LORA_TARGETS))
 
 
 def case_of(row: dict[str, str]) -> ThroughputCase:
@@ -201,7 +211,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
         zero = 3
     code = {"full": 0, "lora": 1, "qlora": 2}[method]
     rank = int(_num(row, "lora_rank", DEFAULT_LORA_RANK))
-    n_lora = 0.0 if code == 0 else float(seed_lora_params(model, rank))
+    n_lora = 0.0 if code == 0 else lora_params_of(row, model, rank)
     fp8 = "fp8" in row.get("precision", "").lower()
     x = {"method": code, "checkpointing": checkpointing_of(row.get("checkpointing", "")), "offload": offload,
              "zero": zero, "seq_len": seq, "micro_batch": mb, "grad_accum": ga, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep,
