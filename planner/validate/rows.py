@@ -3,7 +3,7 @@
 Each row describes a real run in columns: the layout, and the recipe facts of its stack
 (``framework``, ``hf_model``, ``loss_impl``, ``compile``, ``grad_accum``, ``lora_dropout``,
 ``adapter_dtype``, ``quant_impl``, ``double_quant``, ``kbit_prep``, ``bitsandbytes``,
-``optimizer_in_bwd``, ``norm_fp32``, ``mqa_sdpa_math``, ``zero_reduce_bucket``, ``deepspeed``,
+``optimizer_in_bwd``, ``norm_fp32``, ``qk_norm``, ``mqa_sdpa_math``, ``zero_reduce_bucket``, ``deepspeed``,
 ``modules_to_save``, ``eval_batch``, ``measured_unit``; ``data/README.md`` documents each and how it was read from its source). This
 module reads those columns into scenario keys. It reads no source name, date, commit or prose
 ``notes``, and knows no per-row figure: only architecture facts of the models (their published
@@ -152,6 +152,8 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
     base["id"] = key
     if _framework(row) == "litgpt":
         base.update(LITGPT_MODEL)
+    if _no(row, "qk_norm"):
+        base["qk_norm"] = False  # the run's model had no per-head q/k norm (a Llama-shaped stand-in)
     if _no(row, "norm_fp32"):
         base["norm_upcast"] = False  # RMSNorm computed in the input dtype (lit-gpt before PR #606)
     if _yes(row, "mqa_sdpa_math"):
