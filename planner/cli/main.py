@@ -28,6 +28,7 @@ from planner.cli.app import EXIT_INFEASIBLE, EXIT_OK, app
 from planner.cli.app import console as _console
 from planner.cli.app import fail as _fail
 from planner.cli.bulk import register as _register_commands
+from planner.cli.serve import register as _register_serve
 from planner.cli.export import export as _export
 
 
@@ -342,6 +343,7 @@ def _validator(kind: str, profile: str, loso: bool, verdicts: bool):
 
 
 _register_commands(app)
+_register_serve(app)
 
 
 #: Exit code for a bug in planner itself (not the user's input): report it.

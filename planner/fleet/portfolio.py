@@ -215,14 +215,16 @@ def _gpu_name_problems(p: Portfolio, path: Path) -> list[str]:
     return out
 
 
-def load_portfolio(path: str | Path) -> tuple[Portfolio, list[JobRun]]:
-    """Read and check a portfolio file; every problem at once, one line each."""
+def load_portfolio(path: str | Path, data: Any = None) -> tuple[Portfolio, list[JobRun]]:
+    """Read and check a portfolio file (or ``data``, its mapping, named ``path`` in messages);
+    every problem at once, one line each."""
     from planner.core.textfiles import load_yaml
     from planner.scenario.resolve import deep_merge, read_scenario_file
     from planner.search.answer import absolute_model_path
 
     path = Path(path)
-    data = load_yaml(path)
+    if data is None:
+        data = load_yaml(path)
     if not isinstance(data, dict):
         raise InputError([f"{path}: a portfolio is a mapping with jobs: [...]"])
     early = _date_problems(data, path)

@@ -35,6 +35,7 @@ import dataclasses
 import datetime as dt
 import math
 import time
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -684,8 +685,25 @@ class ProcureResult:
         return self.generation.seconds
 
 
+def procure_data(data: Any, *, time_limit_s: float | None = None, workers: int | None = None) -> ProcureResult:
+    """The answer for a portfolio given as its mapping (an HTTP request's body): every job's
+    scenario inline, no price file (nothing is read from disk on a request's behalf)."""
+    problems = []
+    if isinstance(data, dict):
+        if data.get("prices"):
+            problems.append("prices: price files are not read for a request; give prices in the catalog or "
+                            "as purchase/rental costs in the portfolio")
+        for i, job in enumerate(data.get("jobs") or []):
+            if isinstance(job, dict) and isinstance(job.get("scenario"), str):
+                problems.append(f"jobs[{i}].scenario: give the scenario inline (a mapping), not a file name")
+    if problems:
+        raise InputError(problems)
+    return procure("portfolio", time_limit_s=time_limit_s, workers=workers, data=data)
+
+
 def procure(path: str | Path, *, time_limit_s: float | None = None, workers: int | None = None,
-            deterministic_time: float | None = None, solver_workers: int | None = None) -> ProcureResult:
+            deterministic_time: float | None = None, solver_workers: int | None = None,
+            data: Any = None) -> ProcureResult:
     """The answer for a portfolio file within ``time_limit_s`` (default: the portfolio's), wall clock
     from this call's start to the checked answer.
 
@@ -693,7 +711,7 @@ def procure(path: str | Path, *, time_limit_s: float | None = None, workers: int
     solver stops after that much CP-SAT deterministic time on ``solver_workers`` (default one)
     worker: the same answer on any machine under any load (tests)."""
     t0 = time.perf_counter()
-    p, runs = load_portfolio(path)
+    p, runs = load_portfolio(path, data)
     table, user = load_tables(path, p)
     limit_s = time_limit_s or p.time_limit_s
     deadline = None if deterministic_time is not None else t0 + GENERATION_SHARE * limit_s

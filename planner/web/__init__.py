@@ -1,0 +1,1 @@
+"""``planner serve``: the HTTP API and the page (planner.web.app)."""
