@@ -156,3 +156,21 @@ def test_concurrent_requests_all_answer():
     for body, r in zip(bodies, answers[:20]):
         assert r.json()["total_bytes"] == estimate_resolved(resolve(body, source="request")).total_bytes
     assert len({json.dumps(r.json()["plans"], sort_keys=True) for r in answers[20:]}) == 1
+
+
+def test_export_bundle_is_the_cli_bundle(client):
+    """A plan's launch configs as a zip: the files ``planner export`` writes for the same plan."""
+    import io
+    import zipfile
+
+    from planner.launch.export import export_resolved
+
+    plan = client.post("/api/plan", json=PLAN).json()["plans"][0]
+    r = client.post("/api/export", json={"scenario": plan["pinned_scenario"], "stack": plan["stack"]})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
+    files = {n.removeprefix("launch/"): zipfile.ZipFile(io.BytesIO(r.content)).read(n).decode()
+             for n in zipfile.ZipFile(io.BytesIO(r.content)).namelist()}
+    want = export_resolved(resolve(plan["pinned_scenario"], source="request"), stack=plan["stack"]).files
+    assert files == want and "PLAN.md" in files
+    bad = client.post("/api/export", json={"scenario": "x", "stack": 5})
+    assert bad.status_code == 422 and len(bad.json()["problems"]) == 2

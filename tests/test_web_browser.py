@@ -129,6 +129,9 @@ def test_plan_tab_ranks_the_library_plans(page, shots):
     assert first.nth(2).inner_text() == f"{want.plans[0].gpus}× {want.plans[0].gpu}"
     assert first.nth(13).inner_text().startswith(f"${want.plans[0].cost_usd:,.0f}")
     assert page.locator("[data-status]").inner_text() == want.status
+    with page.expect_download() as got:  # the best plan's launch configs
+        first.locator("a.bundle").click()
+    assert got.value.suggested_filename == "plan-1-launch.zip"
     page.screenshot(path=str(shots / "plan.png"), full_page=True)
 
 

@@ -209,6 +209,35 @@ def create_app(limits: Limits = Limits()) -> FastAPI:
         result = await run(searches, lambda: procure_data(raw))
         return {"status": result.status, **tables(result).to_dict()}
 
+    @app.post("/api/export")
+    async def export(request: Request) -> Response:
+        """``{"scenario": a plan's pinned_scenario, "stack": its stack}``: the launch configs
+        that run it (as ``planner export``), as a zip to download."""
+        import io
+        import zipfile
+
+        from planner.launch.export import export_resolved
+        from planner.scenario.resolve import resolve
+
+        body = await body_of(request, "plan to export")
+        pinned, stack = body.get("scenario"), body.get("stack")
+        problems = ([] if isinstance(pinned, dict) else ["scenario: a plan's pinned_scenario (a mapping)"]) + \
+            ([] if stack is None or isinstance(stack, str) else ["stack: a stack's id"])
+        if problems:
+            raise RequestProblem(422, problems)
+
+        def bundle() -> bytes:
+            files = export_resolved(resolve(pinned, source="request"), stack=stack).files
+            buffer = io.BytesIO()
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+                for name, text in files.items():
+                    zf.writestr(f"launch/{name}", text)
+            return buffer.getvalue()
+
+        data = await run(estimates, bundle)
+        return Response(data, media_type="application/zip",
+                        headers={"content-disposition": 'attachment; filename="launch.zip"'})
+
     @app.post("/api/scenario.yaml", response_class=PlainTextResponse)
     async def scenario_yaml(request: Request) -> Response:
         """The posted scenario as a scenario file (YAML), to download."""

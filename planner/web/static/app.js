@@ -109,8 +109,8 @@ function downloads(section, scenario, result, name) {
   return box;
 }
 
-function save(text, filename, type) {
-  const url = URL.createObjectURL(new Blob([text], { type }));
+function save(content, filename, type) {
+  const url = URL.createObjectURL(content instanceof Blob ? content : new Blob([content], { type }));
   const a = el("a", { href: url, download: filename });
   document.body.append(a);
   a.click();
@@ -229,11 +229,22 @@ function renderPlans(out, result) {
     ["memory", (p) => gb(p.memory.total_bytes)], ["headroom", (p) => gb(p.memory.headroom_bytes)], ["verdict", (p) => p.memory.verdict],
     ["time", (p) => `${hours(p.time_s)} (${hours(p.time_s_band?.low)}–${hours(p.time_s_band?.high)})`],
     ["cost", (p) => `${usd(p.cost_usd)} (${usd(p.cost_usd_band?.low)}–${usd(p.cost_usd_band?.high)})`],
-    ["$/h", (p) => (p.hourly_usd == null ? "—" : p.hourly_usd.toFixed(2))]];
+    ["$/h", (p) => (p.hourly_usd == null ? "—" : p.hourly_usd.toFixed(2))], ["launch", bundleLink]];
   const t = table(cols, plans);
   t.id = "plan-table";
   const relaxed = plans.filter((p) => p.relaxations.length).map((p) => `#${p.rank}: ${p.relaxations.join("; ")}`);
   out.replaceChildren(head, t, relaxed.length ? el("p", {}, "* relaxed: " + relaxed.join(" · ")) : "", paretoChart(plans));
+}
+
+function bundleLink(p) {
+  const a = el("a", { href: "#", role: "button", class: "bundle" }, "configs");
+  a.addEventListener("click", async (e) => {
+    e.preventDefault();
+    const res = await fetch("/api/export", { method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ scenario: p.pinned_scenario, stack: p.stack }) });
+    if (res.ok) save(await res.blob(), `plan-${p.rank}-launch.zip`, "application/zip");
+  });
+  return a;
 }
 
 function renderProcure(out, r) {
