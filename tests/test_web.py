@@ -174,3 +174,15 @@ def test_export_bundle_is_the_cli_bundle(client):
     assert files == want and "PLAN.md" in files
     bad = client.post("/api/export", json={"scenario": "x", "stack": 5})
     assert bad.status_code == 422 and len(bad.json()["problems"]) == 2
+
+
+def test_pasted_config_json_is_the_model(client):
+    """A config.json's content becomes the scenario's inline model: the estimate equals the one
+    of the same config read from its file."""
+    path = ROOT / "scenarios" / "configs" / "llama-3.1-8b" / "config.json"
+    model = client.post("/api/model", content=path.read_bytes()).json()
+    inline = client.post("/api/estimate", json={**FIT, "model": model}).json()
+    from_file = client.post("/api/estimate", json={**FIT, "model": str(path)}).json()
+    assert inline["total_bytes"] == from_file["total_bytes"] and inline["params"] == 8_030_261_248
+    r = client.post("/api/model", json={"model_type": "llama", "hidden_size": 0})
+    assert r.status_code == 422 and r.json()["problems"]

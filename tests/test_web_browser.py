@@ -157,3 +157,21 @@ def test_keyboard_and_phone_width(page, browser, server, shots):
     assert pg.evaluate("document.documentElement.scrollWidth") <= 390  # nothing wider than the screen
     pg.screenshot(path=str(shots / "phone.png"), full_page=True)
     phone.close()
+
+
+def test_pasted_config_json(page):
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+
+    from conftest import ROOT
+
+    path = ROOT / "scenarios" / "configs" / "llama-3.1-8b" / "config.json"
+    _fill(page, "fit-form", {"method": "qlora", "seq_len": 2048, "micro_batch": 1, "gpu": "l4", "gpus": 1})
+    page.click("#fit-form summary")
+    page.fill("#fit-form [name=config]", path.read_text())
+    page.click("#fit-form button[type=submit]")
+    page.wait_for_selector("#fit-total")
+    want = estimate_resolved(resolve({"model": str(path), "workload": {"method": "qlora", "seq_len": 2048,
+                                      "micro_batch": 1}, "layout": {"gpu": "l4", "gpus": 1}}))
+    assert int(page.get_attribute("#fit-total", "data-bytes")) == want.total_bytes
+    assert "config" not in page.url  # the URL keeps the short inputs only

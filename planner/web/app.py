@@ -149,6 +149,19 @@ def create_app(limits: Limits = Limits()) -> FastAPI:
 
         return [s.model_dump(mode="json") for s in all_stacks()]
 
+    @app.post("/api/model")
+    async def model_from_config(request: Request) -> Any:
+        """A Hugging Face ``config.json`` (its content) → the model as a scenario's inline
+        ``model`` (architecture as the planner reads it)."""
+        from planner.catalog.hf_config import ConfigError, spec_from_hf_config
+
+        cfg = await body_of(request, "config.json")
+        try:
+            spec = spec_from_hf_config(cfg, source="config.json")
+        except ConfigError as exc:
+            raise RequestProblem(422, [str(exc)]) from None
+        return spec.model_dump(mode="json", exclude_none=True)
+
     @app.post("/api/estimate")
     async def estimate(request: Request) -> Any:
         """Memory per GPU of a scenario (as ``planner estimate --json``)."""

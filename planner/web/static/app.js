@@ -80,7 +80,8 @@ function planScenario(v) {
 }
 
 function saveHash(tab, v) {
-  const params = new URLSearchParams(v);
+  const { config, ...short } = v;  // a pasted config.json is too long for a URL
+  const params = new URLSearchParams(short);
   history.replaceState(null, "", `#${tab}${params.toString() ? "&" + params : ""}`);
 }
 
@@ -306,6 +307,7 @@ async function answer(tab, form, ask) {
 
 const runFit = (form) => answer("fit", form, async (v, out) => {
   const scenario = fitScenario(v);
+  if (v.config) scenario.model = await api("/api/model", v.config);  // a pasted config.json
   const est = await api("/api/estimate", scenario);
   renderEstimate(out, est);
   if (est.verdict === "does_not_fit") {
