@@ -1,4 +1,13 @@
-"""The CP-SAT model of a plan: the decisions as variables, memory as one constraint per phase.
+"""CP-SAT's choice among the region's plans: one Boolean per plan (a column of the table numpy
+evaluated), memory as one row per phase, and the proof that the chosen plans are the top k.
+
+What is decided where: the lattice (planner.search.lattice) generates each plan's layout and
+data-parallel degree, so that its GPU count and global batch hold by construction; numpy
+(planner.search.space) computes every plan's memory, host bytes, time and cost; the best-first
+search (planner.search.candidates) bounds the region; CP-SAT picks among the region's plans under
+memory, GPU-count, fleet, host-RAM, budget, deadline and price rows and proves the pick optimal.
+The ``dims`` below are aliases (sums of the chosen plan's values) for reading the answer, not
+searched over; rows (2) and (3) stay as checks of the lattice.
 
 Index sets (the tables of :class:`Space`): plans c of the region; GPU types g; shapes s (all a
 plan decides but its GPU type and data-parallel degree: relaxation tier, so method and sequence
