@@ -116,3 +116,15 @@ def test_cli_throughput_json():
     assert r["mode"] == "in-sample" and r["rows"] == 124 and set(r["by_source"]) >= {"torchtitan", "flagperf"}
     bad = CliRunner().invoke(app, ["validate", "--kind", "speed", str(DATA)])
     assert bad.exit_code == 2
+
+
+def test_second_h200_session_was_predicted_before_it_ran():
+    """17 settings the first session did not measure, predicted by the model its profiles led to
+    and recorded before they ran (data/gpu_h200_time2_runs.json, committed first): their before
+    error beats 6N at 40 % of the peak, and the rows stay out of the fit."""
+    path = DATA.with_name("measured_throughput_h200_time2.csv")
+    r = T.validate_file(path)
+    before = r["before"]
+    assert before["rows"] == 17 and before["before_median_ape"] <= 0.10
+    assert before["before_median_ape"] < before["baseline_median_ape"]
+    assert path not in ALL
