@@ -56,6 +56,11 @@ def estimate(scenario: str | Path | dict[str, Any] | Scenario | None = None, **o
     return estimate_resolved(resolve(raw))
 
 
+#: Options of :func:`plan` that list what the search may choose (the scenario's ``search:`` keys,
+#: the CLI's ``--tp 1,2``…), not a pinned layout.
+SEARCH_LISTS = frozenset({"micro_batch", "offload", "zero", "tp", "pp", "checkpointing", "attention", "stacks"})
+
+
 def _raw_of(scenario: str | Path | dict[str, Any] | Scenario | None, options: dict[str, Any]):
     """(raw mapping, source, base_dir) of a single scenario, options merged over it."""
     flags = scenario_from_flags(**options)
@@ -74,11 +79,17 @@ def plan(scenario: str | Path | dict[str, Any] | Scenario | None = None, *, pare
     """Ranked feasible plans for a scenario (file, mapping or options), or why none exists.
 
     Options are the flat scenario keys (``model``, ``method``, ``tokens``, ``objective``,
-    ``gpu_types``, ``max_gpus``, ``budget_usd``, ``deadline_hours``, ``fleet``…).
+    ``gpu_types``, ``max_gpus``, ``budget_usd``, ``deadline_hours``, ``fleet``…); the layout
+    keys the search chooses (:data:`SEARCH_LISTS`: ``tp=[1, 2]``, ``zero=3``…) are what it may
+    choose from, as ``planner plan --tp 1,2`` and a scenario's ``search:`` take them.
     """
     from planner.search.answer import plan_raw
 
-    raw, source, base_dir = _raw_of(scenario, options)
+    search = {k: (list(v) if isinstance(v, (list, tuple)) else [v])
+              for k, v in options.items() if k in SEARCH_LISTS and v is not None}
+    raw, source, base_dir = _raw_of(scenario, {k: v for k, v in options.items() if k not in SEARCH_LISTS})
+    if search:
+        raw = deep_merge(raw, {"search": search})
     return plan_raw(raw, source=source, base_dir=base_dir, pareto=pareto)
 
 
