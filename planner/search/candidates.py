@@ -32,7 +32,7 @@ from planner.search.cpsat import (
 from planner.search.lattice import Lattice, build_lattice, degree_windows, fitting_windows
 from planner.search.space import (CLASS_KEYS, Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table,
                                   host_bytes_per_node, memory_flags, memory_of, memory_total)
-from planner.search.space import adapter_traffic_of, grad_accum_of, n_lora_of, perf_rows, saved_modules_of
+from planner.search.space import grad_accum_of, perf_rows, step_args
 
 #: Columns evaluated per batch: the first batch is small (the bound often stops the search
 #: after it), later ones double up to the largest, which bounds the arrays' size.
@@ -75,15 +75,9 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
         ga_hi = np.maximum(grad_accum_of(req, a["micro_batch"], dp_hi), 1)
         ga = ga_lo if req.objective == "cost" else ga_hi
         perf = perf_rows(table.perf, g)
-        n_lora = np.where(a["method"] == 0, 0.0, n_lora_of(req.rs))
-        step = step_time_s(model_flops(req.model), perf, method=a["method"],
-                           checkpointing=a["checkpointing"], offload=np.zeros_like(g), zero=np.zeros_like(g),
-                           seq_len=a["seq_len"], micro_batch=a["micro_batch"], grad_accum=ga, tp=a["tp"],
-                           pp=a["pp"], cp=a["cp"], ep=a["ep"], dp=np.ones_like(g), n_lora=n_lora,
-                           **saved_modules_of(req.rs), **adapter_traffic_of(req.rs),
-                           attention=a["attention"], fp8=int(bool(req.rs.workload.fp8)), intra_only=True,
-                           fused=req.fused(a["stack"]),
-                           vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
+        step = step_time_s(model_flops(req.model), perf,
+                           **step_args(req, a, dp=np.ones_like(g), grad_accum=ga, offload=np.zeros_like(g),
+                                       zero=np.zeros_like(g), intra_only=True))
         per_token_s = step / (a["micro_batch"] * ga * a["seq_len"])  # seconds per token per pipeline
         # The job's start-up cost is paid on every GPU whatever the layout (billed ≥ dp·mp).
         if req.objective == "cost":

@@ -21,6 +21,7 @@ import numpy as np
 from planner.core.arrays import unique_rows
 from planner import catalog
 from planner.core.arch import has_full_architecture
+from planner.core.codes import FULL
 from planner.perf.timing import (GpuPerf, billed_gpus, default_global_batch, job_cost_usd, job_time_s,
                                    model_flops, step_time_s)
 from planner.core.errors import InputError
@@ -539,6 +540,24 @@ def adapter_traffic_of(rs: ResolvedScenario) -> dict[str, float]:
     return {"adapter_bytes": adapter_bytes_per_token(n_lora_of(rs), wl.lora_rank, wl.adapter_dtype)}
 
 
+def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_accum: Any,
+              offload: Any = None, zero: Any = None, intra_only: bool = False) -> dict[str, Any]:
+    """The time model's arguments for columns ``c`` (planner.perf.timing.step_time_s): the one
+    builder of them for the search and its best-first bound. ``offload``/``zero`` replace the
+    columns' own (the bound takes none); ``intra_only`` prices every group at the in-node link."""
+    rs = req.rs
+    x = dict(method=c["method"], checkpointing=c["checkpointing"],
+             offload=c["offload"] if offload is None else offload, zero=c["zero"] if zero is None else zero,
+             seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
+             cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == FULL, 0.0, n_lora_of(rs)),
+             **saved_modules_of(rs), **adapter_traffic_of(rs),
+             attention=c["attention"], fp8=int(bool(rs.workload.fp8)), fused=req.fused(c["stack"]),
+             vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)
+    if intra_only:
+        x["intra_only"] = True
+    return x
+
+
 def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
              *, known_to_fit: bool = False, host_upper: np.ndarray | None = None,
              memory: bool = True) -> dict[str, np.ndarray]:
@@ -570,14 +589,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     else:
         mem, host = memory_total(req, c, dp, ga)
     mf = model_flops(req.model)
-    n_lora = n_lora_of(req.rs)
-    x = dict(method=c["method"], checkpointing=c["checkpointing"], offload=c["offload"], zero=c["zero"],
-             seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=ga, tp=c["tp"], pp=c["pp"],
-             cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == 0, 0.0, n_lora),
-             **saved_modules_of(req.rs), **adapter_traffic_of(req.rs),
-             attention=c["attention"], fp8=int(bool(req.rs.workload.fp8)),
-             fused=req.fused(c["stack"]),
-             vp=req.rs.layout.pp_virtual_stages if req.rs.layout.pp_schedule == "interleaved" else 1)
+    x = step_args(req, c, dp=dp, grad_accum=ga)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
     tokens_per_step = c["micro_batch"] * dp * ga * c["seq_len"]
