@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ from planner.scenario.resolve import resolve
 from planner.search.answer import plan_raw
 from planner.web.app import Limits, create_app
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 FIT = {"name": "web", "model": "llama-3.1-8b", "workload": {"method": "lora", "seq_len": 4096, "micro_batch": 1},
        "layout": {"gpu": "h100", "gpus": 1}}

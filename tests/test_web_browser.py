@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and os.environ.get("PLANNER_REQUIRE_BROWSER"):  # CI: a missing browser fails
     raise RuntimeError("PLANNER_REQUIRE_BROWSER is set and no chromium is on PATH")
@@ -162,8 +163,6 @@ def test_keyboard_and_phone_width(page, browser, server, shots):
 def test_pasted_config_json(page):
     from planner.memory.estimate import estimate_resolved
     from planner.scenario.resolve import resolve
-
-    from conftest import ROOT
 
     path = ROOT / "scenarios" / "configs" / "llama-3.1-8b" / "config.json"
     _fill(page, "fit-form", {"method": "qlora", "seq_len": 2048, "micro_batch": 1, "gpu": "l4", "gpus": 1})
