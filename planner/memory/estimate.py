@@ -54,6 +54,15 @@ class Estimate(BaseModel):
     error_band: float | None = None
     tight: bool | None = None
 
+    def __getitem__(self, key: str) -> Any:
+        """``est["total_bytes"]``: read like the JSON it prints (and as plans' ``memory`` once was)."""
+        if key not in type(self).model_fields and key != "verdict":
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in type(self).model_fields or key == "verdict" else default
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def verdict(self) -> str | None:

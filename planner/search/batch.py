@@ -210,17 +210,13 @@ def plan_item(item: Item, top: int, opts: PriceOptions) -> list[dict[str, Any]]:
         gpu = catalog.get_gpu(p.gpu)
         date = catalog_price_date(gpu)
         stale = None if p.hourly_usd is None else is_stale_date(date, _as_of(opts), opts.max_age_days)
+        row = p.row()
         records.append({
-            **base, "status": result.status, "rank": p.rank, "gpu": p.gpu, "gpus": p.gpus, "nodes": p.nodes,
-            **{k: getattr(p, k) for k in ("dp", "tp", "pp", "cp", "sp", "zero", "offload", "micro_batch",
-                                          "grad_accum", "global_batch", "seq_len", "method", "precision",
-                                          "checkpointing", "attention", "time_s", "cost_usd", "hourly_usd",
-                                          "tokens_per_s")},
-            "memory_bytes": p.memory["total_bytes"], "usable_bytes": p.memory["usable_bytes"],
-            "headroom_bytes": p.memory["headroom_bytes"],
+            **base, "status": result.status,
+            **{k: v for k, v in row.items() if k not in ("stack", "verdict", "relaxations")},
             "price_date": None if date is None else date.isoformat(), "price_stale": stale,
-            "relaxations": "; ".join(p.relaxations), "seconds": seconds,
-            "memory_components": json.dumps(p.memory["components"]),
+            "relaxations": row["relaxations"], "seconds": seconds,
+            "memory_components": json.dumps(p.memory.components),
         })
     return records
 

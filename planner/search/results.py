@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.stacks import get_stack
 from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode_class
-from planner.memory.estimate import estimate_resolved
+from planner.memory.estimate import Estimate, estimate_resolved
 from planner.search.candidates import SearchOutcome
 from planner.scenario.resolve import deep_merge, resolve
 from planner.search.space import SearchRequest
@@ -55,7 +55,8 @@ class Plan(BaseModel):
     attention: str
     checkpointing: str
     lora_rank: int | None
-    memory: dict[str, Any]
+    #: ``planner estimate`` of the plan itself (its pinned scenario).
+    memory: Estimate
     hourly_usd: float | None
     time_s: float | None
     cost_usd: float | None
@@ -68,6 +69,20 @@ class Plan(BaseModel):
     recipe: dict[str, Any] = {}
     #: The scenario with this plan's decisions pinned (what `planner export` turns into configs).
     pinned_scenario: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The plan as one flat row: its decisions, memory per GPU, time and cost."""
+        return {"rank": self.rank, "stack": self.stack, "gpu": self.gpu, "gpus": self.gpus, "nodes": self.nodes,
+                **{k: getattr(self, k) for k in ROW_FIELDS},
+                "memory_bytes": self.memory.total_bytes, "usable_bytes": self.memory.usable_bytes,
+                "headroom_bytes": self.memory.headroom_bytes, "verdict": self.memory.verdict,
+                "relaxations": "; ".join(self.relaxations)}
+
+
+#: The plan's own fields of :meth:`Plan.row` (and of ``planner batch``'s records).
+ROW_FIELDS = ("dp", "tp", "pp", "cp", "sp", "zero", "offload", "micro_batch", "grad_accum", "global_batch",
+              "seq_len", "method", "precision", "checkpointing", "attention", "time_s", "cost_usd", "hourly_usd",
+              "tokens_per_s")
 
 
 class PlanResult(BaseModel):
@@ -82,6 +97,12 @@ class PlanResult(BaseModel):
     #: What ``--config`` read (key, value, the config key it came from) and what it warned about.
     read_from_configs: list[dict[str, Any]] | None = None
     config_warnings: list[str] = []
+
+    def to_frame(self):
+        """The plans as a pandas DataFrame, one row per plan (:meth:`Plan.row`); empty when none."""
+        import pandas as pd
+
+        return pd.DataFrame([p.row() for p in self.plans])
 
 
 def _num(x: Any) -> float | None:
@@ -155,7 +176,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             rank=rank, nodes=nodes_for(fields["gpus"], gpu.gpus_per_node),
             global_batch=fields["micro_batch"] * fields["dp"] * fields["grad_accum"],
             lora_rank=req.rs.workload.lora_rank if fields["method"] != "full" else None,
-            memory=est.model_dump(mode="json"),
+            memory=est,
             hourly_usd=_num(ev["hourly_usd"]),
             time_s=_num(ev["time_s"]) if has_time else None,
             cost_usd=_num(ev["cost_usd"]) if has_time else None,
