@@ -20,3 +20,13 @@ KERNELS: tuple[str, ...] = get_args(Kernels)
 
 #: The method codes the formulas test by name.
 FULL, LORA, QLORA, INFERENCE = (METHODS.index(m) for m in ("full", "lora", "qlora", "inference"))
+
+#: FSDP sharding strategies -> the ZeRO stage whose states they shard: torch's ShardingStrategy
+#: names, and the numbers accelerate's config writes for them (1 FULL_SHARD, 2 SHARD_GRAD_OP,
+#: 3 NO_SHARD, 4 HYBRID_SHARD, 5 _HYBRID_SHARD_ZERO2). The one table of these names.
+FSDP_STRATEGY_STAGE = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "_HYBRID_SHARD_ZERO2": 2,
+                       "NO_SHARD": 0, "1": 3, "2": 2, "3": 0, "4": 3, "5": 2}
+#: The hybrid strategies (shard inside a node, replicate across nodes).
+FSDP_HYBRID = frozenset({"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5"})
+#: The strategy an exported FSDP config names for a ZeRO stage.
+FSDP_STRATEGY_OF_STAGE = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}

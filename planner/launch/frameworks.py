@@ -7,6 +7,7 @@ import shlex
 
 import yaml
 
+from planner.core.codes import FSDP_STRATEGY_OF_STAGE
 from planner.launch.common import Bundle, Ctx
 
 #: planner GPU id -> SkyPilot accelerator name (only names SkyPilot's catalog uses).
@@ -100,7 +101,7 @@ def accelerate_config(ctx: Ctx, out: Bundle, ds_file: str | None = None) -> dict
         cfg["deepspeed_config"] = {"deepspeed_config_file": ds_file, "zero3_init_flag": lay.zero == 3}
     else:
         cfg["distributed_type"] = "FSDP"
-        strategy = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[lay.zero]
+        strategy = FSDP_STRATEGY_OF_STAGE[lay.zero]
         cfg["fsdp_config"] = {
             "fsdp_sharding_strategy": strategy,
             "fsdp_offload_params": lay.offload != "none",

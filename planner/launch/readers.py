@@ -20,6 +20,7 @@ from pathlib import Path
 import math
 from typing import Any
 
+from planner.core.codes import FSDP_HYBRID, FSDP_STRATEGY_STAGE
 from planner.core.errors import clip
 from planner.core.textfiles import is_file
 from planner.launch.common import PEFT_MODULES
@@ -193,8 +194,6 @@ PEFT_TARGETS = {v: k for k, v in PEFT_MODULES.items()} | {"output_proj": "o", "l
 #: Fused projections some architectures have (Phi-3): one name, several of the planner's targets.
 PEFT_FUSED = {"qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up")}
 TARGET_ORDER = ["q", "k", "v", "o", "gate", "up", "down", "lm_head"]
-FSDP_STAGE = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "_HYBRID_SHARD_ZERO2": 2,
-              "NO_SHARD": 0, "1": 3, "2": 2, "3": 0, "4": 3, "5": 2}
 
 #: DeepSpeed JSON: keys that leave memory per GPU alone, and tuning the planner does not model.
 DS_IGNORED = (
@@ -532,9 +531,9 @@ def _read_acc_fsdp(cfg: dict, f: Found, where: str) -> None:
         stage = 3 if reshard in (True, "FULL_SHARD") or str(reshard).lower() == "true" else 2
         f.set("zero", stage, where + ".fsdp_config.fsdp_reshard_after_forward")
     else:
-        stage = FSDP_STAGE.get(str(fc.get("fsdp_sharding_strategy", "FULL_SHARD")).upper(), 3)
+        stage = FSDP_STRATEGY_STAGE.get(str(fc.get("fsdp_sharding_strategy", "FULL_SHARD")).upper(), 3)
         f.set("zero", stage, where + ".fsdp_config.fsdp_sharding_strategy")
-        if str(fc.get("fsdp_sharding_strategy", "")).upper() in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5"):
+        if str(fc.get("fsdp_sharding_strategy", "")).upper() in FSDP_HYBRID:
             f.warn(where + ".fsdp_config.fsdp_sharding_strategy", "hybrid sharding shards within a "
                    "node only; the planner shards over all data-parallel GPUs (errs low)")
     off = _true(fc.get("fsdp_offload_params", False))
@@ -652,9 +651,9 @@ def read_hf_fsdp(fsdp: Any, fc: dict, f: Found, where: str, version: Any = None)
     opts = fsdp.split() if isinstance(fsdp, str) else (["full_shard"] if fsdp is True else list(fsdp))
     stage = 3 if "full_shard" in opts or "hybrid_shard" in opts else (2 if "shard_grad_op" in opts else 0)
     strategy = get("sharding_strategy")
-    if strategy is not None and str(strategy).upper() in FSDP_STAGE:
-        stage = FSDP_STAGE[str(strategy).upper()]
-        if str(strategy).upper() in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5"):
+    if strategy is not None and str(strategy).upper() in FSDP_STRATEGY_STAGE:
+        stage = FSDP_STRATEGY_STAGE[str(strategy).upper()]
+        if str(strategy).upper() in FSDP_HYBRID:
             opts = [*opts, "hybrid_shard"]
     version = get("version", 1) if version is None else version
     if str(version) == "2":
