@@ -36,6 +36,13 @@ def nodes_for(gpus: Any, gpus_per_node: Any) -> Any:
     return -(-gpus // gpus_per_node)
 
 
+def zero_degree(dp: Any, cp: Any) -> Any:
+    """Ranks that ZeRO/FSDP shards states over: the data-parallel ranks times the context-parallel
+    ones (each context-parallel rank holds the same weights; Megatron's distributed optimizer and
+    FSDP shard over the dp×cp group). Integers or integer arrays."""
+    return dp * cp
+
+
 def mib_to_bytes(mib: int) -> int:
     return int(mib) * BYTES_PER_MIB
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from planner.memory import activations as act
 from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.core.units import zero_degree
 from planner.memory.model_states import (StateParts, adapter_shapes, bnb_base, bnb_keeps_input,
                                          bnb_prepared, compute_bytes, fp32_embeddings, int8_base, model_states,
                                          quantized_head, quantized_linear_bytes,
@@ -245,7 +246,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         out["gather"] = root + ZERO3_LIVE_UNITS * layer * w_b
         if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
             out["gather"] += layer * (4 if wl.grad_dtype == "fp32" else e)
-    if layout.zero == 0 and layout.dp * layout.cp > 1 and wl.method == "full":
+    if layout.zero == 0 and zero_degree(layout.dp, layout.cp) > 1 and wl.method == "full":
         # PyTorch DDP copies gradients into its buckets unless gradient_as_bucket_view=True
         # (DDP docs: the saving "will be equal to the total gradients size").
         out["ddp"] = st.device.get("gradients", 0.0)
@@ -396,7 +397,7 @@ def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> floa
 
 
 def _opt_shard(layout: Layout) -> int:
-    return layout.dp * layout.cp if layout.zero >= 1 else 1
+    return zero_degree(layout.dp, layout.cp) if layout.zero >= 1 else 1
 
 
 def _comm_groups(layout: Layout) -> int:
@@ -420,7 +421,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     """The peak over phases and stages, in the three views (see the module docstring)."""
     layout = layout.model_copy(update={"dp": dp})
     adapter_bytes = 4 if wl.adapter_dtype == "fp32" else compute_bytes(wl.precision)
-    st = model_states(model, wl, tp=layout.tp, pp=layout.pp, zero_degree=dp * layout.cp,
+    st = model_states(model, wl, tp=layout.tp, pp=layout.pp, zero_degree=zero_degree(dp, layout.cp),
                       zero=layout.zero, offload=layout.offload, adapter_bytes=adapter_bytes, ep=layout.ep,
                       frozen_grads=layout.fsdp_mixed_units and layout.zero == 3)
     buf = buffer_terms(model, wl, layout, st)
@@ -437,7 +438,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     # FSDP under pipeline parallelism keeps each stage's parameters unsharded for the whole step
     # (torchtitan: reshard_after_forward = not pp_enabled) and syncs gradients on the last
     # micro-batch only, so unsharded gradients accumulate in between.
-    fsdp_pp = layout.pp > 1 and layout.zero == 3 and dp * layout.cp > 1
+    fsdp_pp = layout.pp > 1 and layout.zero == 3 and zero_degree(dp, layout.cp) > 1
     if fsdp_pp:
         unsharded = st.trainable * compute_bytes(wl.precision)
         buf["gather"] = max(buf["gather"], unsharded)
@@ -481,7 +482,7 @@ def _deepspeed_zero12(layout: Layout) -> bool:
 def _gathers_units(layout: Layout) -> bool:
     """ZeRO-3/FSDP gathers each unit's parameters: they are sharded over data (or context)
     parallel ranks, or offloaded to the host."""
-    return layout.zero == 3 and (layout.dp * layout.cp > 1 or layout.offload == "optimizer+params")
+    return layout.zero == 3 and (zero_degree(layout.dp, layout.cp) > 1 or layout.offload == "optimizer+params")
 
 
 def _trapped(layout: Layout) -> float:
@@ -519,7 +520,7 @@ def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_
     reduced = grads  # after the last micro-batch's reduce-scatter: each GPU's shard only
     if accumulating and grads:
         if (layout.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
-            grads *= dp * layout.cp
+            grads *= zero_degree(dp, layout.cp)
             e = compute_bytes(wl.precision)
             if fsdp_pp and wl.precision in ("mixed", "fp16") and wl.grad_dtype != "fp32" and e < 4:
                 # FSDP2 (``fully_shard``) with an FP32 ``reduce_dtype`` upcasts the unsharded

@@ -19,7 +19,7 @@ import numpy as np
 from planner.core.arch import expert_params, seed_lora_params, total_params
 from planner.core.codes import FULL, INFERENCE, LORA, QLORA
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
-from planner.core.units import DTYPE_BYTES
+from planner.core.units import DTYPE_BYTES, zero_degree
 from planner.memory.breakdown import codes as breakdown_codes
 from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, OPTIMIZERS, PRECISIONS,
                                       MemoryBreakdown, ceil_components)
@@ -194,7 +194,7 @@ def _shards(model: ModelSpec, x: dict[str, Any]) -> _Shards:
     n_exp = float(expert_params(model))
     n_dense = n - n_exp
     mp = tp * pp
-    d = dp * cp
+    d = zero_degree(dp, cp)
     s_w, s_g, s_o = (np.where(zero >= stage, d, 1) for stage in (3, 2, 1))
     return _Shards(tp, pp, cp, ep, n_dense, n_exp, mp, s_w, s_g, s_o)
 

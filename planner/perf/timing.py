@@ -29,7 +29,7 @@ import numpy as np
 from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
 from planner.core.codes import FULL, QLORA
 from planner.core.specs import GpuSpec, ModelSpec
-from planner.core.units import nodes_for
+from planner.core.units import nodes_for, zero_degree
 
 # --------------------------------------------------------------------------------------------
 # Named constants (physics and stated priors)
@@ -488,7 +488,7 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
     tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
     n_lora = x.get("n_lora", 0.0)
     ep = x.get("ep", 1)
-    d = dp * cp
+    d = zero_degree(dp, cp)
     # Parameters on this GPU: expert parallelism shards the routed experts over ep ranks.
     local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(ep, 1))
     trainable = np.where(method == FULL, local, n_lora + x.get("n_saved", 0.0))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.core.arrays import unique_rows
+from planner.core.units import zero_degree
 from planner.perf.timing import JOB_STARTUP_S, billed_gpus, model_flops, step_time_s
 from planner.search.cpsat import (
     TIER_WEIGHT, Limits, Space, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
@@ -454,7 +455,7 @@ def plan_ranks(req: SearchRequest, a: dict[str, np.ndarray], e: Evaluated) -> np
     ev = e.ev
     second = ev["hourly_usd"] if req.objective in ("gpus", "time") else ev.get("time_s", ev["hourly_usd"])
     second = np.where(np.isfinite(second), second, np.inf)
-    zero_eff = np.where(ev["dp"] * a["cp"] > 1, a["zero"], 0)
+    zero_eff = np.where(zero_degree(ev["dp"], a["cp"]) > 1, a["zero"], 0)
     key = np.where(np.isfinite(e.key), e.key, np.inf)
     order = np.lexsort((e.cls_index, -a["attention"], a["checkpointing"], a["zero"], a["micro_batch"], ev["dp"],
                         a["gpu"], a["tp"] * a["pp"] * a["cp"] * a["ep"], zero_eff, a["offload"], second, key))
