@@ -16,6 +16,8 @@ from planner.search.results import assemble
 from planner.scenario.resolve import resolve
 from planner.search.space import build_request
 
+from oracle_helpers import assert_search_matches_oracle
+
 SMALL_GPUS = ["rtx-4090", "rtx-3090", "a100-40gb", "a100-80gb", "h100", "l4", "t4", "v100-16gb", "l40s"]
 MODELS = [
     {"params_b": 1.1, "layers": 22, "hidden": 2048, "heads": 32, "kv_heads": 4, "ffn": 5632, "vocab": 32000},
@@ -130,14 +132,7 @@ def test_search_matches_enumeration_detailed_profile(raw):
     if isinstance(raw["model"], dict):
         raw["model"] = "qwen2.5-0.5b"
     raw["search"] = {**raw["search"], "max_gpus": min(raw["search"]["max_gpus"], 8)}
-    _, e_all, top_all = enumerate_all(build_request(resolve(raw)))
-    want = [float(e_all.key[j]) for j in top_all]
-    for hints in (True, False):
-        req = build_request(resolve(raw))
-        outcome = search(req, time_limit_s=60, hints=hints)
-        assert [float(outcome.evaluated.key[j]) for j in outcome.picked] == want, f"hints={hints}"
-        for plan in assemble(req, raw, outcome):
-            assert check_plan(raw, plan) == []
+    assert_search_matches_oracle(raw)
 
 
 @st.composite

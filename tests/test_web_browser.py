@@ -174,3 +174,18 @@ def test_pasted_config_json(page):
                                       "micro_batch": 1}, "layout": {"gpu": "l4", "gpus": 1}}))
     assert int(page.get_attribute("#fit-total", "data-bytes")) == want.total_bytes
     assert "config" not in page.url  # the URL keeps the short inputs only
+
+
+def test_dpo_on_the_page(page):
+    """The Training choice reaches the estimate: a DPO pair is the library's DPO estimate."""
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+
+    _fill(page, "fit-form", {"model": "llama-3.1-8b", "method": "full", "algorithm": "dpo", "seq_len": 2048,
+                             "micro_batch": 1, "gpu": "h100-sxm-80gb", "gpus": 8})
+    page.click("#fit-form button[type=submit]")
+    page.wait_for_selector("#fit-total")
+    want = estimate_resolved(resolve({"model": "llama-3.1-8b", "workload": {"method": "full", "algorithm": "dpo",
+                                      "seq_len": 2048, "micro_batch": 1}, "layout": {"gpu": "h100-sxm-80gb", "gpus": 8}}))
+    assert int(page.get_attribute("#fit-total", "data-bytes")) == want.total_bytes
+    assert "reference_weights" in page.inner_text("#fit-result")

@@ -80,6 +80,8 @@ def estimate(
     grad_accum: o.GradAccum = None,
     global_batch: o.GlobalBatch = None,
     lora_rank: o.LoraRank = None,
+    algorithm: o.Algorithm = None,
+    reference: o.Reference = None,
     gpu: o.Gpu = None,
     gpus: o.Gpus = None,
     dp: o.Dp = None,
@@ -104,7 +106,8 @@ def estimate(
     flags = {k: v for k, v in dict(
         model=model, method=method, optimizer=optimizer, precision=precision, seq_len=seq_len,
         micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
-        lora_rank=lora_rank, gpu=gpu, gpus=gpus, dp=dp, tp=tp, pp=pp, cp=cp, sp=sp, zero=zero,
+        lora_rank=lora_rank, algorithm=algorithm, reference=reference, gpu=gpu, gpus=gpus, dp=dp, tp=tp, pp=pp,
+        cp=cp, sp=sp, zero=zero,
         offload=offload, checkpointing=checkpointing, attention=attention, reserve=reserve,
         profile=profile,
     ).items() if v is not None}
@@ -149,6 +152,8 @@ def plan(
     global_batch: o.GlobalBatch = None,
     tokens: o.Tokens = None,
     lora_rank: o.LoraRank = None,
+    algorithm: o.Algorithm = None,
+    reference: o.Reference = None,
     objective: o.Objective = None,
     gpu: o.Gpu = None,
     gpu_types: o.GpuTypes = None,
@@ -179,7 +184,8 @@ def plan(
 
     flags = {k: v for k, v in dict(
         model=model, method=method, optimizer=optimizer, precision=precision, seq_len=seq_len,
-        global_batch=global_batch, tokens=tokens, lora_rank=lora_rank, objective=objective, gpu=gpu,
+        global_batch=global_batch, tokens=tokens, lora_rank=lora_rank, algorithm=algorithm, reference=reference,
+        objective=objective, gpu=gpu,
         gpu_types=_split(gpu_types), max_gpus=max_gpus, budget_usd=budget, deadline_hours=deadline,
         fleet=_fleet(fleet), allow_relax=_split(allow_relax), top=top, time_limit_s=time_limit,
         profile=profile,

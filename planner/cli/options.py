@@ -55,6 +55,12 @@ GradAccum = Annotated[S, opt("--grad-accum", metavar="N", help="Gradient accumul
 GlobalBatch = Annotated[S, opt("--global-batch", metavar="SEQUENCES", help="Sequences per optimizer step.")]
 Tokens = Annotated[S, opt(metavar="TOKENS", help="Token budget of the job, e.g. 1e9 (needed for time and cost).")]
 LoraRank = Annotated[S, opt("--lora-rank", metavar="R", help="LoRA rank.", default=_WL.lora_rank)]
+Algorithm = Annotated[S, opt(metavar="ALGORITHM", help="Training objective: supervised, or DPO (each example a "
+                             "chosen/rejected pair; micro-batch and global batch count pairs).",
+                             values=("sft", "dpo"), default=_WL.algorithm)]
+Reference = Annotated[S, opt(metavar="REFERENCE", help="DPO's reference policy: a frozen model, log-probs "
+                             "precomputed before training, or none (ORPO, SimPO).",
+                             values=("model", "precomputed", "none"), default=_WL.reference)]
 # layout
 Gpu = Annotated[S, opt(metavar="GPU", help="GPU type (see `planner gpus`), e.g. h100, a100-40gb, 4090.")]
 Gpus = Annotated[S, opt(metavar="N", help="GPU count = dp·tp·pp·cp.", default="dp·tp·pp·cp")]

@@ -291,6 +291,19 @@ class Workload(StrictModel):
     quant_bits: Literal[4, 8] = 4
     double_quant: bool = True
     allow_relax: list[Literal["method", "seq_len"]] = []
+    #: The training objective: ``sft`` (supervised: the next-token loss) or ``dpo`` (direct
+    #: preference optimisation and its family, IPO, ORPO, SimPO). Under ``dpo`` each example is a
+    #: pair, chosen and rejected, run through the policy together as TRL's DPOTrainer concatenates
+    #: them: ``micro_batch``, ``grad_accum`` and ``global_batch`` count pairs, ``tokens`` every
+    #: token of both sequences.
+    algorithm: Literal["sft", "dpo"] = "sft"
+    #: DPO's reference policy: ``model`` (the frozen starting weights, run forward on every pair:
+    #: full fine-tuning keeps a 16-bit copy, sharded like the policy under ZeRO-3/FSDP and offloaded
+    #: with it; LoRA and QLoRA use the base with the adapters disabled, no copy), ``precomputed``
+    #: (TRL's ``precompute_ref_log_probs``: reference log-probabilities computed in a pass before
+    #: training; no copy, no reference forward in the step) or ``none`` (reference-free: ORPO,
+    #: SimPO).
+    reference: Literal["model", "precomputed", "none"] = "model"
     # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
     #: Whole modules trained beside the adapters (PEFT ``modules_to_save``, LLaMA-Factory
     #: ``additional_target``): each gets a trainable copy (the frozen original stays) with its
@@ -371,6 +384,21 @@ class Workload(StrictModel):
     #: one expert's tokens at a time, each output added into the result by ``index_add_``,
     #: which keeps it.
     moe_experts: Literal["grouped", "loop"] = "grouped"
+
+    @property
+    def sequences_per_sample(self) -> int:
+        """Sequences the policy runs per example of the micro-batch: 2 for a DPO pair, else 1."""
+        return 2 if self.algorithm == "dpo" else 1
+
+    @property
+    def reference_forward(self) -> bool:
+        """Whether each step runs the reference policy forward (DPO with a reference model)."""
+        return self.algorithm == "dpo" and self.reference == "model"
+
+    @property
+    def reference_copy(self) -> bool:
+        """Whether a frozen copy of the weights stays beside the policy (full fine-tuning only)."""
+        return self.reference_forward and self.method == "full"
 
     @property
     def lora_target_set(self) -> tuple[str, ...]:

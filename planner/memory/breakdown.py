@@ -89,7 +89,17 @@ def codes(workload: Workload, layout: Layout, *, dp: int, grad_accum: int | None
         "lora_rank": workload.lora_rank,
         "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "sp": int(layout.sp),
         "zero": layout.zero, "dp": dp, "grad_accum": grad_accum or 0,
+        **dpo_codes(workload),
     }
+
+
+def dpo_codes(workload: Workload) -> dict[str, int]:
+    """DPO's arguments of :func:`seed_components` (none for supervised training): ``sequences``
+    per example (a pair: 2) and ``reference`` (1: a reference model runs; its copy is kept only
+    beside a fully trained policy)."""
+    if workload.algorithm != "dpo":
+        return {}
+    return {"sequences": workload.sequences_per_sample, "reference": int(workload.reference_forward)}
 
 
 #: The most bytes one component is counted at: 2^58 B ≈ 288 PB, far beyond any GPU, so a sum of

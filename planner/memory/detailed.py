@@ -12,7 +12,7 @@ a step) and ``device`` (what nvidia-smi shows and what must fit: + CUDA context 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.memory import activations as act
 from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
@@ -76,7 +76,7 @@ OFFLOAD_RESIDENT_LAYERS = 2
 
 #: Components that are model states (allocated once in fixed sizes, not churned within a step).
 STATE_PARTS = frozenset({"weights", "gradients", "optimizer_states", "master_weights",
-                         "adapter_states"})
+                         "adapter_states", "reference_weights"})
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
                      *, last_stage: bool) -> dict[str, float]:
     """Saved activations of one pipeline stage (``saved``), the working set of the layer being
     recomputed (``working``) and of the last layer's backward (``working_end``), the loss (``loss_saved``, ``loss_peak``) and offloaded bytes."""
-    b, s = wl.micro_batch, wl.seq_len // layout.cp
+    b, s = wl.micro_batch * wl.sequences_per_sample, wl.seq_len // layout.cp
     tp, sp = layout.tp, layout.sp
     rec = _recipe(model, wl, layout, first_layer=False)
     n_layers = -(-model.layers // layout.pp)  # the heaviest stage when pp does not divide L
@@ -390,10 +390,20 @@ def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> floa
     dequantizes the weight from its tiled layout (int8, then FP16: 3 bytes per weight). From
     0.45.0: one int8 input, int32 and FP16 results (t·(d_in + 6·d_out)); the FP16 weight in
     backward (2 bytes per weight)."""
-    t = wl.micro_batch * wl.seq_len / cp
+    t = wl.micro_batch * wl.sequences_per_sample * wl.seq_len / cp
     if wl.int8_keeps_transposed:  # the release that keeps CAt: the col32/igemmlt path
         return max(t * (2 * d_in + 8 * d_out), 2 * t * d_out + 3 * d_in * d_out)
     return max(t * (d_in + 6 * d_out), 2 * d_in * d_out)
+
+
+def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: int) -> float:
+    """DPO's frozen reference for full fine-tuning: the weights once more in the compute dtype,
+    divided by TP and PP and, under ZeRO-3/FSDP, sharded like the policy (TRL prepares it with
+    the trainer's DeepSpeed ZeRO-3 or FSDP settings, offload included); none otherwise."""
+    if not wl.reference_copy or layout.offload == "optimizer+params":
+        return 0.0
+    shard = zero_degree(dp, layout.cp) if layout.zero == 3 else 1
+    return param_counts(model).total * compute_bytes(wl.precision) / (layout.tp * layout.pp * shard)
 
 
 def _opt_shard(layout: Layout) -> int:
@@ -445,6 +455,12 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         notes.append("FSDP with PP: stage parameters stay unsharded; gradients accumulate unsharded")
     states = _step_states(wl, layout, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
                           notes=notes)
+    reference = reference_weight_bytes(model, wl, layout, dp)
+    if reference:
+        states = replace(states, persistent={**states.persistent, "reference_weights": reference},
+                         start={**states.start, "reference_weights": reference})
+        notes.append("DPO: a frozen 16-bit copy of the weights as the reference policy, sharded like "
+                     "the policy's")
     best: tuple[float, str, dict[str, float], float] | None = None
     frag = _fragmentation(layout)
     fixed = CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)

@@ -14,7 +14,7 @@ from planner.core.units import floor_bytes
 
 #: The order components are shown in (those a profile does not model are absent).
 COMPONENT_ORDER = (
-    "weights", "gradients", "optimizer_states", "master_weights", "adapter_states",
+    "weights", "gradients", "optimizer_states", "master_weights", "adapter_states", "reference_weights",
     "activations", "logits", "kv_cache", "buffers", "overhead",
 )
 
@@ -141,6 +141,20 @@ def fit_rule(profile: str, reserve: float | None) -> str:
     return f"capacity / (1 + {FIT_MARGIN:.0%} fit margin)"
 
 
+def dpo_notes(wl) -> list[str]:
+    """What a DPO estimate assumes (none for supervised training)."""
+    if wl.algorithm != "dpo":
+        return []
+    ref = {"model": ("a frozen copy of the weights, run forward on each pair" if wl.method == "full" else
+                     "the base with the adapters disabled, run forward on each pair (no copy)"),
+           "precomputed": "log-probabilities precomputed before training (no copy, no forward in the step)",
+           "none": "none (reference-free: ORPO, SimPO)"}[wl.reference]
+    return [f"DPO: each of the micro-batch's {wl.micro_batch} examples is a pair, chosen and rejected "
+            f"concatenated (2 sequences of up to {wl.seq_len} tokens); reference: {ref}; the reference "
+            "forward's transient activations and logits are not counted (they are freed before the "
+            "policy's forward)"]
+
+
 def estimate_resolved(rs: ResolvedScenario) -> Estimate:
     mem = memory_of(rs)
     components = {k: mem.components[k] for k in COMPONENT_ORDER if k in mem.components}
@@ -179,7 +193,7 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         headroom_bytes=headroom,
         fits=fits,
         host_bytes=mem.host_bytes,
-        assumptions=list(mem.assumptions),
+        assumptions=list(mem.assumptions) + dpo_notes(rs.workload),
         warnings=list(rs.warnings),
         predicted=mem.predicted,
         error_band=mem.error_band,

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.memory.detailed import detailed_memory
 from planner.memory.detailed_array import detailed_components
-from planner.memory.breakdown import MemoryBreakdown
+from planner.memory.breakdown import MemoryBreakdown, dpo_codes
 from planner.memory.seed import seed_array_memory, seed_memory
 
 
@@ -28,7 +28,7 @@ class Profile:
 
 def _seed_many(model: ModelSpec, overrides: Overrides, *, workload: Workload, layout: Layout,
                **x: Any) -> dict[str, Any]:
-    return seed_array_memory(model, overrides, **x)
+    return seed_array_memory(model, overrides, **x, **dpo_codes(workload))
 
 
 PROFILES: dict[str, Profile] = {

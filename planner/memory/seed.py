@@ -151,6 +151,10 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
         "adapter_states": np.where(is_adapter, adapter_dev, zero_arr),
     }
     host = np.where(is_train, weights * (1 - keep_w), zero_arr)
+    if "reference" in x:  # DPO: a frozen 16-bit copy of the weights beside a fully trained policy
+        ref = np.where(is_full & (np.asarray(x["reference"]) > 0), sh.spread(w_b, sh.s_w), zero_arr)
+        out["reference_weights"] = ref * keep_w
+        host = host + ref * (1 - keep_w)  # offloaded with the weights
     host = host + np.where(is_full, sh.spread(opt_b + master_b, sh.s_o) * (1 - keep_o), zero_arr)
     out["host"] = host + np.where(is_adapter, adapter_host, zero_arr)
 
@@ -226,7 +230,7 @@ def _seed_activations(model: ModelSpec, overrides: Overrides, x: dict[str, Any],
     if overrides.activation_bytes is not None:
         return overrides.activation_bytes + zero_arr
     k = overrides.k_factor or _K_FACTOR[x["checkpointing"], x["attention"]]
-    act = x["micro_batch"] * x["seq_len"] * model.hidden * model.layers * k * b
+    act = x["micro_batch"] * x.get("sequences", 1) * x["seq_len"] * model.hidden * model.layers * k * b
     return act * seed_activation_factor(tp=x["tp"], pp=x["pp"], cp=x["cp"], sp=x["sp"],
                                         grad_accum=x["grad_accum"])
 
@@ -258,7 +262,7 @@ def seed_memory(
 ) -> MemoryBreakdown:
     """The ``seed`` profile for one scenario: :func:`seed_components` on scalars, plus notes."""
     raw = seed_components(model, overrides, **breakdown_codes(workload, layout, dp=dp, grad_accum=grad_accum))
-    names = METHOD_COMPONENTS[workload.method]
+    names = METHOD_COMPONENTS[workload.method] + (("reference_weights",) if workload.reference_copy else ())
     ints = ceil_components(raw, (*names, "host"))
     return MemoryBreakdown(
         components={k: int(ints[k]) for k in names},

@@ -40,6 +40,10 @@ from planner.core.units import nodes_for, zero_degree
 FULL_FLOPS_PER_PARAM = 6.0
 ADAPTER_FLOPS_PER_PARAM = 4.0
 RECOMPUTE_FLOPS_PER_PARAM = 2.0
+#: A forward alone: 2 FLOPs per parameter and token (DPO's reference policy), and its share of a
+#: training step's attention FLOPs and element-wise traffic (forward 1, backward 2).
+FORWARD_FLOPS_PER_PARAM = 2.0
+FORWARD_SHARE = 1.0 / 3.0
 #: Attention-score FLOPs per token and layer, forward + backward, for the full s×s square:
 #: 12·s·d (QKᵀ and AV, 2·s·d each forward, backward twice that; d = heads·head_dim;
 #: Narayanan et al. 2021). Causal kernels (FlashAttention, SDPA, cuDNN) skip the masked half:
@@ -370,7 +374,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     (virtual pipeline stages of an interleaved 1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
     1 a 4-bit base; default: QLoRA has one), ``attention`` (0 eager, 1 fused; default fused),
     ``fused`` (the stack fuses element-wise ops: torch.compile, Transformer Engine; default off),
-    ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
+    ``reference_forward`` (DPO: the reference policy's forward on every token; default off;
+    ``micro_batch`` then counts sequences, two per pair), ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
     default 0), ``optimizer_bytes`` (per trainable parameter, :func:`optimizer_bytes_per_param`;
     default :data:`OPTIMIZER_BYTES_PER_PARAM`).
 
@@ -422,9 +427,14 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     util = np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu)
 
     attention_kernel = x.get("attention", 1)  # 0 eager (math path), 1 fused (flash)
-    lin = linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora,
-                                 saved_head=x.get("saved_head", 0.0)) * tokens_mb / mp
-    att = attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt) * tokens_mb / mp
+    # DPO's reference policy: one more forward of the frozen weights (and of attention) per token.
+    ref = np.asarray(x.get("reference_forward", 0)) > 0
+    lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora,
+                                  saved_head=x.get("saved_head", 0.0))
+           + np.where(ref, FORWARD_FLOPS_PER_PARAM * mf.active_params, 0.0)) * tokens_mb / mp
+    att = (attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt)
+           + np.where(ref, attention_flops_per_token(mf, seq_len=seq, checkpointing=0) * FORWARD_SHARE, 0.0)
+           ) * tokens_mb / mp
     att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
     has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
     fp8_peak = np.where(has_fp8, perf.peak_fp8_flops, perf.peak_flops)
@@ -439,7 +449,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     t_att = att / (perf.peak_flops * util) / eff
     t_gemm = lin / lin_rate * lin_eff + t_att
     vectors = p.elementwise_vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
-    vectors = vectors * np.where(ckpt == 2, 4.0 / 3.0, 1.0)
+    vectors = vectors * (np.where(ckpt == 2, 4.0 / 3.0, 1.0) + np.where(ref, FORWARD_SHARE, 0.0))
     vectors = vectors * np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
     t_elem = vectors * 2.0 * mf.hidden * tokens_gpu * mf.layers / (pp * tp) / perf.memory_bps
     # Eager attention writes and reads the s×s scores (:data:`EAGER_SCORE_BYTES` per score).

@@ -14,7 +14,7 @@ import pandas as pd
 
 GB = 1e9
 #: Component order, bottom to top; any other component follows in its own order.
-COMPONENT_ORDER = ("weights", "gradients", "optimizer_states", "master_weights", "adapter_states",
+COMPONENT_ORDER = ("weights", "gradients", "optimizer_states", "master_weights", "adapter_states", "reference_weights",
                    "activations", "kv_cache", "logits", "buffers", "overhead")
 
 

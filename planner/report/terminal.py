@@ -123,8 +123,12 @@ def status_words(result: Any) -> str:
 
 
 def plans_table(result: Any, *, gib: bool = False) -> Table:
+    wl = ((result.plans[0].pinned_scenario or {}).get("workload") or {}) if result.plans else {}
+    dpo = (" (DPO: mb counts pairs of sequences"
+           + ("; time includes the reference forward)" if wl.get("reference", "model") == "model" else ")")
+           if wl.get("algorithm") == "dpo" else "")
     table = Table(header_style="bold", title=f"{result.scenario}: {len(result.plans)} plans, "
-                  f"objective {result.objective}, {status_words(result)}")
+                  f"objective {result.objective}, {status_words(result)}{dpo}")
     for col in ("#", "stack", "GPU × n", "dp·tp·pp·cp", "zero/offload", "mb×ga", "ckpt/attn", "method/seq",
                 "mem/GPU", "headroom", "time [band]", "cost [band]", "$/h"):
         table.add_column(col, justify="right" if col in ("#", "mem/GPU", "headroom", "$/h") else "left",

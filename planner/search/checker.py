@@ -124,16 +124,18 @@ def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[st
     if user.tokens is None:
         return problems
     perf = GpuPerf.of(gpu, sc.search.utilization)
+    sequences = p["micro_batch"] * user.sequences_per_sample  # a DPO pair is two sequences
+    dpo = {"reference_forward": 1} if user.reference_forward else {}
     step = step_time_s(
         model_flops(rs.model), perf, method=METHODS.index(p["method"]),
         checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
-        zero=p["zero"], seq_len=p["seq_len"], micro_batch=p["micro_batch"], grad_accum=p["grad_accum"],
+        zero=p["zero"], seq_len=p["seq_len"], micro_batch=sequences, grad_accum=p["grad_accum"], **dpo,
         tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),
         **saved_modules_of(rs_user), **adapter_traffic_of(rs_user),
         attention=ATTENTION.index(p["attention"]),
         fp8=int(bool(rs.workload.fp8)), fused=int(get_stack(p["stack"]).fused_kernels or rs.workload.compile),
         vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)
-    t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
+    t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=sequences,
                          dp=p["dp"], grad_accum=p["grad_accum"]))
     billed = int(billed_gpus(p["gpus"], gpu.gpus_per_node, gpu.whole_node_only))
     price = gpu.price_on_demand_usd_per_hour

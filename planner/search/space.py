@@ -548,11 +548,14 @@ def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_acc
     rs = req.rs
     x = dict(method=c["method"], checkpointing=c["checkpointing"],
              offload=c["offload"] if offload is None else offload, zero=c["zero"] if zero is None else zero,
-             seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
+             seq_len=c["seq_len"], micro_batch=c["micro_batch"] * rs.workload.sequences_per_sample,
+             grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
              cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == FULL, 0.0, n_lora_of(rs)),
              **saved_modules_of(rs), **adapter_traffic_of(rs),
              attention=c["attention"], fp8=int(bool(rs.workload.fp8)), fused=req.fused(c["stack"]),
              vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)
+    if rs.workload.reference_forward:
+        x["reference_forward"] = 1
     if intra_only:
         x["intra_only"] = True
     return x
@@ -592,13 +595,14 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     x = step_args(req, c, dp=dp, grad_accum=ga)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
-    tokens_per_step = c["micro_batch"] * dp * ga * c["seq_len"]
+    sequences = c["micro_batch"] * req.rs.workload.sequences_per_sample  # per micro-batch (a DPO pair: 2)
+    tokens_per_step = sequences * dp * ga * c["seq_len"]
     for label, perf in (("", table.perf), ("_slow", table.perf_low), ("_fast", table.perf_high)):
         rows = perf_rows(perf, g)
         step = step_time_s(mf, rows, **x)
         out["step_s" + label] = step
         if req.tokens is not None:
-            t = job_time_s(step, tokens=req.tokens, seq_len=c["seq_len"], micro_batch=c["micro_batch"],
+            t = job_time_s(step, tokens=req.tokens, seq_len=c["seq_len"], micro_batch=sequences,
                            dp=dp, grad_accum=ga)
             out["time_s" + label] = t
             out["cost_usd" + label] = job_cost_usd(t, gpus=billed, price_usd_per_hour=rows.price_usd_per_hour)

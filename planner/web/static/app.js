@@ -61,11 +61,11 @@ function num(v) { return v === undefined ? undefined : Number(v); }
 function fitScenario(v) {
   const layout = { gpu: v.gpu, gpus: num(v.gpus) };
   if (v.checkpointing) layout.checkpointing = v.checkpointing;
-  return { name: "web", model: v.model, workload: { method: v.method, seq_len: num(v.seq_len), micro_batch: num(v.micro_batch) }, layout };
+  return { name: "web", model: v.model, workload: { method: v.method, algorithm: v.algorithm || "sft", seq_len: num(v.seq_len), micro_batch: num(v.micro_batch) }, layout };
 }
 
 function planScenario(v) {
-  const sc = { name: "web", model: v.model, workload: { method: v.method, seq_len: num(v.seq_len) }, objective: v.objective, top: num(v.top) || 5 };
+  const sc = { name: "web", model: v.model, workload: { method: v.method, algorithm: v.algorithm || "sft", seq_len: num(v.seq_len) }, objective: v.objective, top: num(v.top) || 5 };
   if (v.tokens) sc.workload.tokens = Number(v.tokens);
   const search = {};
   if (v.gpu_types) search.gpu_types = v.gpu_types.split(",").map((s) => s.trim()).filter(Boolean);
@@ -311,7 +311,7 @@ const runFit = (form) => answer("fit", form, async (v, out) => {
   const est = await api("/api/estimate", scenario);
   renderEstimate(out, est);
   if (est.verdict === "does_not_fit") {
-    renderLadder(out, await api("/api/plan", { name: "web", model: v.model, workload: { method: v.method, seq_len: num(v.seq_len), tokens: 1e9 },
+    renderLadder(out, await api("/api/plan", { name: "web", model: v.model, workload: { method: v.method, algorithm: v.algorithm || "sft", seq_len: num(v.seq_len), tokens: 1e9 },
       search: { gpu_types: [v.gpu], max_gpus: num(v.gpus) }, top: 1 }));
   }
   return [scenario, est];

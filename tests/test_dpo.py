@@ -1,0 +1,106 @@
+"""DPO as a workload (``workload.algorithm: dpo``): each example a chosen/rejected pair run through
+the policy together, as TRL's DPOTrainer concatenates them; a frozen reference policy (a 16-bit
+copy for full fine-tuning, the adapters disabled for LoRA/QLoRA, or none). Memory in both
+profiles, time, the search against its oracle and the independent checker, and the CLI."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli.main import app
+from planner.core.arch import param_counts
+from planner.memory.estimate import estimate_resolved
+from planner.perf import timing
+from planner.scenario.resolve import resolve
+from planner.search.answer import plan_raw
+
+from oracle_helpers import assert_search_matches_oracle
+
+
+def est(profile="detailed", **workload):
+    layout = workload.pop("layout", {"gpu": "h100", "gpus": 8, "zero": 3})
+    return estimate_resolved(resolve({"model": "llama-3.1-8b", "profile": profile,
+                                      "workload": {"seq_len": 2048, **workload}, "layout": layout}))
+
+
+@pytest.mark.parametrize("profile", ["seed", "detailed"])
+def test_a_pair_is_two_sequences_and_full_dpo_keeps_a_reference_copy(profile):
+    """Activations (and logits) of one pair are those of two sequences; full fine-tuning adds a
+    16-bit copy of the weights sharded like the policy: N·2 bytes / 8 GPUs under ZeRO-3, N·2 whole
+    under ZeRO-2; LoRA's reference is its base with the adapters off: no copy."""
+    n = param_counts(resolve({"model": "llama-3.1-8b"}).model).total
+    dpo, sft2 = est(profile, method="full", algorithm="dpo", micro_batch=1), est(profile, method="full", micro_batch=2)
+    assert dpo.components["activations"] == sft2.components["activations"]
+    assert dpo.components.get("logits") == sft2.components.get("logits")
+    assert dpo.components["reference_weights"] == pytest.approx(n * 2 / 8, abs=1)
+    zero2 = est(profile, method="full", algorithm="dpo", micro_batch=1, layout={"gpu": "h100", "gpus": 8, "zero": 2})
+    assert zero2.components["reference_weights"] == pytest.approx(n * 2, abs=1)
+    lora, lora_sft2 = est(profile, method="lora", algorithm="dpo", micro_batch=1), est(profile, method="lora", micro_batch=2)
+    assert "reference_weights" not in lora.components
+    assert lora.components["activations"] == lora_sft2.components["activations"]
+    sft = est(profile, method="full", micro_batch=1)
+    assert "reference_weights" not in sft.components and not any("DPO" in a for a in sft.assumptions)
+    assert any("DPO: each of the micro-batch's 1 examples is a pair" in a for a in dpo.assumptions)
+
+
+@pytest.mark.parametrize("reference", ["precomputed", "none"])
+def test_no_reference_model_no_copy(reference):
+    e = est(method="full", algorithm="dpo", reference=reference, micro_batch=1)
+    assert "reference_weights" not in e.components
+
+
+def test_reference_offloaded_with_the_weights():
+    e = est(method="full", algorithm="dpo", micro_batch=1,
+            layout={"gpu": "h100", "gpus": 8, "zero": 3, "offload": "optimizer+params"})
+    assert "reference_weights" not in e.components
+
+
+def test_reference_forward_time():
+    """The reference policy's forward adds 2N FLOPs per token, the forward third of the
+    attention and of the element-wise traffic; nothing else."""
+    mf = timing.model_flops(resolve({"model": "llama-3.1-8b"}).model)
+    perf = timing.GpuPerf.of(resolve({"model": "llama-3.1-8b", "layout": {"gpu": "h100"}}).gpu)
+    x = {"method": 1, "checkpointing": 0, "offload": 0, "zero": 0, "seq_len": 2048, "micro_batch": 4,
+         "grad_accum": 1, "tp": 1, "pp": 1, "cp": 1, "dp": 1, "ep": 1, "n_lora": 4e7}
+    p = timing.FITTED
+    base = float(timing.step_time_s(mf, perf, **x))
+    ref = float(timing.step_time_s(mf, perf, **x, reference_forward=1))
+    tokens = 4 * 2048
+    eff = float(timing.microbatch_efficiency(tokens, p.microbatch_half_tokens))
+    rate = perf.peak_flops * perf.utilization
+    lin = timing.FORWARD_FLOPS_PER_PARAM * mf.active_params * tokens / rate / eff
+    att = float(timing.attention_flops_per_token(mf, seq_len=2048, checkpointing=0)) / 3 * tokens / rate / eff
+    elem = p.elementwise_vectors / 3 * 2 * mf.hidden * tokens * mf.layers / perf.memory_bps / perf.kernel_speed
+    assert ref - base == pytest.approx(lin + att + elem, rel=1e-6)
+
+
+DPO_PLAN = {"model": "qwen2.5-1.5b", "workload": {"method": "lora", "algorithm": "dpo", "seq_len": 2048,
+                                                   "tokens": 1e7, "global_batch": 16},
+            "search": {"gpu_types": ["rtx-4090", "l40s", "a100-80gb"], "max_gpus": 4, "micro_batch": [1, 2, 4],
+                       "tp": [1], "pp": [1], "cp": [1]}, "objective": "cost", "top": 3}
+
+
+@pytest.mark.parametrize("profile", ["seed", "detailed"])
+def test_dpo_search_matches_its_oracle_and_the_checker(profile):
+    assert_search_matches_oracle({**DPO_PLAN, "profile": profile})
+
+
+def test_dpo_plans_cost_more_than_sft_and_carry_their_algorithm():
+    dpo = plan_raw(DPO_PLAN)
+    sft = plan_raw({**DPO_PLAN, "workload": {**DPO_PLAN["workload"], "algorithm": "sft"}})
+    assert dpo.plans and sft.plans and not dpo.checker_rejected
+    assert dpo.plans[0].cost_usd > sft.plans[0].cost_usd  # the reference forward on every token
+    p = dpo.plans[0]
+    assert p.pinned_scenario["workload"]["algorithm"] == "dpo"
+    assert p.memory.total_bytes == estimate_resolved(resolve(p.pinned_scenario)).total_bytes
+
+
+def test_cli_algorithm():
+    runner = CliRunner()
+    out = runner.invoke(app, ["estimate", "--model", "llama-3.1-8b", "--method", "full", "--algorithm", "dpo",
+                              "--gpu", "h100", "--gpus", "8", "--zero", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    assert "reference_weights" in out.output
+    bad = runner.invoke(app, ["estimate", "--model", "llama-3.1-8b", "--algorithm", "ppo"])
+    assert bad.exit_code == 2 and "workload.algorithm" in bad.output
