@@ -58,7 +58,7 @@ def prepare() -> list[dict]:
     runs = []
     for key, (model, method, seq, pairs, ckpt) in enumerate(SETTINGS):
         run = gpu_session.sweep_run(model, method, seq, pairs, ckpt)
-        run.update(key=key, steps=STEPS)
+        run.update(key=key, steps=STEPS, algorithm="dpo")
         est = estimate_resolved(resolve(_scenario(run)))
         run["predicted_allocated_bytes"] = est.predicted["allocated_bytes"]
         run["predicted_components"] = est.components
@@ -164,7 +164,8 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
         if "error" in res:
             continue
         run = runs[res["key"]]
-        row = gpu_memory.row_of(run, len(mem_rows) + 1, res["max_allocated"] / 1e9, "max_allocated", res["gpu_name"])
+        row = gpu_memory.row_of({**run, "algorithm": "dpo"}, len(mem_rows) + 1, res["max_allocated"] / 1e9,
+                                "max_allocated", res["gpu_name"])
         row.update(source=f"planner bench/gpu_dpo_session.py on {res['gpu_name']}", url_or_path="bench/gpu_dpo_session.py",
                    notes=row["notes"] + "; DPO (sigmoid, beta 0.1): chosen and rejected concatenated, the reference's "
                    "log-probs first without gradients (" + ("a frozen copy" if run["method"] == "full" else

@@ -75,7 +75,7 @@ COLUMNS = ("id,source,url_or_path,model,params_b,layers,hidden,heads,kv_heads,ff
            "zero_or_fsdp,cpu_offload,lora_rank,lora_targets,measured_gb,measure_kind,notes,hf_model,framework,"
            "framework_date,loss_impl,compile,grad_accum,lora_dropout,adapter_dtype,peak_at_first_step,quant_impl,"
            "double_quant,kbit_prep,bitsandbytes,optimizer_in_bwd,norm_fp32,mqa_sdpa_math,zero_reduce_bucket,"
-           "measured_unit,kernels,qk_norm").split(",")
+           "measured_unit,kernels,qk_norm,algorithm").split(",")
 
 
 def grid(quick: bool = False) -> list[dict]:
@@ -224,6 +224,7 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
         "optimizer_in_bwd": "no", "norm_fp32": "yes", "mqa_sdpa_math": "no", "zero_reduce_bucket": "",
         "measured_unit": "GB",
         "qk_norm": "no",  # a LlamaForCausalLM: no per-head q/k norm, whatever the catalog model has
+        "algorithm": run.get("algorithm", ""),
     }
 
 

@@ -104,3 +104,23 @@ def test_cli_algorithm():
     assert "reference_weights" in out.output
     bad = runner.invoke(app, ["estimate", "--model", "llama-3.1-8b", "--algorithm", "ppo"])
     assert bad.exit_code == 2 and "workload.algorithm" in bad.output
+
+
+def test_measured_dpo_steps_before_any_fit():
+    """Six DPO steps measured on an H200, predicted before they ran (data/README.md): the allocated
+    peak within 18 % and never under by more than 1 % (the planner over-counts a pair's logits),
+    read as DPO rows (``algorithm: dpo``) the same as when they were predicted."""
+    from pathlib import Path
+
+    import csv
+
+    from planner.validate.score import validate_file
+
+    path = Path(__file__).resolve().parents[1] / "data" / "measured_gpu_h200_dpo.csv"
+    rows = list(csv.DictReader(path.open(encoding="utf-8")))
+    assert len(rows) == 6 and all(r["algorithm"] == "dpo" for r in rows)
+    for r in rows:
+        ratio = float(r["predicted_before_gb"]) / float(r["measured_gb"])
+        assert 0.99 <= ratio <= 1.18, r["id"]
+    result = validate_file(path)
+    assert result["median_ape"] == pytest.approx(0.121, abs=0.005)  # now, as before: nothing was fitted

@@ -3,7 +3,7 @@
 Each row describes a real run in columns: the layout, and the recipe facts of its stack
 (``framework``, ``hf_model``, ``loss_impl``, ``compile``, ``grad_accum``, ``lora_dropout``,
 ``adapter_dtype``, ``quant_impl``, ``double_quant``, ``kbit_prep``, ``bitsandbytes``,
-``optimizer_in_bwd``, ``norm_fp32``, ``qk_norm``, ``mqa_sdpa_math``, ``zero_reduce_bucket``, ``deepspeed``,
+``optimizer_in_bwd``, ``norm_fp32``, ``qk_norm``, ``algorithm``, ``mqa_sdpa_math``, ``zero_reduce_bucket``, ``deepspeed``,
 ``modules_to_save``, ``eval_batch``, ``measured_unit``; ``data/README.md`` documents each and how it was read from its source). This
 module reads those columns into scenario keys. It reads no source name, date, commit or prose
 ``notes``, and knows no per-row figure: only architecture facts of the models (their published
@@ -509,6 +509,8 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
     t = _text_of(row)
     wl = _workload(t, row)
+    if _cell(row, "algorithm") == "dpo":  # chosen/rejected pairs against a reference (micro_batch: pairs)
+        wl["algorithm"] = "dpo"
     lay = _layout(t, row, wl.get("grad_accum", 1))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
             "workload": wl, "layout": lay}
