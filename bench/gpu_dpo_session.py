@@ -17,8 +17,6 @@ BF16, SDPA, random tokens; the first two of five steps untimed.
 from __future__ import annotations
 
 import argparse
-import csv
-import gc
 import json
 import statistics
 import sys
@@ -92,13 +90,10 @@ def measure(run: dict) -> dict:
 
     import torch
     import torch.nn.functional as F
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=run["hidden"], intermediate_size=run["ffn"], num_hidden_layers=run["layers"],
-                      num_attention_heads=run["heads"], num_key_value_heads=run["kv_heads"], head_dim=run["head_dim"],
-                      vocab_size=run["vocab"], max_position_embeddings=max(run["seq_len"], 2048),
-                      tie_word_embeddings=bool(run.get("tied")), use_cache=False, attn_implementation="sdpa")
+    cfg = gpu_memory.llama_config(run)
     with torch.device("cuda"):
         policy = LlamaForCausalLM(cfg).to(torch.bfloat16)
     reference = None
@@ -181,14 +176,8 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
                         "predicted_before_tokens_per_s": f"{run['predicted_tokens_per_s']:.1f}",
                         "measured_gb": f"{res['max_allocated'] / 1e9:.3f}",
                         "predicted_before_gb": f"{run['predicted_allocated_bytes'] / 1e9:.3f}"})
-    with memory_out.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(gpu_memory.COLUMNS) + ["predicted_before_gb"])
-        w.writeheader()
-        w.writerows(mem_rows)
-    with throughput_out.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(tp_rows[0]) if tp_rows else ["id"])
-        w.writeheader()
-        w.writerows(tp_rows)
+    gpu_memory.write_csv(memory_out, mem_rows, list(gpu_memory.COLUMNS) + ["predicted_before_gb"])
+    gpu_memory.write_csv(throughput_out, tp_rows, list(tp_rows[0]) if tp_rows else ["id"])
     return len(mem_rows), len(tp_rows)
 
 

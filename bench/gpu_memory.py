@@ -228,6 +228,25 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
     }
 
 
+def llama_config(run: dict, *, attention: str = "sdpa", min_positions: int = 2048):
+    """The ``LlamaConfig`` of a run's shape (random weights are built from it; no cache)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=run["hidden"], intermediate_size=run["ffn"], num_hidden_layers=run["layers"],
+                       num_attention_heads=run["heads"], num_key_value_heads=run["kv_heads"],
+                       head_dim=run.get("head_dim", run["hidden"] // run["heads"]),
+                       vocab_size=run["vocab"], max_position_embeddings=max(run["seq_len"], min_positions),
+                       tie_word_embeddings=bool(run.get("tied")), use_cache=False, attn_implementation=attention)
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """Rows to a CSV file in the given columns (the bench scripts' data files)."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def measure(run: dict) -> dict:
     """One run in this process; returns the three views in bytes."""
     import os
@@ -236,15 +255,10 @@ def measure(run: dict) -> dict:
     import time
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=run["hidden"], intermediate_size=run["ffn"], num_hidden_layers=run["layers"],
-                      num_attention_heads=run["heads"], num_key_value_heads=run["kv_heads"],
-                      head_dim=run.get("head_dim", run["hidden"] // run["heads"]),
-                      vocab_size=run["vocab"], max_position_embeddings=max(run["seq_len"], 2048),
-                      tie_word_embeddings=bool(run.get("tied")), use_cache=False,
-                      attn_implementation=run["attention"])
+    cfg = llama_config(run, attention=run["attention"])
     mixed = run["precision"] == "bf16-mixed"
     if run["method"] == "qlora":
         from transformers import BitsAndBytesConfig
@@ -356,10 +370,7 @@ def main() -> int:
         if "verdict_id" in run:
             print(verdict_line(run, views), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(Path(args.out), rows, list(COLUMNS))
     print(f"{len(rows)} rows -> {args.out}; {failures} runs failed")
     return 1 if failures else 0
 

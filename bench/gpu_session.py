@@ -23,7 +23,6 @@ changed for these rows, which ``planner validate`` scores as the unseen error.
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import statistics
@@ -323,12 +322,8 @@ def collect(results_path: Path, runs_path: Path, memory_out: Path, throughput_ou
             predicted = run.get("predicted_tokens_per_s_as_ran", run["predicted_tokens_per_s"])
             row["predicted_before_tokens_per_s"] = f"{predicted:.1f}"
             tp_rows.append(row)
-    for path, rows, cols in ((memory_out, mem_rows, list(gpu_memory.COLUMNS) + ["predicted_before_gb"]),
-                             (throughput_out, tp_rows, list(THROUGHPUT_COLUMNS) + ["predicted_before_tokens_per_s"])):
-        with path.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=cols)
-            writer.writeheader()
-            writer.writerows(rows)
+    gpu_memory.write_csv(memory_out, mem_rows, list(gpu_memory.COLUMNS) + ["predicted_before_gb"])
+    gpu_memory.write_csv(throughput_out, tp_rows, list(THROUGHPUT_COLUMNS) + ["predicted_before_tokens_per_s"])
     return len(mem_rows), len(tp_rows)
 
 

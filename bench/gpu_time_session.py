@@ -22,7 +22,6 @@ any rule was changed for them.
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import statistics
@@ -153,14 +152,10 @@ def prepare(session: int = 1) -> list[dict]:
 def _build(run: dict, device: str):
     """The group's model: random weights in BF16 on ``device``, PEFT adapters where asked."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=run["hidden"], intermediate_size=run["ffn"], num_hidden_layers=run["layers"],
-                      num_attention_heads=run["heads"], num_key_value_heads=run["kv_heads"],
-                      head_dim=run["head_dim"], vocab_size=run["vocab"],
-                      max_position_embeddings=max(run["seq_len"], 32768),
-                      tie_word_embeddings=bool(run.get("tied")), use_cache=False, attn_implementation="sdpa")
+    cfg = gpu_memory.llama_config(run, min_positions=32768)  # one build serves the group's lengths
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.train()
@@ -340,13 +335,8 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
         mrow["notes"] += "; the model built once per group, its settings run in turn in one process"
         mrow["predicted_before_gb"] = f"{run['predicted']['allocated_bytes'] / 1e9:.3f}"
         mem_rows.append(mrow)
-    for path, rows, cols in ((memory_out, mem_rows, list(gpu_memory.COLUMNS) + ["predicted_before_gb"]),
-                             (throughput_out, tp_rows,
-                              list(gpu_session.THROUGHPUT_COLUMNS) + ["predicted_before_tokens_per_s"])):
-        with path.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=cols)
-            writer.writeheader()
-            writer.writerows(rows)
+    gpu_memory.write_csv(memory_out, mem_rows, list(gpu_memory.COLUMNS) + ["predicted_before_gb"])
+    gpu_memory.write_csv(throughput_out, tp_rows, list(gpu_session.THROUGHPUT_COLUMNS) + ["predicted_before_tokens_per_s"])
     return len(mem_rows), len(tp_rows)
 
 
