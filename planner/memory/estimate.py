@@ -61,7 +61,10 @@ class Estimate(BaseModel):
         return getattr(self, key)
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in type(self).model_fields or key == "verdict" else default
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -76,11 +76,10 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
         ga_hi = np.maximum(grad_accum_of(req, a["micro_batch"], dp_hi), 1)
         ga = ga_lo if req.objective == "cost" else ga_hi
         perf = perf_rows(table.perf, g)
-        step = step_time_s(model_flops(req.model), perf,
-                           **step_args(req, a, dp=np.ones_like(g), grad_accum=ga, offload=np.zeros_like(g),
-                                       zero=np.zeros_like(g), intra_only=True))
-        sequences = a["micro_batch"] * req.rs.workload.sequences_per_sample
-        per_token_s = step / (sequences * ga * a["seq_len"])  # seconds per token per pipeline
+        x = step_args(req, a, dp=np.ones_like(g), grad_accum=ga, offload=np.zeros_like(g), zero=np.zeros_like(g),
+                      intra_only=True)
+        step = step_time_s(model_flops(req.model), perf, **x)
+        per_token_s = step / (x["micro_batch"] * ga * a["seq_len"])  # seconds per token per pipeline
         # The job's start-up cost is paid on every GPU whatever the layout (billed ≥ dp·mp).
         if req.objective == "cost":
             units = objective_units("cost", {"cost_usd": (req.tokens * per_token_s + JOB_STARTUP_S * dp_lo)

@@ -595,7 +595,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     x = step_args(req, c, dp=dp, grad_accum=ga)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
            "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
-    sequences = c["micro_batch"] * req.rs.workload.sequences_per_sample  # per micro-batch (a DPO pair: 2)
+    sequences = x["micro_batch"]  # per micro-batch, as the time model counts them (a DPO pair: 2)
     tokens_per_step = sequences * dp * ga * c["seq_len"]
     for label, perf in (("", table.perf), ("_slow", table.perf_low), ("_fast", table.perf_high)):
         rows = perf_rows(perf, g)
