@@ -111,7 +111,26 @@ GROUPS_2 = (
     ("llama-3.2-1b", "lora", (16, ALL, "fp32"), [(2048, 2, False, False, 4)], "foreach"),
     ("qwen2.5-7b", "full", None, [(8192, 1, True, False)], "foreach"),
 )
-SESSIONS = {1: GROUPS, 2: GROUPS_2}
+#: A third session, planned with the model as it stood after the second, each setting predicted
+#: before it ran: long context (32K and 64K tokens, where attention outweighs the GEMMs), small
+#: models at small micro-batches (where launches and the host may bound the step), and the
+#: Qwen2.5-7B full run whose 8K x 1 peak came out 17 % under its 2K x 4 twin, with its 4K and 16K
+#: neighbours and a repeat.
+GROUPS_3 = (
+    ("smollm2-135m", "full", None, [(1024, 2, False, False), (1024, 8, False, False), (4096, 8, False, False)],
+     "foreach"),
+    ("smollm2-135m", "lora", (16, ALL, "bf16"), [(1024, 2, False, False)], "foreach"),
+    ("smollm2-360m", "full", None, [(2048, 4, False, False), (2048, 16, False, False)], "foreach"),
+    ("smollm2-360m", "lora", (16, ALL, "fp32"), [(2048, 8, False, False)], "foreach"),
+    ("qwen2.5-0.5b", "full", None, [(1024, 1, False, False)], "foreach"),
+    ("llama-3.2-1b", "full", None, [(65536, 1, True, False)], "foreach"),
+    ("llama-3.2-1b", "lora", (16, ALL, "bf16"), [(32768, 1, True, False), (65536, 1, True, False)], "foreach"),
+    ("llama-3.2-3b", "lora", (16, ALL, "bf16"), [(32768, 1, True, False)], "foreach"),
+    ("llama-3.1-8b", "lora", (16, ALL, "bf16"), [(32768, 1, True, False)], "foreach"),
+    ("qwen2.5-7b", "full", None, [(8192, 1, True, False), (4096, 2, True, False), (16384, 1, True, False)],
+     "foreach"),
+)
+SESSIONS = {1: GROUPS, 2: GROUPS_2, 3: GROUPS_3}
 
 
 def _run_of(model: str, method: str, variant, setting, optimizer: str = "foreach") -> dict:
@@ -155,7 +174,8 @@ def _build(run: dict, device: str):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = gpu_memory.llama_config(run, min_positions=32768)  # one build serves the group's lengths
+    # one build serves the group's lengths (``longest``: the group's longest, at least 32K positions)
+    cfg = gpu_memory.llama_config(run, min_positions=max(32768, run.get("longest", 0)))
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.train()
@@ -280,7 +300,7 @@ def run_groups(groups: list[dict], out: Path, budget_s: float, device: str) -> N
         model = None
         try:
             t0 = time.perf_counter()
-            model = _build(runs[0], device)
+            model = _build({**runs[0], "longest": max(r["seq_len"] for r in runs)}, device)
             build_s = time.perf_counter() - t0
             for r in runs:
                 if time.monotonic() > deadline:
