@@ -170,6 +170,8 @@ def row_of(run: dict, index: int, measured_gb: float, kind: str, gpu_name: str) 
     adapters = ", PEFT adapters " + ("BF16" if run.get("adapter_dtype") == "bf16" else "FP32")
     optimizer = (("bitsandbytes AdamW8bit (8-bit states" if run.get("optimizer") == "adamw_8bit"
                   else "torch AdamW fused (fused=True, HF Trainer-style loop" if run.get("optimizer_impl") == "fused"
+                  else "torch AdamW one tensor at a time (for-loop: fused=False, foreach unset; HF Trainer-style loop"
+                  if run.get("optimizer_impl") == "for_loop"
                   else "torch AdamW foreach (HF Trainer-style loop")
                  + ("" if full else adapters)
                  + (", states FP32)" if run["precision"] == "bf16-mixed" else ", states in param dtype)"))

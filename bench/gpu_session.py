@@ -121,6 +121,8 @@ def throughput_row(run: dict, index: int, tokens_per_s: float, step_s: list[floa
         "notes": (f"transformers LlamaForCausalLM, random weights, SDPA, torch.cuda.synchronize around each "
                   f"optimizer step; {WARMUP_STEPS} warm-up steps not timed; no compile, standard loss; "
                   + ("torch AdamW fused (fused=True)" if run.get("optimizer_impl") == "fused"
+                     else "torch AdamW one tensor at a time (for-loop: fused=False, foreach unset)"
+                     if run.get("optimizer_impl") == "for_loop"
                      else "torch AdamW foreach (torch's default)") + ", states in the parameters' dtype"
                   + (", bitsandbytes NF4 base (double quant)" if run["method"] == "qlora" else "")
                   + ("" if run["method"] == "full" else f"; LoRA rank {run.get('lora_rank', gpu_memory.LORA_RANK)} on "

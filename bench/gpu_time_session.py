@@ -133,6 +133,18 @@ GROUPS_3 = (
 SESSIONS = {1: GROUPS, 2: GROUPS_2, 3: GROUPS_3}
 
 
+#: How each AdamW implementation is asked of torch. ``fused=False`` alone is not foreach: with
+#: ``fused`` given and ``foreach`` unset, torch's ``adamw()`` skips its default
+#: (``_default_to_fused_or_foreach`` runs only when both are None) and steps one tensor at a
+#: time; sessions 2 and 3 asked that way, so their "foreach" runs say ``ran_as: for_loop``.
+ADAMW_KWARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}
+
+
+def ran_as(run: dict) -> str:
+    """The AdamW implementation the run's step used (see :data:`ADAMW_KWARGS`)."""
+    return run.get("ran_as") or run.get("optimizer_impl") or "foreach"
+
+
 def _run_of(model: str, method: str, variant, setting, optimizer: str = "foreach") -> dict:
     seq, batch, ckpt, prof, *accum = setting
     run = gpu_session.sweep_run(model, method, seq, batch, ckpt)
@@ -234,7 +246,7 @@ def _setting(model, run: dict, device: str) -> dict:
     else:
         model.gradient_checkpointing_disable()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-5, fused=run.get("optimizer_impl") == "fused")
+    opt = torch.optim.AdamW(params, lr=1e-5, **ADAMW_KWARGS[ran_as(run)])
     tokens = torch.randint(0, run["vocab"], (run["micro_batch"], run["seq_len"]), device=device)
     if cuda:
         torch.cuda.empty_cache()
@@ -329,7 +341,8 @@ def run_groups(groups: list[dict], out: Path, budget_s: float, device: str) -> N
 # collect (here)
 
 
-def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Path, start: int) -> tuple[int, int]:
+def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Path, start: int,
+            source: str = "planner-bench-h200-hf-2") -> tuple[int, int]:
     groups = json.loads(runs_path.read_text())
     runs = {r["key"]: r for g in groups for r in g["runs"]}
     mem_rows, tp_rows = [], []
@@ -337,12 +350,12 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
         res = json.loads(line)
         if "error" in res or "key" not in res:
             continue
-        run = runs[res["key"]]
+        run = {**runs[res["key"]], "optimizer_impl": ran_as(runs[res["key"]])}  # rows say what ran
         timed = res["step_s"][gpu_session.WARMUP_STEPS:]
         tokens = run["micro_batch"] * run["seq_len"] * run.get("grad_accum", 1)
         row = gpu_session.throughput_row(run, start + len(tp_rows), tokens / statistics.median(timed),
                                          res["step_s"], res.get("gpu_name", "NVIDIA H200"))
-        row["source"] = "planner-bench-h200-hf-2"
+        row["source"] = source
         row["source_ref"] = "bench/gpu_time_session.py"
         row["notes"] += ("; one process per model, settings in turn; host share of the "
                          f"step {statistics.median(res['host_s'][gpu_session.WARMUP_STEPS:]) / statistics.median(timed):.2f}")
@@ -378,6 +391,8 @@ def main() -> int:
     c.add_argument("--memory-out", type=Path, default=ROOT / "data" / "measured_gpu_h200_time.csv")
     c.add_argument("--throughput-out", type=Path, default=ROOT / "data" / "measured_throughput_h200_time.csv")
     c.add_argument("--first-id", type=int, default=101, help="the first throughput row's number (G101...)")
+    c.add_argument("--source", default="planner-bench-h200-hf-2",
+                   help="the throughput rows' source (one per session: -hf-2, -hf-3, -hf-4)")
     args = ap.parse_args()
     if args.cmd == "prepare":
         groups = prepare(args.session)
@@ -396,7 +411,8 @@ def main() -> int:
                              seq_len=32, micro_batch=2, steps=3)
         run_groups(groups, args.out_dir / "results.jsonl", args.budget_s, args.device)
     else:
-        n_mem, n_tp = collect(args.results, args.runs, args.memory_out, args.throughput_out, args.first_id)
+        n_mem, n_tp = collect(args.results, args.runs, args.memory_out, args.throughput_out, args.first_id,
+                             args.source)
         print(f"{n_mem} memory rows -> {args.memory_out}; {n_tp} throughput rows -> {args.throughput_out}")
     return 0
 

@@ -287,10 +287,11 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         # multi-tensor kernel on the GPU); Megatron's optimizer (apex's or Transformer Engine's
         # FusedAdam)
         wl["optimizer_step"] = "fused"
-    elif "decoupled" in t.opt or "adamw_hf" in t.opt:
+    elif "decoupled" in t.opt or "adamw_hf" in t.opt or "one tensor at a time" in t.opt:
         # Composer's DecoupledAdamW and transformers' own AdamW step one tensor at a time
         # (composer/optim/decoupled_weight_decay.py ``adamw``: ``for i, param in
-        # enumerate(params)``; transformers.optimization.AdamW likewise)
+        # enumerate(params)``; transformers.optimization.AdamW likewise); torch's AdamW asked
+        # ``fused=False`` with ``foreach`` unset (its default is chosen only when both are None)
         wl["optimizer_step"] = "for_loop"
     else:
         step = _torch_step(t, row)

@@ -169,7 +169,9 @@ def optimizer_bytes_of(row: dict[str, str]) -> float:
     the parameters BF16), else FP32 beside a 16-bit weight copy."""
     text = _text(row)
     bf16_states = bool(re.search(r"states in (the parameters' dtype|bf16)", text)) and "bf16" in text
-    return timing.optimizer_bytes_per_param("foreach" if "foreach" in text else "fused", 2.0 if bf16_states else 4.0)
+    # one tensor at a time: the foreach step's passes, kernel by kernel
+    stepwise = "foreach" in text or "one tensor at a time" in text
+    return timing.optimizer_bytes_per_param("foreach" if stepwise else "fused", 2.0 if bf16_states else 4.0)
 
 
 def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
