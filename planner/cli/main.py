@@ -300,11 +300,18 @@ def validate(
     verdicts: Annotated[bool, typer.Option("--verdicts", help="FILE holds runs known to have run or to have run "
                                                               "out of memory: score the fit verdicts")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    record_before: Annotated[bool, typer.Option(
+        "--record-before", help="write the planner's prediction now into each row of FILE that has "
+                                "none (predicted_before_gb / predicted_before_tokens_per_s, and the "
+                                "planner's commit), never overwriting one; run it when rows are added, "
+                                "before any rule changes for them")] = False,
 ) -> None:
     """Predict every measured run of a CSV and score the model: memory per row and method (per
     source with --loso), throughput per source against the 6N-at-40 %-of-peak baseline, or fit
     verdicts."""
     problems = []
+    if record_before and (verdicts or loso or profile != "detailed"):
+        problems.append("--record-before: memory or throughput files, detailed profile, without --loso")
     if kind not in ("memory", "throughput"):
         problems.append(f"--kind: {kind!r} is not memory or throughput")
     if profile not in ("seed", "detailed"):
@@ -315,6 +322,18 @@ def validate(
         problems.append("FILE: several files only for throughput, or with --loso on memory")
     if problems:
         _fail(problems)
+    if record_before:
+        from planner.validate.record import record_before as record
+
+        done = []
+        for path in files:
+            try:
+                done.append(record(path, kind))
+            except (OSError, KeyError, ValueError) as exc:
+                _fail([f"{path}: {exc}"])
+        for d in done:
+            typer.echo(f"{d['file']}: {d['recorded']} recorded by {d['by']}, {d['already_recorded']} kept, "
+                       f"{d['not_modelled']} not modelled", err=True)
     run, render_tables = _validator(kind, profile, loso, verdicts)
     try:
         result = run(list(files) if len(files) > 1 or (loso and kind == "memory") else files[0])

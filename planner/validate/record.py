@@ -1,0 +1,99 @@
+"""Record the planner's prediction in every measured row that has none yet.
+
+``planner validate FILE --record-before`` writes, into each row of a memory or throughput CSV
+whose before column (:data:`planner.validate.before.MEMORY_COLUMN`,
+:data:`~planner.validate.before.THROUGHPUT_COLUMN`) is empty, what the planner predicts for it
+now, and in :data:`SOURCE_COLUMN` which planner made the prediction (the commit of the checkout,
+``+modified`` when its code or catalogs differ from that commit). A recorded value is never
+overwritten: run it when rows are added, before any rule is changed for them, and the column
+keeps the error the model had on runs it had not seen.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from planner.validate.before import MEMORY_COLUMN, MEMORY_SCALE, THROUGHPUT_COLUMN, THROUGHPUT_SCALE, recorded
+
+#: The column naming the planner that recorded a row's before value.
+SOURCE_COLUMN = "predicted_before_by"
+
+
+def planner_revision() -> str:
+    """The git commit of the planner's checkout (``+modified`` when ``planner/`` or ``catalogs/``
+    differ from it), else the package version."""
+    from planner import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "planner", "catalogs"], cwd=root,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"planner {__version__}"
+    return f"{head}+modified" if dirty else head
+
+
+def _predict_memory(row: dict[str, str]) -> float | None:
+    from planner.validate.rows import Unmodelable
+    from planner.validate.score import KIND_VIEW, predict_row
+
+    kind = (row.get("measure_kind") or "").strip()
+    if kind not in KIND_VIEW:
+        return None
+    try:
+        views, _ = predict_row(row, "detailed")
+    except Unmodelable:
+        return None
+    return float(views[KIND_VIEW[kind]]) / MEMORY_SCALE
+
+
+def _predict_throughput(rows: list[dict[str, str]]) -> dict[str, float]:
+    from planner.perf import timing
+    from planner.validate.throughput import Batch, cases_of
+
+    cases, _ = cases_of(rows)
+    if not cases:
+        return {}
+    predicted = Batch.of(cases).predict(timing.FITTED)
+    return {case.id: float(p) / THROUGHPUT_SCALE for case, p in zip(cases, predicted)}
+
+
+def record_before(path: str | Path, kind: str) -> dict[str, Any]:
+    """Fill the before column of ``path``'s rows that have none; returns the counts and the
+    planner revision that predicted them."""
+    path = Path(path)
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        fields = list(reader.fieldnames or [])
+        rows = list(reader)
+    column, scale = (THROUGHPUT_COLUMN, THROUGHPUT_SCALE) if kind == "throughput" else (MEMORY_COLUMN, MEMORY_SCALE)
+    for name in (column, SOURCE_COLUMN):
+        if name not in fields:
+            fields.append(name)
+    todo = [r for r in rows if recorded(r, column, scale) is None]
+    revision = planner_revision()
+    if kind == "throughput":
+        found = _predict_throughput(todo)
+        values = {id(r): found.get(r["id"]) for r in todo}
+    else:
+        values = {id(r): _predict_memory(r) for r in todo}
+    written = 0
+    for r in todo:
+        value = values[id(r)]
+        if value is None:
+            continue
+        r[column] = f"{value:.3f}" if kind != "throughput" else f"{value:.1f}"
+        r[SOURCE_COLUMN] = revision
+        written += 1
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: r.get(k, "") for k in fields})
+    return {"file": str(path), "rows": len(rows), "already_recorded": len(rows) - len(todo),
+            "recorded": written, "not_modelled": len(todo) - written, "by": revision}
