@@ -202,7 +202,9 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     dp = int(_num(row, "dp", gpus // (tp * pp * cp)))
     ep_found = re.search(r"\bEP\s*=\s*(\d+)", notes)
     ep = int(ep_found.group(1)) if ep_found and model.moe is not None else 1
-    seq, mb, ga = int(_num(row, "seq_len")), int(_num(row, "micro_batch", 1)), int(_num(row, "grad_accum", 1))
+    seq, mb = int(_num(row, "seq_len")), int(_num(row, "micro_batch", 1))
+    # unstated accumulation: what the stated global batch implies (global = mb·dp·ga), else 1
+    ga = int(_num(row, "grad_accum", max(1, int(_num(row, "global_batch", 0)) // (mb * dp))))
     mbs = re.search(r"micro_batch column holds LBS.*?MBS\s*=\s*(\d+)", notes)
     if mbs and int(mbs.group(1)) < mb and mb % int(mbs.group(1)) == 0:  # NeMo AutoModel: LBS, MBS
         ga, mb = ga * (mb // int(mbs.group(1))), int(mbs.group(1))
