@@ -39,6 +39,7 @@ def planner_revision() -> str:
 
 
 def _predict_memory(row: dict[str, str]) -> float | None:
+    from planner.core.errors import InputError
     from planner.validate.rows import Unmodelable
     from planner.validate.score import KIND_VIEW, predict_row
 
@@ -47,7 +48,7 @@ def _predict_memory(row: dict[str, str]) -> float | None:
         return None
     try:
         views, _ = predict_row(row, "detailed")
-    except Unmodelable:
+    except (Unmodelable, InputError):  # a row the model cannot read stays without a value
         return None
     return float(views[KIND_VIEW[kind]]) / MEMORY_SCALE
 

@@ -130,6 +130,8 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
     """The model's architecture: the row's columns, over the catalog entry or the facts above."""
     name = row["model"].strip()
     key = name.lower()
+    if not key:
+        raise Unmodelable("model: empty")
     base: dict[str, Any] = {}
     try:
         base = catalog.get_model(CATALOG_NAMES.get(key, key)).model_dump(
