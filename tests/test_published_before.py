@@ -1,0 +1,91 @@
+"""Published runs added with the planner's prediction recorded first (``--record-before``): the
+before errors of the new files, the reading fixes they led to, and the held-out file that no
+fit reads. Figures are those of data/README.md, "Published throughput added with the prediction
+recorded first" and "Published peak memory added with the prediction recorded first"."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from planner.perf import timing
+from planner.validate import throughput as T
+from planner.validate.before import MEMORY_COLUMN, THROUGHPUT_COLUMN
+from planner.validate.record import SOURCE_COLUMN
+from planner.validate.score import validate_file as validate_memory
+
+from conftest import ROOT
+
+DATA = ROOT / "data"
+MEMORY = DATA / "measured_memory_published2.csv"
+THROUGHPUT = DATA / "measured_throughput_published2.csv"
+HELDOUT = DATA / "heldout_throughput.csv"
+
+
+def _rows(path):
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.parametrize("path,column", [(MEMORY, MEMORY_COLUMN), (THROUGHPUT, THROUGHPUT_COLUMN),
+                                         (HELDOUT, THROUGHPUT_COLUMN)])
+def test_every_row_the_planner_could_read_carries_its_before_and_who_made_it(path, column):
+    rows = _rows(path)
+    recorded = [r for r in rows if r[column]]
+    assert len(recorded) >= len(rows) - 3
+    assert all(len(r[SOURCE_COLUMN]) >= 7 and "+modified" not in r[SOURCE_COLUMN] for r in recorded)
+
+
+def test_new_memory_rows_before_error_is_within_the_target():
+    """84 rows from twelve unseen sources: median error before any fit ≤ 9 % (7.2 %)."""
+    before = validate_memory(MEMORY, "detailed")["before"]
+    assert before["rows"] >= 80
+    assert before["before_median_ape"] == pytest.approx(0.072, abs=0.0015)
+    assert before["before_within_25"] >= 0.85
+
+
+def test_new_throughput_rows_beat_the_rule_of_thumb_before_and_now():
+    """107 rows from ten unseen sources: before 15.5 % against 21.0 % for 6N at 40 % of the peak;
+    read as the rows state their global batch, 11.7 %."""
+    r = T.validate_file(THROUGHPUT)
+    b = r["before"]
+    assert b["rows"] == 107
+    assert b["before_median_ape"] == pytest.approx(0.155, abs=0.002)
+    assert b["before_median_ape"] < b["baseline_median_ape"]
+    assert r["median_ape"] < 0.13 and r["median_ape"] < r["baseline_median_ape"]
+
+
+def test_an_unstated_accumulation_is_what_the_global_batch_implies():
+    """MegaScale states global batch 768 on dp 4 and no micro-batch: one sequence per micro-batch,
+    192 micro-batches per step, not one (which charged a pipeline of 8 its whole fill and drain)."""
+    row = next(r for r in _rows(THROUGHPUT) if r["source"] == "megascale-2024" and r["gpus"] == "256")
+    assert row["grad_accum"] == row["micro_batch"] == ""
+    case = T.case_of(row)
+    assert case.x["micro_batch"] == 1 and case.x["grad_accum"] == 768 // 4
+    assert case.tokens_per_step == 768 * int(row["seq_len"])
+    stated = dict(row, grad_accum="1")
+    assert T.case_of(stated).x["grad_accum"] == 1  # a stated value wins
+
+
+def test_held_out_rows_are_scored_but_never_fitted():
+    """The llm-foundry tables, Llama 3 and BLOOM judge the time model: the fit's documented files
+    do not include them, and their before error is what it was when they were added (23.1 %)."""
+    assert "heldout" not in (timing.FITTED.__doc__ or "") + str(timing.__doc__)
+    r = T.validate_file(HELDOUT)
+    assert r["rows"] == 194
+    assert r["before"]["before_median_ape"] == pytest.approx(0.231, abs=0.002)
+
+
+def test_one_tensor_at_a_time_adamw_explains_the_7b_peak():
+    """The H200 runner asked torch for fused=False alone, which steps one tensor at a time: the
+    Qwen2.5-7B rows at 8K × 1 and 4K × 2 (63.35 GB) were predicted at 76.2 GB as foreach (+20 %),
+    and read as they ran every row of the session is within 3 %."""
+    runs = json.loads((DATA / "gpu_h200_time3_runs.json").read_text())
+    assert all(r["ran_as"] == "for_loop" for g in runs for r in g["runs"])
+    res = validate_memory(DATA / "measured_gpu_h200_time3.csv", "detailed")
+    qwen = [x for x in res["results"] if x["model"] == "qwen2.5-7b" and x["measured_bytes"] < 70e9]
+    assert len(qwen) == 2
+    assert all(x["before_bytes"] / x["measured_bytes"] - 1 > 0.19 for x in qwen)
+    assert all(abs(x["signed_error"]) < 0.03 for x in res["results"])
