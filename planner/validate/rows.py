@@ -512,8 +512,11 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
     t = _text_of(row)
     wl = _workload(t, row)
-    if _cell(row, "algorithm") == "dpo":  # chosen/rejected pairs against a reference (micro_batch: pairs)
+    algorithm = _cell(row, "algorithm").lower()
+    if algorithm == "dpo":  # chosen/rejected pairs against a reference (micro_batch: pairs)
         wl["algorithm"] = "dpo"
+    elif algorithm not in ("", "sft"):  # GRPO, PPO, KTO, ...: not read as supervised steps
+        raise Unmodelable(f"algorithm {algorithm!r}: only sft and dpo steps are modelled")
     lay = _layout(t, row, wl.get("grad_accum", 1))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
             "workload": wl, "layout": lay}
