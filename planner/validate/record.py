@@ -25,8 +25,12 @@ SOURCE_COLUMN = "predicted_before_by"
 def planner_revision() -> str:
     """The git commit of the planner's checkout (``+modified`` when ``planner/`` or ``catalogs/``
     differ from it), else the package version."""
-    from planner import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        __version__ = version("planner")
+    except PackageNotFoundError:
+        __version__ = "unknown"
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=root, capture_output=True,
