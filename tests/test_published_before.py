@@ -89,3 +89,21 @@ def test_one_tensor_at_a_time_adamw_explains_the_7b_peak():
     assert len(qwen) == 2
     assert all(x["before_bytes"] / x["measured_bytes"] - 1 > 0.19 for x in qwen)
     assert all(abs(x["signed_error"]) < 0.03 for x in res["results"])
+
+
+def test_an_algorithm_the_planner_does_not_model_is_not_read_as_supervised():
+    """Post-training rows of GRPO, PPO, KTO or SimPO runs stay unpredicted (no before value is
+    recorded for them) until their algorithm is modelled; DPO rows are predicted."""
+    from planner.validate.rows import Unmodelable, scenario_of
+
+    rows = {r["id"]: r for r in _rows(DATA / "measured_posttrain_memory.csv")}
+    kinds = {r["algorithm"] for r in rows.values()}
+    assert {"dpo", "grpo", "ppo"} <= kinds
+    for r in rows.values():
+        if r["algorithm"] == "dpo":
+            assert scenario_of(r)["workload"]["algorithm"] == "dpo"
+            assert r[MEMORY_COLUMN]
+        else:
+            with pytest.raises(Unmodelable, match="algorithm"):
+                scenario_of(r)
+            assert not r[MEMORY_COLUMN]
