@@ -70,7 +70,8 @@ def test_reference_forward_time():
     eff = float(timing.microbatch_efficiency(tokens, p.microbatch_half_tokens))
     rate = perf.peak_flops * perf.utilization
     lin = timing.FORWARD_FLOPS_PER_PARAM * mf.active_params * tokens / rate / eff
-    att = float(timing.attention_flops_per_token(mf, seq_len=2048, checkpointing=0)) / 3 * tokens / rate / eff
+    att = (float(timing.attention_flops_per_token(mf, seq_len=2048, checkpointing=0)) / 3 * tokens / rate / eff
+           / p.attention_efficiency)
     elem = p.elementwise_vectors / 3 * 2 * mf.hidden * tokens * mf.layers / perf.memory_bps / perf.kernel_speed
     assert ref - base == pytest.approx(lin + att + elem, rel=1e-6)
 

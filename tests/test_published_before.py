@@ -47,14 +47,30 @@ def test_new_memory_rows_before_error_is_within_the_target():
 
 
 def test_new_throughput_rows_beat_the_rule_of_thumb_before_and_now():
-    """107 rows from ten unseen sources: before 15.5 % against 21.0 % for 6N at 40 % of the peak;
-    read as the rows state their global batch, 11.7 %."""
+    """92 rows from eight unseen sources: before 13.3 % against 18.4 % for 6N at 40 % of the peak
+    (15.5 % against 21.0 % with the 15 torchao rows, since moved to the off-catalog file); read as
+    the rows state their global batch and refitted with them, 7.9 %."""
     r = T.validate_file(THROUGHPUT)
     b = r["before"]
-    assert b["rows"] == 107
-    assert b["before_median_ape"] == pytest.approx(0.155, abs=0.002)
+    assert b["rows"] == 92
+    assert b["before_median_ape"] == pytest.approx(0.133, abs=0.002)
     assert b["before_median_ape"] < b["baseline_median_ape"]
-    assert r["median_ape"] < 0.13 and r["median_ape"] < r["baseline_median_ape"]
+    assert r["median_ape"] < 0.09 and r["median_ape"] < r["baseline_median_ape"]
+
+
+def test_runs_on_cards_the_catalog_cannot_pin_are_scored_not_fitted():
+    """torchao's float8 tables ran on power-limited B200s, an unnamed H100 variant and MI300X:
+    predicted 1.7-3x too fast before (and now); their file is not among the fitted ones."""
+    path = DATA / "measured_throughput_offcatalog.csv"
+    r = T.validate_file(path)
+    assert r["rows"] == 15 and r["before"]["before_median_ape"] > 1.0
+    assert "measured_throughput_offcatalog.csv" in _fit_doc().split("Not read:")[1]
+
+
+def _fit_doc() -> str:
+    """The comment above ``FITTED`` that names what it was fitted on and what it does not read."""
+    source = (ROOT / "planner" / "perf" / "timing.py").read_text()
+    return source[source.index("#: Fitted on"):source.index("FITTED = TimeParams(")]
 
 
 def test_an_unstated_accumulation_is_what_the_global_batch_implies():
@@ -70,12 +86,16 @@ def test_an_unstated_accumulation_is_what_the_global_batch_implies():
 
 
 def test_held_out_rows_are_scored_but_never_fitted():
-    """The llm-foundry tables, Llama 3 and BLOOM judge the time model: the fit's documented files
-    do not include them, and their before error is what it was when they were added (23.1 %)."""
-    assert "heldout" not in (timing.FITTED.__doc__ or "") + str(timing.__doc__)
+    """The llm-foundry tables, Llama 3 and BLOOM judge the time model: the fit does not read them;
+    their before error (23.1 %, worse than 6N at 40 %'s 18.9 %) is kept, and the model refitted on
+    the other files comes to 18.2 %, below the rule of thumb."""
+    doc = _fit_doc()
+    fitted_on, not_read = doc.split("Not read:")
+    assert "heldout_throughput.csv" in not_read and "heldout" not in fitted_on
     r = T.validate_file(HELDOUT)
     assert r["rows"] == 194
     assert r["before"]["before_median_ape"] == pytest.approx(0.231, abs=0.002)
+    assert r["median_ape"] < r["baseline_median_ape"] and r["median_ape"] < 0.19
 
 
 def test_one_tensor_at_a_time_adamw_explains_the_7b_peak():

@@ -188,14 +188,15 @@ def test_a_stack_with_fused_kernels_is_timed_with_them():
            "workload": {"method": "full", "seq_len": 4096, "micro_batch": 1, "global_batch": 64, "tokens": 1e9},
            "layout": {"gpu": "h100", "gpus": 4, "tp": 2, "pp": 2, "zero": 0, "checkpointing": "full"},
            "objective": "time", "top": 1}
-    runs = {name: planner.plan({**raw, "search": {"stacks": [name]}}) for name in ("torchtitan", "megatron")}
+    runs = {name: planner.plan({**raw, "search": {"stacks": [name], "micro_batch": [1]}})
+            for name in ("torchtitan", "megatron")}
     titan, mega = runs["torchtitan"].plans[0], runs["megatron"].plans[0]
     assert (titan.stack, mega.stack) == ("torchtitan", "megatron")
     assert get_stack("megatron").fused_kernels and not get_stack("torchtitan").fused_kernels
     assert mega.memory["total_bytes"] == titan.memory["total_bytes"]
     assert mega.time_s < titan.time_s
     for name, result in runs.items():
-        assert check_plan({**raw, "search": {"stacks": [name]}}, result.plans[0]) == []
+        assert check_plan({**raw, "search": {"stacks": [name], "micro_batch": [1]}}, result.plans[0]) == []
 
 
 def test_modules_trained_beside_lora_are_planned_only_on_stacks_that_train_them():

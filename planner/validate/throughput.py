@@ -50,6 +50,8 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "microbatch_half_tokens": (1.0, 4096.0),
     "moe_route_vectors": (5.0, 60.0),
     "fused_elementwise_share": (0.1, 1.0),
+    "attention_efficiency": (0.4, 1.0),
+    "launch_s_per_layer": (0.0005, 0.005),
 }
 #: Words that name a stack fusing element-wise ops into its GEMMs and neighbours: torch.compile,
 #: and Megatron-Core's Transformer Engine layers (fused norm-linear, bias-activation, FP8 casts),
@@ -57,6 +59,9 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 #: modules inside Hugging Face model code (NeMo AutoModel) keep their unfused element-wise ops.
 #: Phrases that say a run was *not* compiled (removed before :data:`FUSED_WORDS` are looked for).
 NOT_COMPILED = r"compile\s*[=:]\s*(no|false|off)|\b(no|not|without)\s+(torch\.)?compile\b"
+#: Phrases that say a run did *not* offload ("no CPU offload", "offload: false"), removed before
+#: the sharding cell is searched for "offload".
+NOT_OFFLOADED = r"\b(no|not|without)\s+(cpu\s+)?offload\w*|offload\w*\s*[=:]\s*(no|false|off|none)"
 FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge")
 #: Sources whose runs predate fused attention kernels (FlashAttention appeared in May 2022 and
 #: reached Megatron-LM in 2023): their attention ran the unfused math path (the whole s×s
@@ -210,7 +215,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
         ga, mb = ga * (mb // int(mbs.group(1))), int(mbs.group(1))
     sharding = row.get("zero_fsdp", "")
     zero = zero_stage_of(sharding)
-    offload = 2 if "offload" in sharding.lower() else 0
+    offload = 2 if re.search(r"offload", re.sub(NOT_OFFLOADED, "", sharding.lower())) else 0
     if offload:
         zero = 3
     code = {"full": 0, "lora": 1, "qlora": 2}[method]
