@@ -130,7 +130,25 @@ GROUPS_3 = (
     ("qwen2.5-7b", "full", None, [(8192, 1, True, False), (4096, 2, True, False), (16384, 1, True, False)],
      "foreach"),
 )
-SESSIONS = {1: GROUPS, 2: GROUPS_2, 3: GROUPS_3}
+#: A fourth session, predicted by the model refitted with a fused attention rate and the host's
+#: launches (commit 47b772c): small models under torch's real foreach and fused AdamW (the earlier
+#: sessions 2 and 3 stepped one tensor at a time), head-dimension-128 models at 16K-32K tokens,
+#: and settings between the ones measured.
+GROUPS_4 = (
+    ("smollm2-135m", "full", None, [(2048, 4, False, False)], "foreach"),
+    ("smollm2-135m", "full", None, [(2048, 4, False, False)], "fused"),
+    ("smollm2-360m", "lora", (16, ALL, "bf16"), [(1024, 4, False, False)], "foreach"),
+    ("qwen2.5-0.5b", "lora", (16, ALL, "fp32"), [(2048, 2, False, False)], "foreach"),
+    ("llama-3.2-1b", "full", None, [(4096, 2, False, False)], "foreach"),
+    ("llama-3.2-1b", "lora", (16, ALL, "bf16"), [(16384, 1, True, False)], "foreach"),
+    ("tinyllama-1.1b", "full", None, [(8192, 1, True, False)], "foreach"),
+    ("qwen2.5-1.5b", "lora", (16, ALL, "fp32"), [(8192, 1, True, False)], "foreach"),
+    ("llama-3.2-3b", "full", None, [(8192, 1, True, False)], "fused"),
+    ("qwen3-4b", "lora", (16, ALL, "bf16"), [(16384, 1, True, False)], "foreach"),
+    ("mistral-7b-v0.3", "lora", (16, ALL, "bf16"), [(32768, 1, True, False)], "foreach"),
+    ("llama-3.1-8b", "full", None, [(4096, 1, True, False)], "foreach"),
+)
+SESSIONS = {1: GROUPS, 2: GROUPS_2, 3: GROUPS_3, 4: GROUPS_4}
 
 
 #: How each AdamW implementation is asked of torch. ``fused=False`` alone is not foreach: with
