@@ -127,3 +127,31 @@ def test_an_algorithm_the_planner_does_not_model_is_not_read_as_supervised():
             with pytest.raises(Unmodelable, match="algorithm"):
                 scenario_of(r)
             assert not r[MEMORY_COLUMN]
+
+
+def test_a_one_tensor_at_a_time_step_is_charged_its_launches():
+    """SmolLM2-135M full fine-tuning, AdamW one tensor at a time: 30 layers × 9 tensors + 3,
+    eight launches each at 15 µs (33 ms); LoRA on all linear layers: 30 × 7 × 2 tensors. The same
+    row under foreach is charged none, and the launch floor then fits at 4 ms per layer, inside
+    its range rather than at its bound."""
+    rows = {r["id"]: r for r in _rows(DATA / "measured_throughput_h200_time3.csv")}
+    full, lora = T.case_of(rows["G301"]), T.case_of(rows["G304"])
+    per = timing.FOR_LOOP_LAUNCHES_PER_TENSOR * timing.HOST_S_PER_LAUNCH
+    assert full.x["optimizer_host_s"] == pytest.approx((30 * 9 + 3) * per)
+    assert lora.x["optimizer_host_s"] == pytest.approx(30 * 7 * 2 * per)
+    foreach = {r["id"]: r for r in _rows(DATA / "measured_throughput_h200_time4.csv")}["G401"]
+    assert T.case_of(foreach).x["optimizer_host_s"] == 0.0
+    lo, hi = T.FIT_BOUNDS["launch_s_per_layer"]
+    assert lo < timing.FITTED.launch_s_per_layer < 0.9 * hi
+
+
+def test_fourth_h200_session_was_predicted_by_the_refitted_model():
+    """12 settings predicted by the model refitted with the attention rate and the launch floor,
+    before they ran (data/gpu_h200_time4_runs.json, commit d1aae3e): 10.9 %, against 81.5 % for
+    6N at 40 % of the peak; memory 0.2 %."""
+    r = T.validate_file(DATA / "measured_throughput_h200_time4.csv")
+    assert r["before"]["rows"] == 12
+    assert r["before"]["before_median_ape"] == pytest.approx(0.109, abs=0.002)
+    assert r["before"]["before_median_ape"] < r["before"]["baseline_median_ape"]
+    mem = validate_memory(DATA / "measured_gpu_h200_time4.csv", "detailed")["before"]
+    assert mem["before_median_ape"] < 0.005

@@ -1,5 +1,5 @@
-"""The time model against the 402 measured runs it is fitted on: 124 published runs
-(data/measured_throughput.csv), 101 measured on an H200 (data/measured_throughput_h200*.csv) and
+"""The time model against the 414 measured runs it is fitted on: 124 published runs
+(data/measured_throughput.csv), 113 measured on an H200 (data/measured_throughput_h200*.csv) and
 177 published runs added with their predictions recorded first
 (data/measured_throughput_published2.csv, data/measured_throughput_fms.csv).
 
@@ -21,11 +21,12 @@ from planner.validate import throughput as T
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured_throughput.csv"
 H200 = [DATA.with_name("measured_throughput_h200.csv"), DATA.with_name("measured_throughput_h200_time.csv")]
-LATER = [DATA.with_name(f"measured_throughput_{n}.csv") for n in ("h200_time2", "h200_time3", "published2", "fms")]
+LATER = [DATA.with_name(f"measured_throughput_{n}.csv")
+         for n in ("h200_time2", "h200_time3", "h200_time4", "published2", "fms")]
 ALL = [DATA, *H200, *LATER]
 #: Sources the model does not beat 6N at 40 % of the peak on when they are left out of the fit
 #: (data/README.md, "Figures now"): torchtitan's H100 rows ran on Meta's 500 W HBM2e card, and
-#: fms-acceleration's Hugging Face A100 runs are predicted 18 % off against the baseline's 17 %;
+#: fms-acceleration's Hugging Face A100 runs are predicted 17.6 % off against the baseline's 17.4 %;
 #: the other four hold one to nine rows.
 LOSO_NOT_BEATEN = {"torchtitan", "fms-acceleration-a100-bench", "megatron-lm-readme-h100-2024",
                    "tinyllama-readme", "torchtitan-benchmark-trainy-h200", "lightning-thunder-benchmarking-doc"}
@@ -34,7 +35,7 @@ LOSO_NOT_BEATEN = {"torchtitan", "fms-acceleration-a100-bench", "megatron-lm-rea
 @pytest.fixture(scope="module")
 def batch() -> T.Batch:
     cases, unmodelled = T.cases_of([row for path in ALL for row in T.read_rows(path)])
-    assert not unmodelled and len(cases) == 124 + 16 + 52 + 17 + 16 + 92 + 85
+    assert not unmodelled and len(cases) == 124 + 16 + 52 + 17 + 16 + 12 + 92 + 85
     return T.Batch.of(cases)
 
 
@@ -53,7 +54,7 @@ def test_in_sample_figures(batch):
 
 
 def test_leave_one_source_out_figures(loso):
-    assert loso["median_ape"] <= 0.14 and loso["median_ape"] < loso["baseline_median_ape"]
+    assert loso["median_ape"] <= 0.13 and loso["median_ape"] < loso["baseline_median_ape"]
     assert loso["band_coverage"] >= 0.80
     not_beaten = {source for source, s in loso["by_source"].items()
                   if s["median_ape"] >= s["baseline_median_ape"]}

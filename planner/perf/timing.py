@@ -93,6 +93,15 @@ FOREACH_ADAMW_PASSES = 20.0
 #: :data:`OPTIMIZER_BYTES_PER_PARAM`).
 FUSED_ADAMW_PASSES = 7.0
 FOREACH_BANDWIDTH_SHARE = 0.67
+#: torch's AdamW stepping one tensor at a time (``_single_tensor_adamw``: ``fused`` or ``foreach``
+#: given False, or torch before 2.0) launches about eight kernels per parameter tensor — decay,
+#: lerp of m, scale and addcmul of v, sqrt, divide and add into the denominator, addcdiv into the
+#: weight — each from Python; :data:`HOST_S_PER_LAUNCH` of host time each. Foreach and fused
+#: steps launch a few per group of tensors, negligible.
+FOR_LOOP_LAUNCHES_PER_TENSOR = 8
+#: Host time of one eager PyTorch op launch (Python, dispatcher, CUDA launch): 10–20 µs on current
+#: CPUs (PyTorch's own per-op overhead benchmarks); 15 µs, a stated guess, not fitted.
+HOST_S_PER_LAUNCH = 15e-6
 
 
 def optimizer_bytes_per_param(implementation: str, state_bytes: float) -> float:
@@ -218,11 +227,11 @@ class TimeParams:
 
 #: The priors (the fit's starting point).
 PRIOR = TimeParams()
-#: Fitted on 402 measured runs: data/measured_throughput.csv (124 runs, 11 sources: torchtitan,
+#: Fitted on 414 measured runs: data/measured_throughput.csv (124 runs, 11 sources: torchtitan,
 #: Qwen v1, NeMo 24.07, Megatron-Bridge 25.11, NeMo AutoModel, the PyTorch/IBM FSDP blog, XTuner,
-#: torchtune, Korthikanti et al. 2022, OneFlow DLPerf, FlagPerf), the 101 runs of four H200
-#: sessions (data/measured_throughput_h200.csv, _h200_time.csv, _h200_time2.csv,
-#: _h200_time3.csv), and 177 published runs added with their predictions recorded first
+#: torchtune, Korthikanti et al. 2022, OneFlow DLPerf, FlagPerf), the 113 runs of five H200
+#: sessions (data/measured_throughput_h200.csv, _h200_time.csv to _h200_time4.csv), and 177
+#: published runs added with their predictions recorded first
 #: (data/measured_throughput_published2.csv: Narayanan et al. 2021, Megatron-LM, MegaScale,
 #: MT-NLG, InternEvo, a torchtitan H200 benchmark, Thunder, TinyLlama;
 #: data/measured_throughput_fms.csv: fms-acceleration), by minimising the mean absolute log
@@ -232,20 +241,21 @@ PRIOR = TimeParams()
 #: (data/measured_throughput_offcatalog.csv), whose cards the catalog cannot pin: B200s
 #: power-limited to an unstated limit, an H100 of unstated variant, MI300X under ROCm.
 #: ``moe_route_vectors`` sits at its lower bound (the MoE rows want less routing traffic than a
-#: fused permute moves) and ``launch_s_per_layer`` at its upper one (the small-model rows of the
-#: H200 sessions, whose transformers 5 + PEFT steps measured 3.5–4.5 ms per layer, want more).
+#: fused permute moves); ``launch_s_per_layer`` lands at 4 ms, within the 3–4.5 ms the H200
+#: sessions' small models measured once an AdamW stepping one tensor at a time is charged its own
+#: launches (:data:`FOR_LOOP_LAUNCHES_PER_TENSOR`).
 #: Reproduce: ``planner validate --kind throughput data/measured_throughput.csv
 #: data/measured_throughput_h200*.csv data/measured_throughput_published2.csv
 #: data/measured_throughput_fms.csv [--loso]``.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=390.5,
-    fp8_efficiency=0.683,
-    microbatch_half_tokens=238.7,
+    elementwise_vectors=389.7,
+    fp8_efficiency=0.682,
+    microbatch_half_tokens=226.9,
     moe_route_vectors=5.0,
-    fused_elementwise_share=0.219,
-    attention_efficiency=0.813,
-    launch_s_per_layer=0.005,
+    fused_elementwise_share=0.216,
+    attention_efficiency=0.795,
+    launch_s_per_layer=0.00396,
 )
 
 
@@ -551,6 +561,8 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
     shard = trainable / (tp * pp * np.where(zero >= 1, np.maximum(d, 1), 1))
     opt_bytes = x.get("optimizer_bytes", OPTIMIZER_BYTES_PER_PARAM)
     optimizer = 0.0 if x.get("intra_only") else shard * opt_bytes / perf.memory_bps
+    # An AdamW stepping one tensor at a time waits on its launches where they outlast the traffic.
+    optimizer = np.maximum(optimizer, 0.0 if x.get("intra_only") else x.get("optimizer_host_s", 0.0))
     offload_opt = np.where(offload >= 1, shard * 4.0 / (PCIE_HOST_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S, 0.0)
     optimizer = np.where(offload >= 1, 0.0, optimizer)
     offload_params = np.where(offload >= 2, 2.0 * ga * weight_bytes / np.maximum(d, 1) / (PCIE_HOST_GBPS * 1e9), 0.0)

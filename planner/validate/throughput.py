@@ -179,6 +179,25 @@ def optimizer_bytes_of(row: dict[str, str]) -> float:
     return timing.optimizer_bytes_per_param("foreach" if stepwise else "fused", 2.0 if bf16_states else 4.0)
 
 
+def targets_of(row: dict[str, str]) -> int:
+    """LoRA-adapted linear modules per layer the row's notes name (all linear: 7; "q,v": 2)."""
+    found = re.search(r"lora rank \d+ on (all linear|[a-z]+(?:,[a-z]+)*)", row.get("notes", "").lower())
+    if not found or found.group(1) == "all linear":
+        return 7
+    return len(found.group(1).split(","))
+
+
+def optimizer_host_s_of(row: dict[str, str], model: ModelSpec, method: str, targets: int) -> float:
+    """Host seconds of an AdamW step that goes one tensor at a time (where the row says so):
+    :data:`~planner.perf.timing.FOR_LOOP_LAUNCHES_PER_TENSOR` launches per trainable tensor —
+    a full run's nine per layer (four attention and three MLP weights, two norms) and its
+    embedding, head and final norm; a LoRA run's A and B per adapted module."""
+    if "one tensor at a time" not in _text(row):
+        return 0.0
+    tensors = model.layers * 9 + 3 if method == "full" else model.layers * 2 * targets
+    return tensors * timing.FOR_LOOP_LAUNCHES_PER_TENSOR * timing.HOST_S_PER_LAUNCH
+
+
 def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
     """Adapter parameters: exact over the modules the notes name ("LoRA rank 16 on q,v", "on all
     linear") for a dense model the catalog describes in full, else L·18·r·H."""
@@ -229,6 +248,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "fused": int(_fused(row)),
              "adapter_bytes": 0.0 if code == 0 else timing.adapter_bytes_per_token(n_lora, rank, adapter_dtype_of(row)),
              "optimizer_bytes": optimizer_bytes_of(row),
+             "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
              "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
     node = int(_num(row, "gpus_per_node", gpu.gpus_per_node) or gpu.gpus_per_node)
     measured = _num(row, "tokens_per_s_per_gpu")
