@@ -36,11 +36,31 @@ SETTINGS = (
     ("llama-3.2-3b", "full", 2048, 1, True), ("llama-3.2-3b", "lora", 2048, 2, False),
     ("qwen2.5-1.5b", "full", 1024, 4, False), ("llama-3.1-8b", "lora", 2048, 1, False),
 )
+#: A second session, each setting predicted before it ran by the model that reads the first's
+#: log-probabilities row by row: TRL's own 16-bit ``log_softmax`` (``bf16``) beside the FP32 rows
+#: of the first session (``fp32``), reference log-probabilities precomputed (no reference pass or
+#: copy), other models, more pairs and checkpointing. (model, method, sequence length, pairs,
+#: checkpointing, log-probabilities, reference)
+SETTINGS_2 = (
+    ("llama-3.2-1b", "full", 2048, 2, False, "bf16", "model"),
+    ("llama-3.2-1b", "lora", 2048, 4, False, "bf16", "model"),
+    ("qwen2.5-0.5b", "full", 2048, 4, False, "bf16", "model"),
+    ("qwen2.5-0.5b", "full", 2048, 4, False, "fp32", "model"),
+    ("qwen2.5-3b", "lora", 2048, 2, False, "bf16", "model"),
+    ("qwen2.5-3b", "full", 1024, 2, True, "bf16", "precomputed"),
+    ("llama-3.2-3b", "lora", 4096, 1, True, "fp32", "model"),
+    ("mistral-7b-v0.3", "lora", 2048, 2, False, "bf16", "model"),
+    ("llama-3.1-8b", "full", 1024, 1, True, "bf16", "precomputed"),
+)
+SESSIONS = {1: tuple(s + ("fp32", "model") for s in SETTINGS), 2: SETTINGS_2}
 
 
 def _scenario(run: dict) -> dict:
     wl = {"method": run["method"], "algorithm": "dpo", "precision": "bf16", "optimizer": "adamw",
-          "seq_len": run["seq_len"], "micro_batch": run["micro_batch"], "tokens": 1e9}
+          "seq_len": run["seq_len"], "micro_batch": run["micro_batch"], "tokens": 1e9,
+          "reference": run.get("reference", "model")}
+    if run.get("logps") == "fp32" and run.get("session", 1) > 1:
+        wl["loss"] = "rowwise_fp32"  # rows upcast before log_softmax (the first session's runs, read so since)
     if run["method"] != "full":
         wl.update(lora_rank=16, lora_targets=["all"], adapter_dtype="fp32")
     return {"name": "dpo", "model": run["model"], "workload": wl,
@@ -48,14 +68,15 @@ def _scenario(run: dict) -> dict:
                        "attention": "flash"}}
 
 
-def prepare() -> list[dict]:
+def prepare(session: int = 1) -> list[dict]:
     from planner.memory.estimate import estimate_resolved
     from planner.scenario.resolve import resolve
     from planner.search.answer import plan_raw
 
     runs = []
-    for key, (model, method, seq, pairs, ckpt) in enumerate(SETTINGS):
+    for key, (model, method, seq, pairs, ckpt, logps, reference) in enumerate(SESSIONS[session]):
         run = gpu_session.sweep_run(model, method, seq, pairs, ckpt)
+        run.update(logps=logps, reference=reference, session=session)
         run.update(key=key, steps=STEPS, algorithm="dpo")
         est = estimate_resolved(resolve(_scenario(run)))
         run["predicted_allocated_bytes"] = est.predicted["allocated_bytes"]
@@ -73,13 +94,15 @@ def prepare() -> list[dict]:
     return runs
 
 
-def _logps(logits, labels):
-    """Per-sequence sum of the labels' log-probabilities, one row at a time (16-bit logits)."""
+def _logps(logits, labels, fp32: bool = True):
+    """Per-sequence sum of the labels' log-probabilities, one row at a time: each row upcast to
+    FP32 first (``fp32``, the first session) or in the logits' 16 bits (TRL's
+    ``selective_log_softmax`` for 16-bit logits)."""
     import torch
 
     out = []
     for row_logits, row_labels in zip(logits, labels):
-        lp = torch.log_softmax(row_logits[:-1].float(), dim=-1)
+        lp = torch.log_softmax(row_logits[:-1].float() if fp32 else row_logits[:-1], dim=-1)
         out.append(lp.gather(-1, row_labels[1:].unsqueeze(-1)).squeeze(-1).sum())
         del lp
     return torch.stack(out)
@@ -97,7 +120,9 @@ def measure(run: dict) -> dict:
     with torch.device("cuda"):
         policy = LlamaForCausalLM(cfg).to(torch.bfloat16)
     reference = None
-    if run["method"] == "full":
+    fp32 = run.get("logps", "fp32") == "fp32"
+    precomputed = run.get("reference", "model") == "precomputed"
+    if run["method"] == "full" and not precomputed:
         reference = copy.deepcopy(policy).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
@@ -119,12 +144,14 @@ def measure(run: dict) -> dict:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
-            if reference is not None:
-                ref_lp = _logps(reference(input_ids=ids).logits, ids)
+            if precomputed:  # read from the dataset: no reference pass
+                ref_lp = torch.zeros(2 * pairs, device="cuda")
+            elif reference is not None:
+                ref_lp = _logps(reference(input_ids=ids).logits, ids, fp32)
             else:
                 with policy.disable_adapter():
-                    ref_lp = _logps(policy(input_ids=ids).logits, ids)
-        lp = _logps(policy(input_ids=ids).logits, ids)
+                    ref_lp = _logps(policy(input_ids=ids).logits, ids, fp32)
+        lp = _logps(policy(input_ids=ids).logits, ids, fp32)
         margin = (lp[:pairs] - ref_lp[:pairs]) - (lp[pairs:] - ref_lp[pairs:])
         loss = -F.logsigmoid(BETA * margin).mean()
         loss.backward()
@@ -161,10 +188,15 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
         run = runs[res["key"]]
         row = gpu_memory.row_of({**run, "algorithm": "dpo"}, len(mem_rows) + 1, res["max_allocated"] / 1e9,
                                 "max_allocated", res["gpu_name"])
+        row["loss_impl"] = "rowwise-fp32" if run.get("logps", "fp32") == "fp32" else "rowwise"
+        row["reference"] = run.get("reference", "model")
         row.update(source=f"planner bench/gpu_dpo_session.py on {res['gpu_name']}", url_or_path="bench/gpu_dpo_session.py",
                    notes=row["notes"] + "; DPO (sigmoid, beta 0.1): chosen and rejected concatenated, the reference's "
-                   "log-probs first without gradients (" + ("a frozen copy" if run["method"] == "full" else
-                                                            "adapters disabled") + "), 16-bit logits row by row")
+                   "log-probs first without gradients (" + ("precomputed: no reference pass"
+                                                            if run.get("reference") == "precomputed" else
+                                                            "a frozen copy" if run["method"] == "full" else
+                                                            "adapters disabled") + "), log_softmax row by row"
+                   + (" upcast to FP32" if run.get("logps", "fp32") == "fp32" else " in BF16"))
         row["predicted_before_gb"] = f"{run['predicted_allocated_bytes'] / 1e9:.3f}"
         mem_rows.append(row)
         timed = res["step_s"][WARMUP:]
@@ -176,7 +208,7 @@ def collect(results: Path, runs_path: Path, memory_out: Path, throughput_out: Pa
                         "predicted_before_tokens_per_s": f"{run['predicted_tokens_per_s']:.1f}",
                         "measured_gb": f"{res['max_allocated'] / 1e9:.3f}",
                         "predicted_before_gb": f"{run['predicted_allocated_bytes'] / 1e9:.3f}"})
-    gpu_memory.write_csv(memory_out, mem_rows, list(gpu_memory.COLUMNS) + ["predicted_before_gb"])
+    gpu_memory.write_csv(memory_out, mem_rows, list(gpu_memory.COLUMNS) + ["reference", "predicted_before_gb"])
     gpu_memory.write_csv(throughput_out, tp_rows, list(tp_rows[0]) if tp_rows else ["id"])
     return len(mem_rows), len(tp_rows)
 
@@ -186,6 +218,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--out", type=Path, default=ROOT / "data" / "gpu_h200_dpo_runs.json")
+    p.add_argument("--session", type=int, choices=sorted(SESSIONS), default=1)
     r = sub.add_parser("run")
     r.add_argument("--runs", type=Path, default=ROOT / "data" / "gpu_h200_dpo_runs.json")
     r.add_argument("--out-dir", type=Path, required=True)
@@ -199,7 +232,7 @@ def main() -> int:
     c.add_argument("--throughput-out", type=Path, default=ROOT / "data" / "measured_h200_dpo_steps.csv")
     args = ap.parse_args()
     if args.cmd == "prepare":
-        runs = prepare()
+        runs = prepare(args.session)
         args.out.write_text(json.dumps(runs, indent=0))
         print(f"{len(runs)} settings -> {args.out}")
     elif args.cmd == "run":

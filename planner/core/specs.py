@@ -269,7 +269,7 @@ class ModelSpec(StrictModel):
 
 #: The loss's implementation (``Workload.loss``) and the layer kernels (``Workload.kernels``).
 Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace",
-               "chunked_head", "chunked_head_in_forward"]
+               "chunked_head", "chunked_head_in_forward", "rowwise", "rowwise_fp32"]
 Kernels = Literal["standard", "fused_rmsnorm", "unsloth"]
 
 
@@ -389,6 +389,13 @@ class Workload(StrictModel):
     def sequences_per_sample(self) -> int:
         """Sequences the policy runs per example of the micro-batch: 2 for a DPO pair, else 1."""
         return 2 if self.algorithm == "dpo" else 1
+
+    @property
+    def loss_impl(self) -> str:
+        """The loss as it runs: a DPO step's "standard" loss is not a cross-entropy but the
+        per-token log-probabilities of both sequences, row by row in the compute dtype (TRL's
+        ``selective_log_softmax``): ``rowwise``."""
+        return "rowwise" if self.algorithm == "dpo" and self.loss == "standard" else self.loss
 
     @property
     def reference_forward(self) -> bool:

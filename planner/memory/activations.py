@@ -776,6 +776,22 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
         # one chunk unless the FP32 logits exceed it, so sized here as one.
         saved = e * model.hidden
         peak = (e + FP32) * v + e * model.hidden
+    elif loss == "rowwise":
+        # TRL's ``selective_log_softmax`` on 16-bit logits (the DPO family's per-token
+        # log-probabilities): ``log_softmax`` row by row (one sequence at a time) in the compute
+        # dtype, each row's output saved for its backward; the logits are freed once the rows
+        # are taken (no node saves them). At the end of the forward the logits and every row's
+        # log-probabilities exist (2e per logit); at the end of the backward every row's
+        # gradient and their stack into the logits' gradient (2e).
+        saved = e * v
+        peak = 2 * e * v
+    elif loss == "rowwise_fp32":
+        # the same with each row upcast to FP32 before ``log_softmax`` (TRL's logsumexp path for
+        # FP32 logits keeps as much; the H200 DPO runner): FP32 log-probabilities saved; at the
+        # end of the forward the logits, every row's log-probabilities and the last row's FP32
+        # copy; the backward's first row adds its two FP32 gradients to the saved rows, less.
+        saved = FP32 * v
+        peak = (e + FP32) * v + FP32 * v / max(batch, 1)
     else:
         saved = 0.0
         peak = 3 * FP32 * model.hidden
@@ -802,6 +818,8 @@ def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 
         per = (e + FP32) * v
     elif loss == "cce":
         per = FP32
+    elif loss in ("rowwise", "rowwise_fp32"):  # the logits and every row's log-probabilities
+        per = (e + (e if loss == "rowwise" else FP32)) * v
     else:  # fused (Liger): chunks of about V/h tokens
         per = 3 * FP32 * model.hidden
     return per * tokens

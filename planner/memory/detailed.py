@@ -201,7 +201,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         # bitsandbytes kept on its contexts lives until this step's forward returns.
         carried = on_context if model.impl == "litgpt" else 0.0
         loss_saved, loss_peak, loss_held = act.loss_bytes(
-            model, rec.e, b * s, wl.loss, tp, compiled=wl.compile, batch=b,
+            model, rec.e, b * s, wl.loss_impl, tp, compiled=wl.compile, batch=b,
             first_step=wl.peak_at_first_step, carried=carried,
             head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
     # A returned KV cache lives until the loss is done: Hugging Face turns it off under
@@ -210,7 +210,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
     if wl.keeps_kv_cache and layout.checkpointing == "none":
         kv_cache = n_layers * act.kv_cache_bytes(model, rec, b, s).total(tp, sp) * in_flight
         if last_stage:
-            loss_forward = act.eval_loss_bytes(model, rec.e, b * s, wl.loss, tp)
+            loss_forward = act.eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, tp)
     return {"saved": saved, "working": working, "working_end": working_end,
             "loss_saved": loss_saved,
             "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host,
@@ -562,7 +562,7 @@ def eval_terms(model: ModelSpec, wl: Workload, layout: Layout, *, last_stage: bo
     b, s = wl.eval_micro_batch, wl.seq_len // layout.cp
     rec = _recipe(model, wl, layout, first_layer=False)
     working = act.layer_saved(model, rec, b, s).total(layout.tp, layout.sp)
-    logits = act.eval_loss_bytes(model, rec.e, b * s, wl.loss, layout.tp) if last_stage else 0.0
+    logits = act.eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, layout.tp) if last_stage else 0.0
     return {"working": working, "logits": logits}
 
 

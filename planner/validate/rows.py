@@ -226,7 +226,8 @@ LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunk
               "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled",
               "cce": "cce", "in-forward": "in_forward", "inplace": "inplace",
               "chunked-head": "chunked_head", "linear-ce": "chunked_head",
-              "chunked-head-in-forward": "chunked_head_in_forward"}
+              "chunked-head-in-forward": "chunked_head_in_forward", "rowwise": "rowwise",
+              "rowwise-fp32": "rowwise_fp32"}
 #: AutoAWQ's GEMM checkpoints pack int4 weights with an FP16 scale and an int4 zero point per group
 #: of 128 inputs, as GPTQ does: the same bytes per weight (``awq`` reads as ``gptq``).
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}
@@ -515,6 +516,11 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     algorithm = _cell(row, "algorithm").lower()
     if algorithm == "dpo":  # chosen/rejected pairs against a reference (micro_batch: pairs)
         wl["algorithm"] = "dpo"
+        reference = _cell(row, "reference")
+        if reference:  # model (blank), precomputed log-probabilities, or none (ORPO, SimPO)
+            if reference not in ("model", "precomputed", "none"):
+                raise Unmodelable(f"reference {reference!r}: model, precomputed or none")
+            wl["reference"] = reference
     elif algorithm not in ("", "sft"):  # GRPO, PPO, KTO, ...: not read as supervised steps
         raise Unmodelable(f"algorithm {algorithm!r}: only sft and dpo steps are modelled")
     lay = _layout(t, row, wl.get("grad_accum", 1))
