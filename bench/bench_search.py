@@ -17,9 +17,9 @@ import statistics
 import time
 
 from planner import catalog
-from planner.search.lattice import build_lattice
-from planner.search.candidates import enumerate_all, search
 from planner.scenario.resolve import resolve
+from planner.search.candidates import enumerate_all, search
+from planner.search.lattice import build_lattice
 from planner.search.space import build_classes, build_request, gpu_table
 
 #: The full space: a 70B LoRA job at 8K tokens (so context parallelism is in play), relaxable to

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_memory  # noqa: E402  (bench/ is not a package)
-import gpu_session  # noqa: E402
+import gpu_memory
+import gpu_session
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, WARMUP = 5, 2

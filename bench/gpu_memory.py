@@ -70,12 +70,7 @@ HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate"
               "up": "up_proj", "down": "down_proj"}
 ROOT = Path(__file__).resolve().parents[1]
 
-COLUMNS = ("id,source,url_or_path,model,params_b,layers,hidden,heads,kv_heads,ffn,vocab,method,quant_bits,"
-           "optimizer,precision,seq_len,micro_batch,grad_ckpt,flash_attn,gpus,gpu_type,dp,tp,pp,cp,"
-           "zero_or_fsdp,cpu_offload,lora_rank,lora_targets,measured_gb,measure_kind,notes,hf_model,framework,"
-           "framework_date,loss_impl,compile,grad_accum,lora_dropout,adapter_dtype,peak_at_first_step,quant_impl,"
-           "double_quant,kbit_prep,bitsandbytes,optimizer_in_bwd,norm_fp32,mqa_sdpa_math,zero_reduce_bucket,"
-           "measured_unit,kernels,qk_norm,algorithm").split(",")
+COLUMNS = ["id", "source", "url_or_path", "model", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "method", "quant_bits", "optimizer", "precision", "seq_len", "micro_batch", "grad_ckpt", "flash_attn", "gpus", "gpu_type", "dp", "tp", "pp", "cp", "zero_or_fsdp", "cpu_offload", "lora_rank", "lora_targets", "measured_gb", "measure_kind", "notes", "hf_model", "framework", "framework_date", "loss_impl", "compile", "grad_accum", "lora_dropout", "adapter_dtype", "peak_at_first_step", "quant_impl", "double_quant", "kbit_prep", "bitsandbytes", "optimizer_in_bwd", "norm_fp32", "mqa_sdpa_math", "zero_reduce_bucket", "measured_unit", "kernels", "qk_norm", "algorithm"]
 
 
 def grid(quick: bool = False) -> list[dict]:

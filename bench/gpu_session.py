@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_memory  # noqa: E402  (bench/ is not a package)
+import gpu_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 #: GPU memory the concurrent memory runs may hold together (an H200 has 143,771 MiB): each run
@@ -63,11 +63,7 @@ SWEEP = (
     ("llama-3.1-8b", "lora", 2048, 4, False),
 )
 GPU_ID = "h200-sxm-141gb"
-THROUGHPUT_COLUMNS = ("id,source,source_ref,model,planner_model,params_b,layers,hidden,heads,kv_heads,ffn,vocab,"
-                      "gated_mlp,tied_embeddings,method,lora_rank,quant,precision,gpu_type,planner_gpu,gpus,"
-                      "gpus_per_node,tp,pp,cp,dp,zero_fsdp,seq_len,micro_batch,grad_accum,global_batch,"
-                      "checkpointing,measured_stated,measured_value,measured_unit,tokens_per_s_per_gpu,"
-                      "conversion,confidence,notes").split(",")
+THROUGHPUT_COLUMNS = ["id", "source", "source_ref", "model", "planner_model", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated_mlp", "tied_embeddings", "method", "lora_rank", "quant", "precision", "gpu_type", "planner_gpu", "gpus", "gpus_per_node", "tp", "pp", "cp", "dp", "zero_fsdp", "seq_len", "micro_batch", "grad_accum", "global_batch", "checkpointing", "measured_stated", "measured_value", "measured_unit", "tokens_per_s_per_gpu", "conversion", "confidence", "notes"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_memory  # noqa: E402  (bench/ is not a package)
-import gpu_session  # noqa: E402
+import gpu_memory
+import gpu_session
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Optimizer steps per setting; the first :data:`gpu_session.WARMUP_STEPS` are not timed.

@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "truth"))
 
-import torch  # noqa: E402
-from harness import Shape, build, measure, predicted  # noqa: E402
+import torch
+from harness import Shape, build, measure, predicted
 
 RECIPES = {
     "bf16 sdpa full": dict(dtype=torch.bfloat16, attention="sdpa", lora=False),

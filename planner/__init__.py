@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.core.errors import InputError
+from planner.core.specs import Scenario
 from planner.memory.estimate import Estimate, estimate_resolved
 from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, scenario_from_flags
-from planner.core.specs import Scenario
 
 if TYPE_CHECKING:
-    from planner.search.results import Plan, PlanResult  # noqa: F401 - for type checkers; lazy below
+    from planner.search.results import Plan, PlanResult
 
 __all__ = ["Estimate", "InputError", "Plan", "PlanResult", "Scenario", "batch", "estimate", "plan", "procure"]
 __version__ = "0.1.0"

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import ROOT
 from typer.testing import CliRunner
 
 import planner
-from planner.search.batch import run_batch
 from planner.cli.main import app
 from planner.report.files import atomic_write_text, write_frame
-
-from conftest import ROOT
+from planner.search.batch import run_batch
 
 GOOD = """\
 scenarios:
@@ -227,7 +226,7 @@ def _invoke_batch(folder, out, *extra):
 @pytest.fixture
 def no_planning(monkeypatch):
     """Fails the test if planning starts: the output checks come first."""
-    import planner.search.batch as batch
+    from planner.search import batch
 
     def boom(*args, **kwargs):
         raise AssertionError("planned before checking --out")
@@ -290,7 +289,7 @@ def test_read_only_folder_simulated_is_refused_before_planning(folder, tmp_path,
 
 def test_results_survive_an_out_that_fails_after_the_run(folder, tmp_path, monkeypatch):
     """The folder turns read-only during the run: the results land beside --out, and it says where."""
-    import planner.report.files as files
+    from planner.report import files
 
     real = files.write_frame
     out = tmp_path / "r.json"
@@ -309,7 +308,7 @@ def test_results_survive_an_out_that_fails_after_the_run(folder, tmp_path, monke
 
 
 def test_results_survive_when_no_file_can_be_written(folder, tmp_path, monkeypatch):
-    import planner.report.files as files
+    from planner.report import files
 
     def never(frame, path, **kwargs):
         raise OSError(28, "No space left on device")

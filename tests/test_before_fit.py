@@ -14,13 +14,12 @@ import json
 import statistics
 
 import pytest
+from conftest import ROOT
 from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.validate import before
 from planner.validate.score import KIND_VIEW, read_rows, validate_file, validate_rows
-
-from conftest import ROOT
 
 MEMORY = ROOT / "data" / "measured_gpu_h200.csv"
 THROUGHPUT = ROOT / "data" / "measured_throughput_h200.csv"

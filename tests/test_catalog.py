@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from planner import catalog
-from planner.core.arch import param_counts
 from planner.catalog.store import UnknownName
+from planner.core.arch import param_counts
 
 GPUS = list(catalog.gpus())
 MODELS = list(catalog.models())

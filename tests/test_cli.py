@@ -7,11 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, one_line
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-
-from conftest import ROOT, one_line
 
 runner = CliRunner()
 CASE_B = str(ROOT / "scenarios" / "case-b-7b-full-zero3.yaml")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 import planner
-from planner.memory import activations as act
 from planner.core.arch import exact_lora_params
 from planner.core.specs import ModelSpec
-from planner.memory.model_states import NF4_DQ_BYTES, NF4_BYTES
+from planner.memory import activations as act
+from planner.memory.model_states import NF4_BYTES, NF4_DQ_BYTES
 
 TINY = ModelSpec(layers=4, hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=688, vocab=1000)
 ALL = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
@@ -197,8 +197,8 @@ def test_fsdp_units_mixing_frozen_weights_give_them_gradients():
     """FSDP1 with use_orig_params=True: a LoRA layer wrapped whole gets a gradient for its whole
     flat parameter, "equivalent to not freezing" (PyTorch FSDP docs): the layers' weights in the
     compute dtype, sharded over the data-parallel ranks."""
-    from planner.core.arch import param_counts
     from planner.catalog.store import get_model
+    from planner.core.arch import param_counts
 
     base = {"model": "llama-2-7b", "workload": {"method": "lora", "precision": "bf16", "seq_len": 1024},
             "layout": {"gpus": 4, "zero": 3, "checkpointing": "full"}}

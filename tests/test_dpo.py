@@ -6,6 +6,7 @@ profiles, time, the search against its oracle and the independent checker, and t
 from __future__ import annotations
 
 import pytest
+from oracle_helpers import assert_search_matches_oracle
 from typer.testing import CliRunner
 
 from planner.cli.main import app
@@ -14,8 +15,6 @@ from planner.memory.estimate import estimate_resolved
 from planner.perf import timing
 from planner.scenario.resolve import resolve
 from planner.search.answer import plan_raw
-
-from oracle_helpers import assert_search_matches_oracle
 
 
 def est(profile="detailed", **workload):
@@ -117,9 +116,8 @@ def test_measured_dpo_steps_before_any_fit():
     peak within 18 % and never under by more than 1 % (the planner then charged a pair's
     log-probabilities as a cross-entropy); read as the runner took them (``loss_impl:
     rowwise-fp32``, each row upcast before ``log_softmax``), every row within 0.5 %."""
-    from pathlib import Path
-
     import csv
+    from pathlib import Path
 
     from planner.validate.score import validate_file
 

@@ -6,13 +6,12 @@ import json
 
 import pytest
 import yaml
+from conftest import ROOT, one_line
 from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.launch.export import export_resolved
 from planner.scenario.resolve import resolve
-
-from conftest import ROOT, one_line
 
 runner = CliRunner()
 

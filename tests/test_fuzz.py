@@ -25,14 +25,13 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import ROOT
 from hypothesis import HealthCheck, event, given, settings
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-
-from conftest import ROOT
 
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 #: Output larger than this is a flood (the largest honest answer, `plan` of the shipped file of

@@ -11,11 +11,10 @@ import sys
 
 import pytest
 import yaml
+from conftest import ROOT
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-
-from conftest import ROOT
 
 SMALL = {
     "name": "small", "start_date": "2027-01-04", "horizon_days": 30, "gpu_types": ["rtx-4090", "l4"],

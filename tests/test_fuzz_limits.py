@@ -6,13 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import ROOT
 from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.core.errors import EXCERPT_CHARS, MAX_LINE_CHARS, MAX_SHOWN_PROBLEMS, excerpt
 from planner.core.textfiles import MAX_DEPTH, MAX_INPUT_BYTES, MAX_TEXT_CHARS, MAX_VALUES, load_yaml
-
-from conftest import ROOT
 
 runner = CliRunner()
 

@@ -23,12 +23,17 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
-
-from conftest import ROOT
 from test_fuzz import (  # noqa: F401 - command_built_once is a module fixture used here too
-    _counter, byte_mutated, check, command_built_once, dump, fuzz_settings, mutated,
+    _counter,
+    byte_mutated,
+    check,
+    command_built_once,
+    dump,
+    fuzz_settings,
+    mutated,
 )
 
 CORPUS = ROOT / "tests" / "fixtures" / "configs"
@@ -82,7 +87,7 @@ FLAG_VALUES = {"--model": "llama-3.2-1b", "--seq-len": "1024", "--attention": "f
                "--precision": "bf16", "--optimizer": "adamw", "--micro-batch": "1", "--checkpointing": "none"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flags_for(name: str) -> tuple[str, ...]:
     """The flags the unchanged config needs beside it (what its error asks for)."""
     flags: list[str] = []

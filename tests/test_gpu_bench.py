@@ -7,10 +7,9 @@ import csv
 import importlib.util
 
 import pytest
+from conftest import ROOT
 
 from planner.validate.score import validate_rows
-
-from conftest import ROOT
 
 spec = importlib.util.spec_from_file_location("gpu_memory", ROOT / "bench" / "gpu_memory.py")
 gpu_memory = importlib.util.module_from_spec(spec)

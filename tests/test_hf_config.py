@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import FIXTURES, ROOT, one_line
+from typer.testing import CliRunner
 
 import planner
 from planner import catalog
+from planner.cli.main import app
 from planner.core.arch import param_counts
 from planner.core.errors import InputError
-from planner.cli.main import app
-from typer.testing import CliRunner
-
-from conftest import FIXTURES, ROOT, one_line
 
 HF = FIXTURES / "hf"
 

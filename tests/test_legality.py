@@ -50,12 +50,13 @@ def test_one_decoder_of_codes():
 # Pipeline stages: one rule (scenario.legality.pp_fault / pp_legal) for estimate, plan and checker
 
 
-import pytest  # noqa: E402
-from hypothesis import given, settings, strategies as st  # noqa: E402
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from planner.core.errors import InputError  # noqa: E402
-from planner.scenario.legality import pp_fault, pp_legal  # noqa: E402
-from planner.search.checker import check_plan  # noqa: E402
+from planner.core.errors import InputError
+from planner.scenario.legality import pp_fault, pp_legal
+from planner.search.checker import check_plan
 
 
 def _pinned(model: str, pp: int, uneven: bool, profile: str = "detailed") -> dict:

@@ -17,18 +17,17 @@ import time
 
 import pytest
 import yaml
+from conftest import ROOT, one_line
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-from planner.core.textfiles import MAX_DEPTH, parse_json
 from planner.core.errors import InputError
+from planner.core.textfiles import MAX_DEPTH, parse_json
 from planner.scenario.resolve import resolve
 from planner.search import candidates
 from planner.search.answer import checked, plan_raw
 from planner.search.candidates import search
 from planner.search.space import build_request
-
-from conftest import ROOT, one_line
 
 runner = CliRunner()
 

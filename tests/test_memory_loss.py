@@ -17,10 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from truth.harness import peak_bytes as _peak_bytes  # noqa: E402
+from truth.harness import peak_bytes as _peak_bytes
 
-from planner.core.specs import ModelSpec  # noqa: E402
-from planner.memory import activations as act  # noqa: E402
+from planner.core.specs import ModelSpec
+from planner.memory import activations as act
 
 
 def _model(kind: str, vocab: int):

@@ -130,9 +130,9 @@ def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
 
 
 def test_offloaded_optimizer_has_no_gpu_step_temporaries():
+    from planner.core.specs import ModelSpec
     from planner.memory.detailed import buffer_terms
     from planner.memory.model_states import model_states
-    from planner.core.specs import ModelSpec
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     wl = Workload(method="full", precision="mixed")
@@ -147,9 +147,9 @@ def test_paged_adamw_has_no_list_wide_step_temporaries():
     """bitsandbytes' paged AdamW (``paged_adamw_32bit``) updates one tensor per kernel: none of
     torch's foreach copy of exp_avg_sq (Llama 2 70B full FT, FSDP over 16 A100s: the HF blog's
     run, whose script defaulted to it, fits only without that 17 GB copy)."""
+    from planner.core.specs import ModelSpec
     from planner.memory.detailed import buffer_terms
     from planner.memory.model_states import model_states
-    from planner.core.specs import ModelSpec
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     lay = Layout(zero=3, dp=16)
@@ -482,7 +482,11 @@ def test_sharded_reserved_rows_of_other_sources():
 def test_a_phase_that_gathers_nothing_fragments_like_any_other():
     """The sharded share comes from gathers interleaved with activations: in the optimizer step
     (its foreach temporaries) the gather blocks stay cached but fragment nothing more."""
-    from planner.memory.detailed import ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION_SHARDED, _reserved_view
+    from planner.memory.detailed import (
+        ALLOCATOR_FRAGMENTATION,
+        ALLOCATOR_FRAGMENTATION_SHARDED,
+        _reserved_view,
+    )
 
     parts = {"weights": 10.0, "optimizer_states": 40.0, "buffers": 20.0}
     total, gather = sum(parts.values()), 3.0

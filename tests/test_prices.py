@@ -5,13 +5,12 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from conftest import FIXTURES
 
 import planner
 from planner import catalog
-from planner.core.errors import InputError
 from planner.catalog.prices import apply_to_catalog, from_catalog, load_price_table, read_prices
-
-from conftest import FIXTURES
+from planner.core.errors import InputError
 
 SKY = FIXTURES / "prices" / "skypilot-vms.csv"
 TEAM = FIXTURES / "prices" / "team-prices.csv"

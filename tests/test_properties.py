@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.memory.seed import seed_memory
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.memory.seed import seed_memory
 
 MODEL = ModelSpec(id="m", params_b=7, layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
 
@@ -101,7 +101,7 @@ def test_memory_grows_with_micro_batch(workload, layout, dp, extra):
 # The detailed profile (the default): the same properties, with the recipe details it reads.
 # The search bisects on the data-parallel degree, so memory must never rise with dp from 2 up.
 
-from planner.memory.detailed import detailed_memory  # noqa: E402
+from planner.memory.detailed import detailed_memory
 
 DETAILED_MODEL = ModelSpec(id="d", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008,
                            vocab=128256)

@@ -9,14 +9,13 @@ import csv
 import json
 
 import pytest
+from conftest import ROOT
 
 from planner.perf import timing
 from planner.validate import throughput as T
 from planner.validate.before import MEMORY_COLUMN, THROUGHPUT_COLUMN
 from planner.validate.record import SOURCE_COLUMN
 from planner.validate.score import validate_file as validate_memory
-
-from conftest import ROOT
 
 DATA = ROOT / "data"
 MEMORY = DATA / "measured_memory_published2.csv"

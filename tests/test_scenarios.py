@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT
 
 from planner.memory.estimate import estimate_resolved
 from planner.scenario.resolve import load_scenarios
-
-from conftest import ROOT
 
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import planner
-from planner.search.checker import check_plan
 from planner.cli.main import app
+from planner.search.checker import check_plan
 from planner.search.cpsat import Limits, PlanModel, Space, top_k
 
 # ---------------------------------------------------------------------------------------------

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-from planner.search.batch import is_portfolio
 from planner.scenario.resolve import read_scenario_file
 from planner.search.answer import plan_raw
-
-from conftest import ROOT
+from planner.search.batch import is_portfolio
 
 FILES = sorted(p for p in (ROOT / "scenarios").rglob("*.yaml"))
 SCENARIO_FILES = [p for p in FILES if not is_portfolio(p)]

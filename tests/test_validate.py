@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.memory.detailed import ERROR_BANDS
-from planner.validate.score import error_bands, validate_file, validate_rows, read_rows
+from planner.validate.score import error_bands, read_rows, validate_file, validate_rows
 
 CSV = Path(__file__).resolve().parent.parent / "data" / "measured_calibration.csv"
 

@@ -70,9 +70,9 @@ def test_a_model_no_hub_hosts_is_read_from_the_row_s_dimensions():
     row = next(r for r in read_rows(VERDICTS) if r["id"] == "V021")
     got = judge_row(row)
     assert got.judged_fit is not None
-    from planner.validate.rows import model_of
-    from planner.core.specs import ModelSpec
     from planner.core.arch import param_counts
+    from planner.core.specs import ModelSpec
+    from planner.validate.rows import model_of
 
     total = param_counts(ModelSpec(**model_of(row))).total
     assert 9.9e9 < total < 10.5e9

@@ -27,9 +27,10 @@ import datetime as dt
 import io
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from planner import catalog
 from planner.core.errors import InputError

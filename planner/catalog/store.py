@@ -279,7 +279,7 @@ CATALOG_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def load_catalog_file(path: Path, key: str) -> list[dict]:
     """The ``key`` list of a shipped catalog file (read with :data:`CATALOG_LOADER`)."""
     with path.open(encoding="utf-8") as f:
-        data = yaml.load(f, Loader=CATALOG_LOADER)  # noqa: S506 - a safe loader, our own files
+        data = yaml.load(f, Loader=CATALOG_LOADER)
     return data[key]
 
 

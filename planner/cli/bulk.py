@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -42,14 +42,14 @@ def batch(
     paths: Annotated[list[Path], typer.Argument(help="Scenario files and folders (searched recursively).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Result file: .csv, .json, .parquet, .md or .html.")],
     top: Annotated[int, typer.Option(help="Plans per scenario (best first).", min=1, max=1000)] = 1,
-    workers: Annotated[Optional[int], typer.Option(help="Processes (default: the CPUs available).", min=1)] = None,
-    prices: Annotated[Optional[list[Path]], typer.Option("--prices", help="Price file (SkyPilot CSV or planner "
+    workers: Annotated[int | None, typer.Option(help="Processes (default: the CPUs available).", min=1)] = None,
+    prices: Annotated[list[Path] | None, typer.Option("--prices", help="Price file (SkyPilot CSV or planner "
                                                           "format), repeatable; later files win.")] = None,
-    price_date: Annotated[Optional[str], typer.Option("--price-date", help="Date of a SkyPilot CSV "
+    price_date: Annotated[str | None, typer.Option("--price-date", help="Date of a SkyPilot CSV "
                                                       "(default: the file's own date).")] = None,
     max_price_age: Annotated[float, typer.Option("--max-price-age-days", help="Older prices are flagged stale.")]
     = 180.0,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="PNG: memory per GPU of each best plan.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="PNG: memory per GPU of each best plan.")] = None,
 ) -> None:
     """Plan every scenario in the files and folders given; one record per plan (or error).
 
@@ -159,14 +159,14 @@ def _rich_table(title: str, frame, columns: list[str] | None = None):
 
 def procure(
     portfolio: Annotated[Path, typer.Argument(help="Portfolio YAML: jobs with windows, horizon, prices.")],
-    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds for the whole answer, candidate "
+    time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds for the whole answer, candidate "
                                                         "generation included (default: the portfolio's time_limit_s, 30).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json | md | html")] = "table",
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the report here (default: stdout).")]
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the report here (default: stdout).")]
     = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="PNG: the fleet schedule (and FILE-memory.png: "
+    plot: Annotated[Path | None, typer.Option("--plot", help="PNG: the fleet schedule (and FILE-memory.png: "
                                                  "memory per GPU of each job's plan).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Processes for the jobs' candidates.", min=1)] = None,
+    workers: Annotated[int | None, typer.Option(help="Processes for the jobs' candidates.", min=1)] = None,
 ) -> None:
     """The fleet to buy or rent for a portfolio of jobs, each job's plan and time slot, the cost
     breakdown, and buy against rent: one CP-SAT model across all jobs, never dearer than the naive

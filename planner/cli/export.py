@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,9 +16,9 @@ def export(
     source: Annotated[Path, typer.Argument(help="`planner plan --json` output, or a scenario YAML.")],
     rank: Annotated[int, typer.Option(help="Which plan (1 = the best).")] = 1,
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the files to.")] = Path("launch"),
-    formats: Annotated[Optional[str], typer.Option(
+    formats: Annotated[str | None, typer.Option(
         "--format", help=f"Comma-separated subset of: {', '.join(FORMATS)} (default all).")] = None,
-    backend: Annotated[Optional[str], typer.Option(
+    backend: Annotated[str | None, typer.Option(
         "--backend", metavar="|".join(BACKENDS),
         help="Sharding back-end of the DeepSpeed/accelerate/HF files: one per bundle (default: the "
              "plan's stack's, else deepspeed; ZeRO-1 and optimizer-only offload are DeepSpeed's).")] = None,

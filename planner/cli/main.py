@@ -10,26 +10,26 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from planner import catalog
-from planner.core.errors import InputError
-from planner.memory.estimate import estimate_resolved
-from planner.launch.checks import annotate
-from planner.launch.importing import CONFIG_HELP, merge_configs
-from planner.report.terminal import print_estimate, print_plans, to_json
-from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, scenario_from_flags
 from planner.cli import options as o
-from planner.core.units import format_bytes, mib_to_bytes
 from planner.cli.app import EXIT_INFEASIBLE, EXIT_OK, app
 from planner.cli.app import console as _console
 from planner.cli.app import fail as _fail
 from planner.cli.bulk import register as _register_commands
-from planner.cli.serve import register as _register_serve
 from planner.cli.export import export as _export
+from planner.cli.serve import register as _register_serve
+from planner.core.errors import InputError
+from planner.core.units import format_bytes, mib_to_bytes
+from planner.launch.checks import annotate
+from planner.launch.importing import CONFIG_HELP, merge_configs
+from planner.memory.estimate import estimate_resolved
+from planner.report.terminal import print_estimate, print_plans, to_json
+from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, scenario_from_flags
 
 
 def _run_each(file: Path | None, flags: dict, config: list[Path] | None, run, *, for_plan: bool = False,
@@ -95,7 +95,7 @@ def estimate(
     attention: o.Attention = None,
     reserve: o.Reserve = None,
     profile: o.Profile = None,
-    config: Annotated[Optional[list[Path]], typer.Option("--config", metavar="FILE", help=CONFIG_HELP)] = None,
+    config: Annotated[list[Path] | None, typer.Option("--config", metavar="FILE", help=CONFIG_HELP)] = None,
     as_json: o.Json = False,
     gib: o.Gib = False,
 ) -> None:
@@ -174,7 +174,7 @@ def plan(
     time_limit: o.TimeLimit = None,
     profile: o.Profile = None,
     pareto: o.Pareto = False,
-    config: Annotated[Optional[list[Path]], typer.Option("--config", metavar="FILE", help=CONFIG_HELP)] = None,
+    config: Annotated[list[Path] | None, typer.Option("--config", metavar="FILE", help=CONFIG_HELP)] = None,
     as_json: o.Json = False,
     gib: o.Gib = False,
 ) -> None:
@@ -381,7 +381,7 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence
+    except Exception as exc:
         if os.environ.get("PLANNER_DEBUG"):
             raise
         print(f"planner: internal error: {type(exc).__name__}: {exc} "

@@ -68,8 +68,8 @@ Dp = Annotated[S, opt(metavar="N", help="Data-parallel degree.", default="gpus /
 Tp = Annotated[S, opt(metavar="N", help="Tensor-parallel degree.", default=_LAY.tp)]
 Pp = Annotated[S, opt(metavar="N", help="Pipeline-parallel degree.", default=_LAY.pp)]
 Cp = Annotated[S, opt(metavar="N", help="Context-parallel degree.", default=_LAY.cp)]
-Sp = Annotated[Optional[bool], typer.Option("--sp/--no-sp", metavar=" ", help="Sequence parallelism (with TP). Default: off.")]
-Zero = Annotated[Optional[int], opt(metavar="STAGE", help="ZeRO stage (3 = FSDP full shard).", values=(0, 1, 2, 3),
+Sp = Annotated[bool | None, typer.Option("--sp/--no-sp", metavar=" ", help="Sequence parallelism (with TP). Default: off.")]
+Zero = Annotated[int | None, opt(metavar="STAGE", help="ZeRO stage (3 = FSDP full shard).", values=(0, 1, 2, 3),
                         default=_LAY.zero)]
 Offload = Annotated[S, opt(metavar="WHAT", help="CPU offload.", values=OFFLOADS, default=_LAY.offload)]
 Checkpointing = Annotated[S, opt(metavar="KIND", help="Activation checkpointing.", values=CHECKPOINTING,
@@ -89,8 +89,8 @@ Deadline = Annotated[S, opt(metavar="HOURS", help="Latest the job may finish.")]
 Fleet = Annotated[S, opt(metavar="GPU=N[,GPU=N…]", help="GPUs you already have, e.g. rtx-4090=2,h100=8.")]
 AllowRelax = Annotated[S, opt("--allow-relax", metavar="WHAT[,WHAT…]", help="What the search may relax, in "
                               "the documents' order.", values=("method", "seq_len"), default="nothing")]
-Top = Annotated[Optional[int], opt(metavar="K", help="How many plans.", default=10)]
-TimeLimit = Annotated[Optional[float], opt("--time-limit", metavar="SECONDS", help="Search time limit.",
+Top = Annotated[int | None, opt(metavar="K", help="How many plans.", default=10)]
+TimeLimit = Annotated[float | None, opt("--time-limit", metavar="SECONDS", help="Search time limit.",
                                            default=30)]
 SearchMicroBatch = Annotated[S, many("--micro-batch", metavar="N", help="Micro-batch sizes.")]
 SearchOffload = Annotated[S, many("--offload", metavar="WHAT", help="CPU offload choices.", values=OFFLOADS)]
@@ -103,7 +103,7 @@ SearchPp = Annotated[S, many("--pp", metavar="N", help="Pipeline-parallel degree
 Stacks = Annotated[S, opt("--stacks", metavar="STACK[,STACK…]", help="Training stacks a plan may use, in order "
                           "of preference (see catalogs/stacks.yaml).", default="every stack")]
 # files and output
-File = Annotated[Optional[Path], typer.Argument(metavar="SCENARIO.yaml",
+File = Annotated[Path | None, typer.Argument(metavar="SCENARIO.yaml",
                                                 help="Scenario file (one scenario, a list, or scenarios: + defaults:).")]
 Json = Annotated[bool, typer.Option("--json", metavar=" ", help="Print JSON (bytes, seconds, USD) instead of tables.")]
 Gib = Annotated[bool, typer.Option("--gib", metavar=" ", help="Memory in GiB (2^30 bytes, as nvidia-smi counts) instead of "

@@ -122,8 +122,7 @@ def format_validation_error(
             msg = "required"
         else:
             msg = err["msg"]
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+            msg = msg.removeprefix("Value error, ")
             if kind in {"literal_error", "int_parsing", "float_parsing", "bool_parsing"} or kind.startswith(
                 ("greater", "less")
             ):

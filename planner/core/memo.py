@@ -7,8 +7,9 @@ search evaluates the same layer shapes for thousands of layouts: this makes thos
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import wraps
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 

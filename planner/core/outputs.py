@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:

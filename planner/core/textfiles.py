@@ -16,7 +16,6 @@ import yaml
 
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt
 
-
 #: The largest YAML file read (scenario or portfolio): far above any real one (the shipped
 #: examples are under 4 KiB), small enough that reading it stays quick.
 MAX_INPUT_BYTES = 1 << 20

@@ -35,9 +35,9 @@ import dataclasses
 import datetime as dt
 import math
 import time
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 

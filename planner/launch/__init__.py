@@ -8,7 +8,7 @@ in, never invented. ``importers`` reads DeepSpeed, accelerate, TrainingArguments
 torchtune configs into a scenario overlay; ``checks`` warns of the mistakes people make in them.
 """
 
-from planner.launch.common import Bundle, FORMATS
+from planner.launch.common import FORMATS, Bundle
 from planner.launch.export import export_plan, export_resolved, load_plan
 
-__all__ = ["Bundle", "FORMATS", "export_plan", "export_resolved", "load_plan"]
+__all__ = ["FORMATS", "Bundle", "export_plan", "export_resolved", "load_plan"]

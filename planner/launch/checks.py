@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from planner import catalog
-from planner.memory.estimate import Estimate
-from planner.launch.readers import Found
 from planner.core.units import BYTES_PER_GIB as GIB
+from planner.launch.readers import Found
+from planner.memory.estimate import Estimate
 
 
 def config_warnings(f: Found, est: Estimate) -> list[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.scenario.resolve import ResolvedScenario
 from planner.core.units import nodes_for
+from planner.scenario.resolve import ResolvedScenario
 
 #: Export formats, in the order they are written.
 FORMATS = ("deepspeed", "accelerate", "torchrun", "hf", "torchtune", "megatron", "skypilot")

@@ -5,14 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 from planner.core.errors import InputError
-from planner.launch.common import BACKENDS, FORMATS, Bundle, Ctx
-from planner.launch.frameworks import (accelerate_config, deepspeed_config, dump_json, dump_yaml,
-                                       skypilot_task, torchrun_command)
-from planner.launch.recipes import hf_files, megatron_args, torchtune_override
 from planner.core.outputs import atomic_write_text
 from planner.core.textfiles import parse_yaml, read_text_bounded
+from planner.launch.common import BACKENDS, FORMATS, Bundle, Ctx
+from planner.launch.frameworks import (
+    accelerate_config,
+    deepspeed_config,
+    dump_json,
+    dump_yaml,
+    skypilot_task,
+    torchrun_command,
+)
+from planner.launch.recipes import hf_files, megatron_args, torchtune_override
 from planner.scenario.resolve import ResolvedScenario, read_scenario_file, resolve
 
 #: Plan fields that pin a scenario (what ``plans.plan_scenario`` sets).

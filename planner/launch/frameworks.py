@@ -119,7 +119,7 @@ def accelerate_config(ctx: Ctx, out: Bundle, ds_file: str | None = None) -> dict
     if ctx.nodes > 1:
         cfg.update(machine_rank=0, main_process_ip=None, main_process_port=29500,
                    rdzv_backend="c10d", same_network=True)
-        out.need(fmt, "machine_rank (0…{}) on each node and main_process_ip".format(ctx.nodes - 1))
+        out.need(fmt, f"machine_rank (0…{ctx.nodes - 1}) on each node and main_process_ip")
     if wl.precision == "bf16" and ctx.backend != "deepspeed":
         out.note(fmt, "pure BF16: load the model in bfloat16 (model_kwargs.json); "
                       "mixed_precision bf16 then keeps no FP32 master copy")
@@ -137,7 +137,7 @@ def torchrun_command(ctx: Ctx, out: Bundle, script_args: list[str]) -> str | Non
     if ctx.nodes > 1:
         args += ["--node_rank=${NODE_RANK}", "--rdzv_backend=c10d",
                  "--rdzv_endpoint=${MASTER_ADDR}:29500"]
-        out.need(fmt, "NODE_RANK (0…{}) and MASTER_ADDR on each node".format(ctx.nodes - 1))
+        out.need(fmt, f"NODE_RANK (0…{ctx.nodes - 1}) and MASTER_ADDR on each node")
     else:
         args.append("--standalone")
     args += ["${TRAIN_SCRIPT}", *script_args]

@@ -34,10 +34,9 @@ from planner.launch.readers import (
     _targets,
     _true,
     account,
-    count,
-    whole,
     bad_optimizer,
     config_path,
+    count,
     eight_bit,
     read_accelerate,
     read_attention,
@@ -51,6 +50,7 @@ from planner.launch.readers import (
     read_training_args,
     set_hf_optimizer,
     torchtune_model_name,
+    whole,
 )
 from planner.scenario.resolve import FLAG_SECTIONS, deep_merge
 

@@ -12,12 +12,12 @@ cannot represent, such as ``modules_to_save``). Nothing is dropped silently.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-import math
 from typing import Any
 
 from planner.core.codes import FSDP_HYBRID, FSDP_STRATEGY_STAGE

@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 
 from planner.core.codes import (  # the one home of the code tables, re-exported here
-    ATTENTION, CHECKPOINTING, KERNELS, LOSSES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, ZERO_IMPLS,
+    ATTENTION,
+    CHECKPOINTING,
+    KERNELS,
+    LOSSES,
+    METHODS,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    ZERO_IMPLS,
 )
 from planner.core.specs import Layout, Workload
 

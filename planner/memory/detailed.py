@@ -14,14 +14,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from planner.memory import activations as act
 from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import zero_degree
-from planner.memory.model_states import (StateParts, adapter_shapes, bnb_base, bnb_keeps_input,
-                                         bnb_prepared, compute_bytes, fp32_embeddings, int8_base, model_states,
-                                         quantized_head, quantized_linear_bytes,
-                                         saved_module_params)
+from planner.memory import activations as act
+from planner.memory.model_states import (
+    StateParts,
+    adapter_shapes,
+    bnb_base,
+    bnb_keeps_input,
+    bnb_prepared,
+    compute_bytes,
+    fp32_embeddings,
+    int8_base,
+    model_states,
+    quantized_head,
+    quantized_linear_bytes,
+    saved_module_params,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
@@ -708,8 +718,8 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     """The ``detailed`` profile as a :class:`~planner.memory.seed.MemoryBreakdown`: components at the
     peak phase (``overhead`` = fragmentation, CUDA context and NCCL), ``total_bytes`` = the
     device view, ``predicted`` = the allocated, reserved and device views."""
-    from planner.memory.breakdown import MemoryBreakdown
     from planner.core.units import ceil_bytes
+    from planner.memory.breakdown import MemoryBreakdown
 
     if wl.method == "inference":
         served = layout.model_copy(update={"dp": dp})

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from planner.core.arrays import unique_rows
+from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode
 from planner.memory.detailed import detailed_memory
-from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 
 #: The most bytes a total is stored at in the int64 arrays (2^62: beyond any GPU, inside int64).
 TOTAL_CEILING = 2**62

@@ -7,10 +7,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from planner.core.arch import total_params
-from planner.memory.profiles import memory_breakdown
-from planner.memory.breakdown import MemoryBreakdown
-from planner.scenario.resolve import ResolvedScenario
 from planner.core.units import floor_bytes
+from planner.memory.breakdown import MemoryBreakdown
+from planner.memory.profiles import memory_breakdown
+from planner.scenario.resolve import ResolvedScenario
 
 #: The order components are shown in (those a profile does not model are absent).
 COMPONENT_ORDER = (

@@ -7,13 +7,14 @@ come through here, so a plan is always judged by the formula its estimate shows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.memory.breakdown import MemoryBreakdown, dpo_codes
 from planner.memory.detailed import detailed_memory
 from planner.memory.detailed_array import detailed_components
-from planner.memory.breakdown import MemoryBreakdown, dpo_codes
 from planner.memory.seed import seed_array_memory, seed_memory
 
 

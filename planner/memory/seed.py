@@ -20,9 +20,15 @@ from planner.core.arch import expert_params, seed_lora_params, total_params
 from planner.core.codes import FULL, INFERENCE, LORA, QLORA
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import DTYPE_BYTES, zero_degree
+from planner.memory.breakdown import (
+    ATTENTION,
+    CHECKPOINTING,
+    OPTIMIZERS,
+    PRECISIONS,
+    MemoryBreakdown,
+    ceil_components,
+)
 from planner.memory.breakdown import codes as breakdown_codes
-from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, OPTIMIZERS, PRECISIONS,
-                                      MemoryBreakdown, ceil_components)
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each with its source)

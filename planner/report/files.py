@@ -11,13 +11,16 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
 from planner.core.outputs import (  # noqa: F401 - re-exported for the report's callers
-    atomic_write, atomic_write_text, check_writable,
+    atomic_write,
+    atomic_write_text,
+    check_writable,
 )
 
 TABLE_FORMATS = (".csv", ".json", ".parquet", ".md", ".html")

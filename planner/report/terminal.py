@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from planner.memory.estimate import Estimate
 from planner.core.units import format_bytes
+from planner.memory.estimate import Estimate
 from planner.search.explain import memory_binding
 from planner.search.results import recipe_text
 

@@ -15,10 +15,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner import catalog
-from planner.core.arch import has_full_architecture
-from planner.catalog.store import UnknownName
-from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
 from planner.catalog.hf_config import ConfigError
+from planner.catalog.store import UnknownName
+from planner.core.arch import has_full_architecture
+from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
 from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario, Workload
 from planner.core.textfiles import load_yaml
 from planner.scenario.legality import pp_fault, pp_gpu_fault, tp_gpu_fault

@@ -13,20 +13,21 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pandas as pd
 
+from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS
+from planner.core.errors import MAX_LINE_CHARS, InputError, clip, excerpt, shown
 from planner.core.pools import ignore_interrupts, stopped_on_interrupt
 from planner.core.textfiles import is_dir
-from planner.core.errors import MAX_LINE_CHARS, InputError, clip, excerpt, shown
 from planner.search.answer import absolute_model_path
-from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 #: Fewer scenarios than this run in this process: starting workers (≈ 1 s each, importing

@@ -28,12 +28,33 @@ from planner.core.arrays import unique_rows
 from planner.core.units import zero_degree
 from planner.perf.timing import JOB_STARTUP_S, billed_gpus, model_flops, step_time_s
 from planner.search.cpsat import (
-    TIER_WEIGHT, Limits, Space, budget_units, cost_units, deadline_ms, objective_units, time_ms, top_k,
+    TIER_WEIGHT,
+    Limits,
+    Space,
+    budget_units,
+    cost_units,
+    deadline_ms,
+    objective_units,
+    time_ms,
+    top_k,
 )
 from planner.search.lattice import Lattice, build_lattice, degree_windows, fitting_windows
-from planner.search.space import (CLASS_KEYS, Classes, GpuTable, SearchRequest, build_classes, evaluate, gpu_table,
-                                  host_bytes_per_node, memory_flags, memory_of, memory_total)
-from planner.search.space import grad_accum_of, perf_rows, step_args
+from planner.search.space import (
+    CLASS_KEYS,
+    Classes,
+    GpuTable,
+    SearchRequest,
+    build_classes,
+    evaluate,
+    gpu_table,
+    grad_accum_of,
+    host_bytes_per_node,
+    memory_flags,
+    memory_of,
+    memory_total,
+    perf_rows,
+    step_args,
+)
 
 #: Columns evaluated per batch: the first batch is small (the bound often stops the search
 #: after it), later ones double up to the largest, which bounds the arrays' size.

@@ -12,16 +12,16 @@ from typing import Any
 
 from planner import catalog
 from planner.catalog.stacks import get_stack, stacks
-from planner.scenario.legality import pp_gpu_fault, stack_runs, tp_gpu_fault
-from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
 from planner.core.errors import InputError
-from planner.memory.estimate import estimate_resolved
+from planner.core.specs import DEFAULT_MAX_GPUS, Scenario
 from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS
-from planner.search.results import Plan, plan_scenario
+from planner.memory.estimate import estimate_resolved
+from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
+from planner.scenario.legality import pp_gpu_fault, stack_runs, tp_gpu_fault
 from planner.scenario.resolve import resolve
 from planner.search.cpsat import budget_units, cost_units, deadline_ms, time_ms
+from planner.search.results import Plan, plan_scenario
 from planner.search.space import METHOD_LADDER, adapter_traffic_of, build_tiers, n_lora_of, saved_modules_of
-from planner.core.specs import DEFAULT_MAX_GPUS, Scenario
 
 #: Relative tolerance when comparing a plan's reported time and cost with the recomputation.
 REL_TOL = 1e-9

@@ -11,20 +11,28 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from planner.memory.breakdown import decode_class
 from planner.core.errors import InputError
-from planner.memory.estimate import estimate_resolved
-from planner.search.lattice import build_lattice
-from planner.search.candidates import SearchOutcome
-from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS
-from planner.scenario.resolve import deep_merge, resolve
-from planner.search.space import METHOD_LADDER, MIN_RELAXED_SEQ_LEN, SearchRequest, build_classes, gpu_table
-from planner.search.space import grad_accum_of, memory_total
 from planner.core.units import format_bytes
+from planner.memory.breakdown import decode_class
+from planner.memory.estimate import estimate_resolved
+from planner.scenario.resolve import deep_merge, resolve
+from planner.search.candidates import SearchOutcome
+from planner.search.lattice import build_lattice
+from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS
+from planner.search.space import (
+    METHOD_LADDER,
+    MIN_RELAXED_SEQ_LEN,
+    SearchRequest,
+    build_classes,
+    gpu_table,
+    grad_accum_of,
+    memory_total,
+)
 
 
 def closest_layout(req: SearchRequest) -> dict[str, Any] | None:

@@ -13,12 +13,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.stacks import get_stack
+from planner.core.units import nodes_for
 from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode_class
 from planner.memory.estimate import Estimate, estimate_resolved
-from planner.search.candidates import SearchOutcome
 from planner.scenario.resolve import deep_merge, resolve
+from planner.search.candidates import SearchOutcome
 from planner.search.space import SearchRequest
-from planner.core.units import nodes_for
 
 
 class Band(BaseModel):

@@ -18,22 +18,44 @@ from typing import Any
 
 import numpy as np
 
-from planner.core.arrays import unique_rows
 from planner import catalog
+from planner.catalog.stacks import get_stack, stacks
 from planner.core.arch import has_full_architecture
+from planner.core.arrays import unique_rows
 from planner.core.codes import FULL
-from planner.perf.timing import (GpuPerf, billed_gpus, default_global_batch, job_cost_usd, job_time_s,
-                                   model_flops, step_time_s)
 from planner.core.errors import InputError
+from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, StackSpec
+from planner.memory.breakdown import (
+    ATTENTION,
+    CHECKPOINTING,
+    CODES,
+    METHODS,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    STACK_MEMORY_RECIPE,
+    STACK_WORKLOAD_RECIPE,
+)
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
-from planner.memory.breakdown import (ATTENTION, CHECKPOINTING, CODES, METHODS, OFFLOADS, OPTIMIZERS,
-                                       PRECISIONS, STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE)
-from planner.catalog.stacks import get_stack, stacks
-from planner.scenario.legality import (offload_illegal, pp_gpu_fault, pp_legal, stack_runs, tp_gpu_fault,
-                                       tp_model_fault)
+from planner.perf.timing import (
+    GpuPerf,
+    billed_gpus,
+    default_global_batch,
+    job_cost_usd,
+    job_time_s,
+    model_flops,
+    step_time_s,
+)
+from planner.scenario.legality import (
+    offload_illegal,
+    pp_gpu_fault,
+    pp_legal,
+    stack_runs,
+    tp_gpu_fault,
+    tp_model_fault,
+)
 from planner.scenario.resolve import ResolvedScenario, uneven_pp_allowed
-from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, StackSpec
 
 #: Candidate values when the scenario gives no list.
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)

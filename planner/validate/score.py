@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.core.errors import InputError
 from planner.validate.before import MEMORY_COLUMN, MEMORY_SCALE, figures, recorded
 from planner.validate.rows import Unmodelable, measured_bytes, read_csv, scenario_of
-from planner.core.errors import InputError
 
 #: The view of the prediction each measure kind is compared with.
 KIND_VIEW = {"max_allocated": "allocated_bytes", "max_reserved": "reserved_bytes",

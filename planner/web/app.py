@@ -13,11 +13,11 @@ heavy requests queue instead of starving the others. Nothing is written to disk.
 from __future__ import annotations
 
 import html
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request

@@ -15,12 +15,11 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
 from harness import peak_bytes as _peak_bytes
+from torch.profiler import ProfilerActivity, profile
 
-from planner.memory import activations as act  # noqa: E402
-from planner.core.specs import ModelSpec  # noqa: E402
+from planner.core.specs import ModelSpec
+from planner.memory import activations as act
 
 HIDDEN = 64
 #: Bytes per token allowed beside the formula: the hidden states, their gradient and a chunk's

@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from harness import Shape, build, measure, predicted, spec_of  # noqa: E402
+from harness import Shape, build, measure, predicted, spec_of
 
-from planner.core.arch import exact_lora_params, param_counts  # noqa: E402
+from planner.core.arch import exact_lora_params, param_counts
 
 #: Outside the layers the loss saves an extra 8-byte int64 scalar for some shapes (b = 1): the
 #: one tolerance of the comparison, far below any figure the planner reports.
@@ -152,8 +152,8 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
     path (no fused kernel took grouped queries before 2.5): what it saves is the scaled q, K and
     V broadcast to every head (copies ``bmm`` keeps) and the softmax output, as modelled for
     litgpt before Oct 2023 (``mqa_sdpa_math``). FP32 here, which the CPU does not upcast."""
-    from planner.memory import activations as act
     from planner.core.specs import ModelSpec
+    from planner.memory import activations as act
 
     b, a, s, d = 2, 8, 64, 16
     q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) * 1 for heads in (a, 1, 1))
