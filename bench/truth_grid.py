@@ -18,14 +18,14 @@ import torch
 from harness import Shape, build, measure, predicted
 
 RECIPES = {
-    "bf16 sdpa full": dict(dtype=torch.bfloat16, attention="sdpa", lora=False),
-    "bf16 eager full": dict(dtype=torch.bfloat16, attention="eager", lora=False),
-    "fp32 sdpa full": dict(dtype=torch.float32, attention="sdpa", lora=False),
-    "bf16 sdpa lora fp32-adapters": dict(dtype=torch.bfloat16, attention="sdpa", lora=True),
-    "bf16 eager lora bf16-adapters": dict(dtype=torch.bfloat16, attention="eager", lora=True,
-                                          adapter_fp32=False),
-    "bf16 sdpa full ckpt": dict(dtype=torch.bfloat16, attention="sdpa", lora=False, checkpointing=True),
-    "bf16 sdpa lora dropout": dict(dtype=torch.bfloat16, attention="sdpa", lora=True, dropout=0.1),
+    "bf16 sdpa full": {"dtype": torch.bfloat16, "attention": "sdpa", "lora": False},
+    "bf16 eager full": {"dtype": torch.bfloat16, "attention": "eager", "lora": False},
+    "fp32 sdpa full": {"dtype": torch.float32, "attention": "sdpa", "lora": False},
+    "bf16 sdpa lora fp32-adapters": {"dtype": torch.bfloat16, "attention": "sdpa", "lora": True},
+    "bf16 eager lora bf16-adapters": {"dtype": torch.bfloat16, "attention": "eager", "lora": True,
+                                          "adapter_fp32": False},
+    "bf16 sdpa full ckpt": {"dtype": torch.bfloat16, "attention": "sdpa", "lora": False, "checkpointing": True},
+    "bf16 sdpa lora dropout": {"dtype": torch.bfloat16, "attention": "sdpa", "lora": True, "dropout": 0.1},
 }
 SHAPES = [Shape(b=b, s=s, h=h, heads=h // 32, kv_heads=kv, f=f, layers=2, vocab=v)
           for b, s, (h, kv), f, v in itertools.product(

@@ -352,7 +352,7 @@ def test_batch_keeps_every_file_whatever_they_hold(workdir, data):
             byte_mutated(dump(doc)), label="bytes")
         (folder / f"f{i}.yaml").write_bytes(content)
     out = folder / "out" / "r.csv"
-    code, text = check(["batch", str(folder), "--out", str(out), "--workers", "1"])
+    _code, text = check(["batch", str(folder), "--out", str(out), "--workers", "1"])
     import pandas as pd
 
     frame = pd.read_csv(out)

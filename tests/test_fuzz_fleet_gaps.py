@@ -49,8 +49,8 @@ def test_the_small_portfolio_is_valid(tmp_path):
 
 
 GAPS = [
-    ("job workload given as a list: ValueError in fleet/job_options.py token_free_key, before the job's "
-     "scenario is validated", "jobs[0]", lambda d: d["jobs"][0]["scenario"].__setitem__("workload", ["qlora", 2e7])),
+    (("job workload given as a list: ValueError in fleet/job_options.py token_free_key, before the job's "
+     "scenario is validated"), "jobs[0]", lambda d: d["jobs"][0]["scenario"].__setitem__("workload", ["qlora", 2e7])),
     ("horizon_days: 1e300 passes validation: ValueError 'Maximum allowed dimension exceeded' (numpy) later",
      "horizon", lambda d: d.__setitem__("horizon_days", 1e300)),
     ("time_unit_hours: 1e-9 passes validation: MemoryError allocating TiB of time slots",
@@ -59,11 +59,11 @@ GAPS = [
      "purchase_unit_gpus", lambda d: d.__setitem__("purchase_unit_gpus", {"rtx-4090": 10**30})),
     ("hosting_usd_per_gpu_hour: .inf passes validation: OverflowError (float infinity to integer)",
      "hosting_usd_per_gpu_hour", lambda d: d.__setitem__("hosting_usd_per_gpu_hour", float("inf"))),
-    ("a job scenario with keys of mixed types (true: 1 beside text keys): TypeError in "
-     "fleet/job_options.py token_free_key (json.dumps sort_keys) before the scenario is validated",
+    (("a job scenario with keys of mixed types (true: 1 beside text keys): TypeError in "
+     "fleet/job_options.py token_free_key (json.dumps sort_keys) before the scenario is validated"),
      "workload", lambda d: d["jobs"][0]["scenario"]["workload"].__setitem__(True, 1)),
-    ("a job's model name longer than a file name: OSError ENAMETOOLONG from absolute_model_path "
-     "(called by fleet/portfolio.py load_portfolio before the scenario is checked)",
+    (("a job's model name longer than a file name: OSError ENAMETOOLONG from absolute_model_path "
+     "(called by fleet/portfolio.py load_portfolio before the scenario is checked)"),
      "model", lambda d: d["jobs"][0]["scenario"].__setitem__("model", "m" * 300)),
 ]
 

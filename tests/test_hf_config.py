@@ -33,7 +33,7 @@ def test_gpt2_xl_exact_count():
 
 def test_shipped_config_estimates_like_catalog_name():
     path = ROOT / "scenarios" / "configs" / "llama-3.1-8b" / "config.json"
-    common = dict(method="lora", seq_len=1024, micro_batch=1, gpu="l4")
+    common = {"method": "lora", "seq_len": 1024, "micro_batch": 1, "gpu": "l4"}
     by_path = planner.estimate(model=str(path), **common)
     by_name = planner.estimate(model="llama-3.1-8b", **common)
     assert by_path.total_bytes == by_name.total_bytes

@@ -259,7 +259,7 @@ def test_ctrl_c_during_a_batch_exits_without_a_traceback_or_orphans(tmp_path):
                              "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, text=True, cwd=ROOT)
     try:
-        out, err = proc.communicate(timeout=240)
+        _out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

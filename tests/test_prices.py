@@ -75,9 +75,9 @@ def test_not_a_skypilot_file(tmp_path):
 
 def test_imported_prices_change_the_plan_cost_in_proportion():
     """The same plan at $2.10 instead of the catalog's $3.99 costs 2.10/3.99 as much."""
-    scenario = dict(profile="seed", model="llama-3.1-8b", top=1,
-                    workload=dict(method="lora", tokens=1e8, seq_len=2048),
-                    layout=dict(gpu="h100", gpus=8))
+    scenario = {"profile": "seed", "model": "llama-3.1-8b", "top": 1,
+                    "workload": {"method": "lora", "tokens": 1e8, "seq_len": 2048},
+                    "layout": {"gpu": "h100", "gpus": 8}}
     before = planner.plan(scenario).plans[0]
     with catalog.gpus_overlaid(apply_to_catalog(load_price_table([TEAM]))):
         after = planner.plan(scenario).plans[0]

@@ -21,41 +21,41 @@ from planner.search.cpsat import Limits, PlanModel, Space, top_k
 # plan 0 = 1× GPU type 0, plan 1 = 4× type 0, plan 2 = 8× type 1 (shapes 0, 1, 2 at dp 1, 4, 8).
 
 def space(**over) -> Space:
-    base = dict(
-        dims={"tp": np.array([1, 1, 1]), "zero": np.array([0, 1, 3])}, mp=np.array([1, 1, 1]),
-        micro_batch=np.array([1, 2, 4]),
-        k_shape=np.array([0, 1, 2]), k_dp=np.array([1, 4, 8]),
-        k_phases={"backward": np.array([50, 70, 90]), "optimizer step": np.array([40, 60, 80])},
-        c_gpu=np.array([0, 0, 1]), c_k=np.array([0, 1, 2]), c_rank=np.array([0, 1, 2]), c_group=np.array([0, 1, 2]),
-        c_grad_accum=np.array([8, 1, 0]), c_host_node=np.array([0, 0, 0]),
-        c_cost=np.array([100, 200, 300]), c_time=np.array([1000, 500, 250]),
-    )
+    base = {
+        "dims": {"tp": np.array([1, 1, 1]), "zero": np.array([0, 1, 3])}, "mp": np.array([1, 1, 1]),
+        "micro_batch": np.array([1, 2, 4]),
+        "k_shape": np.array([0, 1, 2]), "k_dp": np.array([1, 4, 8]),
+        "k_phases": {"backward": np.array([50, 70, 90]), "optimizer step": np.array([40, 60, 80])},
+        "c_gpu": np.array([0, 0, 1]), "c_k": np.array([0, 1, 2]), "c_rank": np.array([0, 1, 2]), "c_group": np.array([0, 1, 2]),
+        "c_grad_accum": np.array([8, 1, 0]), "c_host_node": np.array([0, 0, 0]),
+        "c_cost": np.array([100, 200, 300]), "c_time": np.array([1000, 500, 250]),
+    }
     base.update(over)
     return Space(**base)
 
 
 def limits(**over) -> Limits:
-    base = dict(usable_bytes=np.array([100, 100]), gpu_limit=np.array([64, 64]), gpus_per_node=np.array([8, 8]),
-                host_bytes_per_node=np.array([-1, -1]), priced=np.array([True, True]), max_gpus=64)
+    base = {"usable_bytes": np.array([100, 100]), "gpu_limit": np.array([64, 64]), "gpus_per_node": np.array([8, 8]),
+                "host_bytes_per_node": np.array([-1, -1]), "priced": np.array([True, True]), "max_gpus": 64}
     base.update(over)
     return Limits(**base)
 
 
 CONSTRAINTS = [
     # name, limits, space changes, a plan they forbid, a plan they allow (None: none is allowed)
-    ("memory", dict(usable_bytes=np.array([40, 100])), {}, 0, 2),
-    ("memory, a later phase", dict(usable_bytes=np.array([100, 85])), {}, 2, 1),
-    ("gpu count", dict(max_gpus=0), {}, 0, None),
-    ("gpu count", dict(max_gpus=4), {}, 2, 1),
-    ("fleet", dict(gpu_limit=np.array([0, 8])), {}, 0, 2),
+    ("memory", {"usable_bytes": np.array([40, 100])}, {}, 0, 2),
+    ("memory, a later phase", {"usable_bytes": np.array([100, 85])}, {}, 2, 1),
+    ("gpu count", {"max_gpus": 0}, {}, 0, None),
+    ("gpu count", {"max_gpus": 4}, {}, 2, 1),
+    ("fleet", {"gpu_limit": np.array([0, 8])}, {}, 0, 2),
     # mb · dp · ga: 1 · 1 · 8 = 8; 2 · 4 · 1 = 8; 4 · 8 · 0 (32 sequences exceed the batch)
-    ("global batch", dict(global_batch=8), {}, 2, 1),
-    ("global batch", dict(global_batch=12), dict(c_grad_accum=np.array([12, 1, 0])), 1, 0),  # 8 ≠ 12
-    ("budget", dict(budget_units=99), {}, 0, None),
-    ("budget", dict(budget_units=250), {}, 2, 1),
-    ("deadline", dict(deadline_ms=999), {}, 0, 1),
-    ("host RAM", dict(host_bytes_per_node=np.array([10, 10])), dict(c_host_node=np.array([20, 0, 0])), 0, 2),
-    ("price known", dict(priced=np.array([False, True]), need_price=True), {}, 0, 2),
+    ("global batch", {"global_batch": 8}, {}, 2, 1),
+    ("global batch", {"global_batch": 12}, {"c_grad_accum": np.array([12, 1, 0])}, 1, 0),  # 8 ≠ 12
+    ("budget", {"budget_units": 99}, {}, 0, None),
+    ("budget", {"budget_units": 250}, {}, 2, 1),
+    ("deadline", {"deadline_ms": 999}, {}, 0, 1),
+    ("host RAM", {"host_bytes_per_node": np.array([10, 10])}, {"c_host_node": np.array([20, 0, 0])}, 0, 2),
+    ("price known", {"priced": np.array([False, True]), "need_price": True}, {}, 0, 2),
 ]
 
 

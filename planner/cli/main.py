@@ -103,14 +103,14 @@ def estimate(
 
     Options override the file's values, or describe the whole scenario without a file.
     """
-    flags = {k: v for k, v in dict(
-        model=model, method=method, optimizer=optimizer, precision=precision, seq_len=seq_len,
-        micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
-        lora_rank=lora_rank, algorithm=algorithm, reference=reference, gpu=gpu, gpus=gpus, dp=dp, tp=tp, pp=pp,
-        cp=cp, sp=sp, zero=zero,
-        offload=offload, checkpointing=checkpointing, attention=attention, reserve=reserve,
-        profile=profile,
-    ).items() if v is not None}
+    flags = {k: v for k, v in {
+        "model": model, "method": method, "optimizer": optimizer, "precision": precision, "seq_len": seq_len,
+        "micro_batch": micro_batch, "grad_accum": grad_accum, "global_batch": global_batch,
+        "lora_rank": lora_rank, "algorithm": algorithm, "reference": reference, "gpu": gpu, "gpus": gpus, "dp": dp, "tp": tp, "pp": pp,
+        "cp": cp, "sp": sp, "zero": zero,
+        "offload": offload, "checkpointing": checkpointing, "attention": attention, "reserve": reserve,
+        "profile": profile,
+    }.items() if v is not None}
     def run(merged, source, base_dir, found):
         est = estimate_resolved(resolve(merged, source=source, base_dir=base_dir))
         return annotate(est, found) if found is not None else est
@@ -182,18 +182,18 @@ def plan(
     checkpointing, method; with memory, time and cost. Explains why when nothing fits."""
     from planner.search.answer import plan_raw
 
-    flags = {k: v for k, v in dict(
-        model=model, method=method, optimizer=optimizer, precision=precision, seq_len=seq_len,
-        global_batch=global_batch, tokens=tokens, lora_rank=lora_rank, algorithm=algorithm, reference=reference,
-        objective=objective, gpu=gpu,
-        gpu_types=_split(gpu_types), max_gpus=max_gpus, budget_usd=budget, deadline_hours=deadline,
-        fleet=_fleet(fleet), allow_relax=_split(allow_relax), top=top, time_limit_s=time_limit,
-        profile=profile,
-    ).items() if v is not None}
-    search = {k: v for k, v in dict(
-        micro_batch=_split(micro_batch), offload=_split(offload), zero=_ints(zero), tp=_split(tp), pp=_split(pp),
-        checkpointing=_split(checkpointing), attention=_split(attention), stacks=_split(stacks),
-    ).items() if v is not None}
+    flags = {k: v for k, v in {
+        "model": model, "method": method, "optimizer": optimizer, "precision": precision, "seq_len": seq_len,
+        "global_batch": global_batch, "tokens": tokens, "lora_rank": lora_rank, "algorithm": algorithm, "reference": reference,
+        "objective": objective, "gpu": gpu,
+        "gpu_types": _split(gpu_types), "max_gpus": max_gpus, "budget_usd": budget, "deadline_hours": deadline,
+        "fleet": _fleet(fleet), "allow_relax": _split(allow_relax), "top": top, "time_limit_s": time_limit,
+        "profile": profile,
+    }.items() if v is not None}
+    search = {k: v for k, v in {
+        "micro_batch": _split(micro_batch), "offload": _split(offload), "zero": _ints(zero), "tp": _split(tp), "pp": _split(pp),
+        "checkpointing": _split(checkpointing), "attention": _split(attention), "stacks": _split(stacks),
+    }.items() if v is not None}
 
     def run(merged, source, base_dir, found):
         return _plan_with_configs(plan_raw(merged, source=source, base_dir=base_dir, pareto=pareto), found)

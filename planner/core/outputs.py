@@ -64,9 +64,8 @@ def check_writable(path: str | Path) -> str | None:
 def _why_not_writable(path: Path) -> str | None:
     if path.is_dir():
         return f"{path} is a folder"
-    if os.path.lexists(path):
-        if not os.access(path, os.W_OK, follow_symlinks=True):
-            return f"{path} is read-only"
+    if os.path.lexists(path) and not os.access(path, os.W_OK, follow_symlinks=True):
+        return f"{path} is read-only"
     folder = path.parent
     while not folder.exists():
         if os.path.lexists(folder) or folder.parent == folder:

@@ -219,8 +219,8 @@ def parse_yaml(text: str, source: str, *, max_text_chars: int = MAX_TEXT_CHARS) 
         return loader.get_single_data()
     except _Refused as exc:
         mark = exc.problem_mark
-        raise InputError([f"{source}: {exc.where}: {exc.problem} (line {mark.line + 1}, column "
-                          f"{mark.column + 1})"]) from None
+        raise InputError([(f"{source}: {exc.where}: {exc.problem} (line {mark.line + 1}, column "
+                          f"{mark.column + 1})")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -13,6 +13,7 @@ Every figure carries its date and source; nothing here is read at import time.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -61,7 +62,7 @@ class Ownership:
         pts = self.resale_points
         if months <= pts[0][0]:
             return pts[0][1]
-        for (m0, f0), (m1, f1) in zip(pts, pts[1:]):
+        for (m0, f0), (m1, f1) in itertools.pairwise(pts):
             if months <= m1:
                 return f0 + (f1 - f0) * (months - m0) / (m1 - m0)
         return pts[-1][1]

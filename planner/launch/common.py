@@ -13,8 +13,8 @@ FORMATS = ("deepspeed", "accelerate", "torchrun", "hf", "torchtune", "megatron",
 #: Settings no plan decides: every bundle lists them for the user to fill in.
 ALWAYS_FILL_IN = (
     "the training script, dataset and tokenizer/packing to sequences of the planned length",
-    "learning rate, schedule, warm-up, weight decay, gradient clipping and the number of steps "
-    "(they change the result, not the memory; planner does not choose them)",
+    ("learning rate, schedule, warm-up, weight decay, gradient clipping and the number of steps "
+    "(they change the result, not the memory; planner does not choose them)"),
     "where checkpoints and logs are written",
 )
 

@@ -91,8 +91,8 @@ def _pick(plans: list[dict[str, Any]], rank: int, path: Path) -> dict[str, Any]:
         raise InputError([f"{path}: plan {rank}: {k}: missing" for k in missing or ["memory"]])
     memory = plan["memory"]
     if memory.get("model") in (None, "custom"):
-        raise InputError([f"{path}: plan {rank}: model: the plan names no catalog model; export "
-                          "from the scenario file instead (planner export SCENARIO --rank N)"])
+        raise InputError([(f"{path}: plan {rank}: model: the plan names no catalog model; export "
+                          "from the scenario file instead (planner export SCENARIO --rank N)")])
     workload = {k: plan[k] for k in _WORKLOAD}
     if plan.get("lora_rank"):
         workload["lora_rank"] = plan["lora_rank"]
@@ -204,10 +204,10 @@ def decided(ctx: Ctx) -> list[str]:
         f"dp {lay.dp}, tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, sequence parallel {'on' if lay.sp else 'off'}",
         f"ZeRO stage {lay.zero}, offload {lay.offload}; sharding back-end {sharding}"
         + (f", stack {ctx.stack}" if ctx.stack else ""),
-        f"micro-batch {wl.micro_batch}, gradient accumulation {ctx.grad_accum}, "
-        f"global batch {ctx.global_batch} sequences of {wl.seq_len} tokens",
-        f"method {wl.method}, optimizer {wl.optimizer}, precision {wl.precision} "
-        f"(16-bit compute: {ctx.half or 'none, FP32'})",
+        (f"micro-batch {wl.micro_batch}, gradient accumulation {ctx.grad_accum}, "
+        f"global batch {ctx.global_batch} sequences of {wl.seq_len} tokens"),
+        (f"method {wl.method}, optimizer {wl.optimizer}, precision {wl.precision} "
+        f"(16-bit compute: {ctx.half or 'none, FP32'})"),
         f"activation checkpointing {lay.checkpointing}, attention {lay.attention} ({ctx.hf_attention})",
     ]
     if ctx.lora:

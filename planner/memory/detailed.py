@@ -746,11 +746,11 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     trapped = TRAPPED_FRAGMENTATION if wl.method == "inference" else _trapped(served)
     notes = list(peak.notes) + [
         "detailed profile: per-layer saved tensors, logits and loss, peak over step phases",
-        f"reserved = allocated + {_fragmentation_note(wl, served)} of the memory "
+        (f"reserved = allocated + {_fragmentation_note(wl, served)} of the memory "
         f"that churns in a step; device = reserved + CUDA context + NCCL (what nvidia-smi shows "
-        f"where memory is plentiful)",
-        f"needed = allocated + {trapped:.1%} the allocator cannot release at the card's limit "
-        f"+ CUDA context + NCCL (at most the device view): the total a plan must fit",
+        f"where memory is plentiful)"),
+        (f"needed = allocated + {trapped:.1%} the allocator cannot release at the card's limit "
+        f"+ CUDA context + NCCL (at most the device view): the total a plan must fit"),
     ]
     return MemoryBreakdown(
         components=components,

@@ -152,10 +152,10 @@ def dpo_notes(wl) -> list[str]:
                      "the base with the adapters disabled, run forward on each pair (no copy)"),
            "precomputed": "log-probabilities precomputed before training (no copy, no forward in the step)",
            "none": "none (reference-free: ORPO, SimPO)"}[wl.reference]
-    return [f"DPO: each of the micro-batch's {wl.micro_batch} examples is a pair, chosen and rejected "
+    return [(f"DPO: each of the micro-batch's {wl.micro_batch} examples is a pair, chosen and rejected "
             f"concatenated (2 sequences of up to {wl.seq_len} tokens); reference: {ref}; the reference "
             "forward's transient activations and logits are not counted (they are freed before the "
-            "policy's forward)"]
+            "policy's forward)")]
 
 
 def estimate_resolved(rs: ResolvedScenario) -> Estimate:

@@ -225,8 +225,8 @@ STATUS_TEXT = {
 
 def summary_text(t: ProcureTables) -> str:
     s = t.summary
-    lines = [f"{s['portfolio']}: {s['jobs']} jobs ({s['runs']} runs), horizon {s['horizon_hours']:,.0f} h, "
-             f"lifetime {s['lifetime_months']:g} months"]
+    lines = [(f"{s['portfolio']}: {s['jobs']} jobs ({s['runs']} runs), horizon {s['horizon_hours']:,.0f} h, "
+             f"lifetime {s['lifetime_months']:g} months")]
     if s["problems"]:
         return "\n".join(lines + ["status: infeasible (some job cannot run at all)"]
                          + [f"cannot run: {m}" for m in s["problems"]])

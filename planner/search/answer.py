@@ -33,8 +33,8 @@ def plan_raw(
         if rs.scenario.objective is not None and rs.scenario.objective not in ("cost", "time"):
             from planner.core.errors import InputError
 
-            raise InputError([f"objective: --pareto trades time against cost; {rs.scenario.objective!r} is "
-                              "neither (leave the objective out, or give cost or time)"])
+            raise InputError([(f"objective: --pareto trades time against cost; {rs.scenario.objective!r} is "
+                              "neither (leave the objective out, or give cost or time)")])
         return pareto_front(req, raw)
     outcome = search(req, time_limit_s=rs.scenario.time_limit_s, started=started)
     plans, rejected = checked(raw, assemble(req, raw, outcome))

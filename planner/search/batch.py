@@ -363,12 +363,12 @@ def run_batch(paths: Iterable[str | Path], *, top: int = 1, workers: int | None 
     paths = list(paths)
     files, problems, notes = collect_files(paths)
     if len(files) > MAX_BATCH_FILES:
-        raise InputError([f"paths: {len(files):,} scenario files is more than the {MAX_BATCH_FILES:,} a batch "
-                          "takes; give fewer folders"])
+        raise InputError([(f"paths: {len(files):,} scenario files is more than the {MAX_BATCH_FILES:,} a batch "
+                          "takes; give fewer folders")])
     items, skipped = read_items(files)
     if len(items) > MAX_BATCH_SCENARIOS:
-        raise InputError([f"paths: {len(items):,} scenarios is more than the {MAX_BATCH_SCENARIOS:,} a batch "
-                          "takes; split them over several batches"])
+        raise InputError([(f"paths: {len(items):,} scenarios is more than the {MAX_BATCH_SCENARIOS:,} a batch "
+                          "takes; split them over several batches")])
     skipped += notes
     missing = [Item(str(p), str(p), Path(p).stem, None, (f"{p}: no such file or folder",))
                for p in map(Path, paths) if not os.path.lexists(p)]

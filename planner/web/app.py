@@ -82,8 +82,8 @@ def create_app(limits: Limits = Limits()) -> FastAPI:
     async def body_of(request: Request, kind: str) -> Any:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limits.body_bytes:
-            raise RequestProblem(413, [f"body: {int(declared):,} bytes is more than the {limits.body_bytes:,} "
-                                       "a request takes"])
+            raise RequestProblem(413, [(f"body: {int(declared):,} bytes is more than the {limits.body_bytes:,} "
+                                       "a request takes")])
         data, size = bytearray(), 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -190,8 +190,8 @@ def create_app(limits: Limits = Limits()) -> FastAPI:
         if not isinstance(items, list) or not items:
             raise RequestProblem(422, ["scenarios: a non-empty list of scenarios"])
         if len(items) > limits.scenarios:
-            raise RequestProblem(422, [f"scenarios: {len(items):,} is more than the {limits.scenarios} a request "
-                                       "takes"])
+            raise RequestProblem(422, [(f"scenarios: {len(items):,} is more than the {limits.scenarios} a request "
+                                       "takes")])
         problems = [p for i, raw in enumerate(items) if isinstance(raw, dict)
                     for p in _limit_problems(raw, f"scenarios[{i}].", limits)]
         if problems:

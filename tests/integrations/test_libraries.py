@@ -179,7 +179,7 @@ def test_torchrun_parser_reads_the_plan(plan):
     rs, bundle = plan
     line = bundle.files["launch.sh"].strip().splitlines()[-1]
     for var, value in {"NODE_RANK": "1", "MASTER_ADDR": "node0", "TRAIN_SCRIPT": "train.py"}.items():
-        line = line.replace("${%s}" % var, value)  # what the shell does
+        line = line.replace(f"${{{var}}}", value)  # what the shell does
     ns = run.get_args_parser().parse_args(shlex.split(line)[1:])
     assert ns.training_script == "train.py"
     nodes = -(-rs.layout.gpus // rs.gpu.gpus_per_node)
@@ -210,8 +210,8 @@ def test_skypilot_task_schema_reads_the_plan(plan):
 
 # --- The exports RUN: two training steps, a DeepSpeed engine, torchtune's own parser -----------
 
-TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64)
+TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 64}
 
 
 def _tiny_llama(transformers, kwargs):
@@ -240,7 +240,7 @@ class _Tokens:
 
 def test_trainer_runs_two_steps_with_the_exported_arguments(plan, tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    rs, bundle = plan
+    _rs, bundle = plan
     body = _json(bundle, "training_args.json")
     said = []  # what a CPU run cannot take from the file, and why
     if body.pop("deepspeed", None):

@@ -44,8 +44,8 @@ RECIPES = [
 
 
 def _run(shape, label, dtype, attention, lora, fp32, ckpt, dropout, targets=None, autocast=False):
-    kw = dict(dtype=dtype, attention=attention, lora=lora, adapter_fp32=fp32,
-              checkpointing=ckpt, dropout=dropout)
+    kw = {"dtype": dtype, "attention": attention, "lora": lora, "adapter_fp32": fp32,
+              "checkpointing": ckpt, "dropout": dropout}
     if targets is not None:
         kw["targets"] = targets
     return (measure(build(shape, **kw), shape, autocast=autocast),
