@@ -171,7 +171,8 @@ def run_all(runs: list[dict], out: Path, budget_s: float) -> None:
         if time.monotonic() > deadline:
             gpu_session._append(out, {"key": run["key"], "error": "skipped: past the budget"})
             continue
-        proc = subprocess.run([sys.executable, __file__, "one", json.dumps(run)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, __file__, "one", json.dumps(run)], capture_output=True, text=True,
+                              check=False)
         lines = proc.stdout.strip().splitlines()
         res = json.loads(lines[-1]) if proc.returncode == 0 and lines else \
             {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]}
@@ -241,7 +242,8 @@ def main() -> int:
     elif args.cmd == "one":
         print(json.dumps(measure(json.loads(args.run))))
     else:
-        print("%d memory rows, %d step rows" % collect(args.results, args.runs, args.memory_out, args.throughput_out))
+        n_mem, n_steps = collect(args.results, args.runs, args.memory_out, args.throughput_out)
+        print(f"{n_mem} memory rows, {n_steps} step rows")
     return 0
 
 

@@ -188,7 +188,7 @@ def run_sweep(runs: list[dict], out: Path, deadline: float) -> None:
         torch.cuda.empty_cache()
         try:
             views = gpu_memory.measure(run)
-        except Exception as exc:  # an OOM or an API change: recorded, the sweep goes on
+        except Exception as exc:  # noqa: BLE001 - an OOM or an API change: recorded, the sweep goes on
             views = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         views.pop("nvidia_smi", None)  # the process holds earlier runs' context: not this run's view
         _append(out, {"key": run["key"], **views})

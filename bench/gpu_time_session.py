@@ -302,7 +302,7 @@ def _setting(model, run: dict, device: str) -> dict:
                 wall = time.perf_counter() - start
             out["profile"] = {"wall_us": round(wall * 1e6, 1), **_kernels(prof)}
     finally:
-        del opt, tokens, params
+        opt = tokens = params = None  # drop the setting's tensors before the next one
         model.zero_grad(set_to_none=True)
         gc.collect()
         if cuda:
@@ -339,13 +339,13 @@ def run_groups(groups: list[dict], out: Path, budget_s: float, device: str) -> N
                 try:
                     res = _setting(model, r, device)
                     res["build_s"] = build_s
-                except Exception as exc:  # an OOM: recorded, the next setting goes on
+                except Exception as exc:  # noqa: BLE001 - an OOM: recorded, the next setting goes on
                     res = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 gpu_session._append(out, {"key": r["key"], **res})
                 med = statistics.median(res["step_s"][gpu_session.WARMUP_STEPS:]) if "step_s" in res else None
                 print(r["key"], r["model"], r["method"], r["seq_len"], r["micro_batch"], r["checkpointing"],
                       med, res.get("error", ""), f"{time.monotonic() - deadline + budget_s:.0f}s", flush=True)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a build failure: recorded for the group's settings
             for r in runs:
                 gpu_session._append(out, {"key": r["key"], "error": f"build: {type(exc).__name__}: {str(exc)[:300]}"})
         finally:

@@ -64,7 +64,7 @@ def _peak_rss_bytes(pid: int) -> int | None:
 
 def _pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 async def _fire(port: int, bodies: list, concurrency: int, kind: str) -> tuple[list[float], int]:

@@ -101,7 +101,7 @@ def test_a_combination_is_searchable_iff_some_stack_runs_it(method, tp, pp, zero
 
     try:
         cls = build_classes(build_request(resolve(raw)))
-    except Exception as exc:  # an illegal layout (offload without ZeRO…) is an input error
+    except Exception as exc:  # noqa: BLE001 - an illegal layout (offload without ZeRO…) is an input error
         from planner.core.errors import InputError
         assert isinstance(exc, InputError)
         return

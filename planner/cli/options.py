@@ -40,7 +40,7 @@ def many(*decls: str, metavar: str, help: str, values: tuple | None = None):
                                    "every value the scenario allows"))
 
 
-S = Optional[str]
+S = Optional[str]  # noqa: UP045 - the alias typer reads at run time
 # workload
 Model = Annotated[S, opt(metavar="NAME|CONFIG.JSON", help="Catalog name, hub-style id, or a local config.json.")]
 Method = Annotated[S, opt(metavar="METHOD", help="Training method.", values=METHODS, default=_WL.method)]

@@ -28,7 +28,7 @@ from pydantic import (
 def _parse_number(value: Any) -> Any:
     """Accept ``"1e9"`` and ``"7_000"`` (YAML reads both as strings); reject booleans."""
     if isinstance(value, bool):
-        raise ValueError("must be a number, not true/false")
+        raise ValueError("must be a number, not true/false")  # noqa: TRY004 - pydantic reports ValueErrors
     if isinstance(value, str):
         text = value.strip().replace("_", "")
         try:
@@ -241,11 +241,11 @@ class ModelSpec(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        if self.kv_heads is not None and self.heads is not None:
-            if self.kv_heads > self.heads or self.heads % self.kv_heads:
-                raise ValueError(
-                    f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})"
-                )
+        if (self.kv_heads is not None and self.heads is not None
+                and (self.kv_heads > self.heads or self.heads % self.kv_heads)):
+            raise ValueError(
+                f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})"
+            )
         if self.moe is not None and self.moe.active > self.moe.experts:
             raise ValueError("moe.active must not exceed moe.experts")
         return self

@@ -63,12 +63,12 @@ ROUNDING_SLACK = 1e-9
 
 def ceil_units(x: float) -> int:
     """A demand in whole units, rounded up: a demand is never understated."""
-    return int(math.ceil(x - ROUNDING_SLACK))
+    return math.ceil(x - ROUNDING_SLACK)
 
 
 def floor_units(x: float) -> int:
     """A limit in whole units, rounded down: a limit is never overstated."""
-    return int(math.floor(x + ROUNDING_SLACK))
+    return math.floor(x + ROUNDING_SLACK)
 
 
 def ceil_units_array(x: Any) -> Any:

@@ -273,7 +273,7 @@ class FleetModel:
         for i, r in enumerate(self.inst.runs):
             own = next((o for o, zo in zip(r.own, self.z[i]) if solver.Value(zo)), None)
             choices.append(Choice(i, solver.Value(self.s[i]), own, None if own else r.rent))
-        return FleetSolution(status, int(round(solver.ObjectiveValue())), solver.BestObjectiveBound(),
+        return FleetSolution(status, round(solver.ObjectiveValue()), solver.BestObjectiveBound(),
                              [solver.Value(b) for b in self.b], choices, solver.WallTime(),
                              solver.deterministic_time)
 

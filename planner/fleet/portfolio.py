@@ -102,17 +102,17 @@ class Portfolio(StrictModel):
     lifetime_months: PosFloat = DEFAULT_LIFETIME_MONTHS
     gpu_types: list[str] | None = None  # None: every type in the catalog
     buy: bool = True
-    rent: list[Literal["on_demand", "spot"]] = ["on_demand"]
-    prices: list[PriceFile] = []
+    rent: list[Literal["on_demand", "spot"]] = Field(default_factory=lambda: ["on_demand"])
+    prices: list[PriceFile] = Field(default_factory=list)
     max_price_age_days: PosFloat = 180.0
     power_usd_per_gpu_hour: PerGpu = DEFAULT_POWER_USD_PER_GPU_HOUR
     hosting_usd_per_gpu_hour: PerGpu = DEFAULT_HOSTING_USD_PER_GPU_HOUR
     purchase_unit_gpus: dict[str, Annotated[int, BeforeValidator(_parse_number),
-                                            Field(ge=1, le=MAX_PURCHASE_UNIT)]] = {}
+                                            Field(ge=1, le=MAX_PURCHASE_UNIT)]] = Field(default_factory=dict)
     max_gpus_per_job: Annotated[int, BeforeValidator(_parse_number), Field(ge=1, le=100_000)] = 1024
     time_limit_s: PosFloat = 30.0
     time_unit_hours: PosFloat = 1.0
-    defaults: dict[str, Any] = {}
+    defaults: dict[str, Any] = Field(default_factory=dict)
     jobs: Annotated[list[Job], Field(min_length=1)]
 
     @field_validator("power_usd_per_gpu_hour", "hosting_usd_per_gpu_hour")

@@ -534,7 +534,7 @@ def solve_instance(inst: FleetInstance, names: list[str], limit: SolveLimit) -> 
     source, answer = min(candidates, key=lambda c: (c[1].objective_cents, rank[c[0]]))
     bound = lower_bound_cents(inst)
     if raw.bound_cents is not None:
-        bound = max(bound, int(math.ceil(raw.bound_cents - 1e-6)))
+        bound = max(bound, math.ceil(raw.bound_cents - 1e-6))
     bound = min(bound, answer.objective_cents)
     base_best = min(sol.objective_cents for name, sol in candidates if name in ("naive", "rent-all"))
     if bound >= answer.objective_cents:  # the solver's proof (its bound), or the simple bound

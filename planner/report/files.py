@@ -90,7 +90,7 @@ def write_frame_or_fallback(frame: pd.DataFrame, path: str | Path, *,
                         (tmp_dir / (name + ".csv"), None)):
         try:
             return write_frame(frame, target, document=doc), why
-        except Exception:  # noqa: BLE001 - try the next place
+        except Exception:  # noqa: BLE001, S112 - try the next place
             continue
     return None, why
 

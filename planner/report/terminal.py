@@ -136,7 +136,7 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
     for p in result.plans:
         mem = p.memory
         unit = _unit_of(p.time_s) if p.time_s is not None else None
-        t = _band(p.time_s, p.time_s_band.low, p.time_s_band.high, lambda v: _duration(v, unit))
+        t = _band(p.time_s, p.time_s_band.low, p.time_s_band.high, lambda v, unit=unit: _duration(v, unit))
         table.add_row(
             str(p.rank), p.stack + (f" ({recipe_text(p.recipe)})" if recipe_text(p.recipe) else ""),
             f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
@@ -169,7 +169,7 @@ def price_notes(result: Any, as_of: dt.date | None = None) -> list[tuple[str, bo
     for gid in dict.fromkeys(p.gpu for p in result.plans):
         try:
             g = catalog.get_gpu(gid)
-        except Exception:  # noqa: BLE001 - a plan's GPU always comes from the catalog
+        except Exception:  # noqa: BLE001, S112 - a plan's GPU always comes from the catalog
             continue
         price = g.price_on_demand_usd_per_hour
         if price is None:

@@ -112,9 +112,9 @@ def _workload_problems(sc: Scenario, rs_user, p: dict[str, Any]) -> list[str]:
         problems.append(f"method {p['method']} / seq_len {p['seq_len']} is not what was asked nor an allowed relaxation")
     elif list(tier.relaxations) != list(p["relaxations"]):
         problems.append(f"relaxations reported {p['relaxations']}, taken {list(tier.relaxations)}")
-    if user.method in METHOD_LADDER and p["method"] in METHOD_LADDER and "method" not in user.allow_relax:
-        if p["method"] != user.method and not (s.method and p["method"] in s.method):
-            problems.append("method changed without allow_relax: method")
+    if (user.method in METHOD_LADDER and p["method"] in METHOD_LADDER and "method" not in user.allow_relax
+            and p["method"] != user.method and not (s.method and p["method"] in s.method)):
+        problems.append("method changed without allow_relax: method")
     return problems
 
 

@@ -257,7 +257,7 @@ def test_trainer_runs_two_steps_with_the_exported_arguments(plan, tmp_path):
             import torch
 
             bnb.optim.AdamW8bit([torch.nn.Parameter(torch.zeros(4096))]).step()
-        except Exception:  # a build without CPU kernels: the rest of the file still runs
+        except Exception:  # noqa: BLE001 - a build without CPU kernels: the rest of the file still runs
             body["optim"] = "adamw_torch"
             said.append("8-bit optimizer: this bitsandbytes has no CPU kernels")
     args = transformers.TrainingArguments(**body, output_dir=str(tmp_path), use_cpu=True, max_steps=2,
@@ -330,7 +330,8 @@ def test_deepspeed_initialize_runs_the_exported_json_on_cpu(plan):
     if lora is not None:
         pytest.importorskip("peft", reason="peft is not installed")
     run = subprocess.run([sys.executable, "-c", _DS_CHILD, json.dumps(ds), json.dumps(lora), json.dumps(TINY)],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "DS_BUILD_OPS": "0"})
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "DS_BUILD_OPS": "0"},
+                         check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["zero"] == rs.layout.zero
