@@ -49,12 +49,25 @@ def _need(spec: ModelSpec, *fields: str) -> None:
         )
 
 
+def _dims(spec: ModelSpec, *fields: str) -> tuple[int, ...]:
+    """The named dimensions of a full architecture, as integers (raises as :func:`_need`)."""
+    _need(spec, *fields)
+    return tuple(int(getattr(spec, f)) for f in fields)
+
+
+def _attention_dims(spec: ModelSpec) -> tuple[int, int, int]:
+    """(heads, KV heads, head dimension) of a spec with its heads given."""
+    (a,) = _dims(spec, "heads")
+    kv, d = spec.kv_heads_eff, spec.head_dim_eff
+    assert kv is not None and d is not None  # both follow from the heads
+    return a, kv, d
+
+
 def attention_params_per_layer(spec: ModelSpec) -> int:
     """Q, K, V, O projections (+ biases, + per-head q/k norms), or MLA's low-rank projections."""
     h = spec.hidden
     if spec.mla is not None:
-        _need(spec, "heads")
-        m, a = spec.mla, spec.heads
+        m, (a,) = spec.mla, _dims(spec, "heads")
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         if m.q_lora_rank:
             q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk  # down, norm, up
@@ -64,8 +77,7 @@ def attention_params_per_layer(spec: ModelSpec) -> int:
         kv_b = m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
         o = a * m.v_head_dim * h
         return q + kv_a + kv_b + o + (h if spec.o_bias else 0)
-    _need(spec, "heads")
-    a, kv, d = spec.heads, spec.kv_heads_eff, spec.head_dim_eff
+    a, kv, d = _attention_dims(spec)
     q_out, kv_out = a * d, kv * d
     n = h * q_out + 2 * h * kv_out + q_out * h
     if spec.qkv_bias:
@@ -103,11 +115,12 @@ def _mlp_params(spec: ModelSpec) -> tuple[int, int]:
     moe_layers = spec.layers - dense_layers
     total = active = 0
     if dense_layers:
-        _need(spec, "ffn")
-        per = dense_mlp_params(spec, spec.ffn)
+        (ffn,) = _dims(spec, "ffn")
+        per = dense_mlp_params(spec, ffn)
         total += dense_layers * per
         active += dense_layers * per
     if moe_layers:
+        assert moe is not None  # MoE layers exist only with a MoE spec
         expert = dense_mlp_params(spec, moe.expert_ffn)
         shared = moe.shared_experts * dense_mlp_params(spec, moe.shared_ffn) if moe.shared_ffn else 0
         router = spec.hidden * moe.experts
@@ -119,10 +132,10 @@ def _mlp_params(spec: ModelSpec) -> tuple[int, int]:
 @by_spec
 def param_counts(spec: ModelSpec) -> ParamCounts:
     """Exact parameter counts of a full architecture (raises if the spec is only dims)."""
-    _need(spec, "vocab", "heads")
+    vocab, _ = _dims(spec, "vocab", "heads")
     h, layers = spec.hidden, spec.layers
-    embedding = spec.vocab * h
-    lm_head = 0 if spec.tied_embeddings else spec.vocab * h
+    embedding = vocab * h
+    lm_head = 0 if spec.tied_embeddings else vocab * h
     positions = (spec.max_position or 0) * h if spec.position == "learned" else 0
     norm_size = h * (2 if spec.norm == "layernorm" else 1)
     norms = (layers * spec.norms_per_layer + 1) * norm_size
@@ -160,13 +173,13 @@ def seed_lora_params(spec: ModelSpec, rank: int) -> int:
 
 def lora_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     """(d_in, d_out) of each linear layer LoRA can adapt, in one dense layer."""
-    _need(spec, "heads", "ffn")
-    h, a, kv, d = spec.hidden, spec.heads, spec.kv_heads_eff, spec.head_dim_eff
+    (ffn,) = _dims(spec, "ffn")
+    h, (a, kv, d) = spec.hidden, _attention_dims(spec)
     shapes = {"q": (h, a * d), "k": (h, kv * d), "v": (h, kv * d), "o": (a * d, h)}
-    shapes["up"] = (h, spec.ffn)
-    shapes["down"] = (spec.ffn, h)
+    shapes["up"] = (h, ffn)
+    shapes["down"] = (ffn, h)
     if spec.gated_mlp:
-        shapes["gate"] = (h, spec.ffn)
+        shapes["gate"] = (h, ffn)
     return shapes
 
 
@@ -183,8 +196,8 @@ def lora_adapters(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS) -> l
         per_layer = [t for t in per_layer if t not in qkv]
     out += [(spec.layers, *shapes[t]) for t in per_layer]
     if "lm_head" in targets:
-        _need(spec, "vocab")
-        out.append((1, spec.hidden, spec.vocab))
+        (vocab,) = _dims(spec, "vocab")
+        out.append((1, spec.hidden, vocab))
     return out
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` fills a temporary file beside ``path``, which then replaces ``path``.
 
     The result has the permissions a plain ``open(path, "w")`` would give it: those of the

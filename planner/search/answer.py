@@ -52,7 +52,8 @@ def plan_raw(
 def checked(raw: dict[str, Any], plans: list[Plan]) -> tuple[list[Plan], list[str]]:
     """Every plan re-checked by the independent checker before anyone sees it: those it rejects
     are dropped (and their problems reported), so a plan shown is a plan that holds."""
-    kept, rejected = [], []
+    kept: list[Plan] = []
+    rejected: list[str] = []
     for plan in plans:
         problems = check_plan(raw, plan)
         if problems:

@@ -120,14 +120,15 @@ def _workload_problems(sc: Scenario, rs_user, p: dict[str, Any]) -> list[str]:
 
 def _time_cost_problems(sc: Scenario, rs, rs_user, p: dict[str, Any]) -> list[str]:
     """Time and cost recomputed with the throughput model; budget and deadline."""
-    user, cons, gpu, problems = sc.workload, sc.constraints, rs.gpu, []
+    user, cons, gpu = sc.workload, sc.constraints, rs.gpu
+    problems: list[str] = []
     if user.tokens is None:
         return problems
     perf = GpuPerf.of(gpu, sc.search.utilization)
     sequences = p["micro_batch"] * user.sequences_per_sample  # a DPO pair is two sequences
     dpo = {"reference_forward": 1} if user.reference_forward else {}
     step = step_time_s(
-        model_flops(rs.model), perf, method=METHODS.index(p["method"]),
+        model_flops(rs.model), perf, None, method=METHODS.index(p["method"]),
         checkpointing=CHECKPOINTING.index(p["checkpointing"]), offload=OFFLOADS.index(p["offload"]),
         zero=p["zero"], seq_len=p["seq_len"], micro_batch=sequences, grad_accum=p["grad_accum"], **dpo,
         tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], dp=p["dp"], n_lora=n_lora_of_plan(rs_user, p),

@@ -59,6 +59,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from planner.core.units import ceil_units_array, floor_units
@@ -178,26 +179,26 @@ class PlanModel:
 
     def _int(self, name: str, values) -> cp_model.IntVar:
         v = np.asarray(values)
-        return self.m.NewIntVar(min(int(v.min(initial=0)), 0), max(int(v.max(initial=0)), 0), name)
+        return self.m.new_int_var(min(int(v.min(initial=0)), 0), max(int(v.max(initial=0)), 0), name)
 
     def _add_variables(self) -> None:
         sp = self.space
-        self.y = [self.m.NewBoolVar(f"plan[{c}]") for c in range(len(sp.c_gpu))]
+        self.y = [self.m.new_bool_var(f"plan[{c}]") for c in range(len(sp.c_gpu))]
         self.y_index = np.array([v.Index() for v in self.y], dtype=np.int64)
-        self.x = [self.m.NewBoolVar(f"gpu[{g}]") for g in range(len(self.limits.usable_bytes))]
+        self.x = [self.m.new_bool_var(f"gpu[{g}]") for g in range(len(self.limits.usable_bytes))]
         # What each plan decides, as tables over plans (its shape's and its degree row's values).
         self.shape_of = sp.k_shape[sp.c_k]
         self.dims = {name: self._int(name, v) for name, v in sp.dims.items()}
         self.dp = self._int("dp", sp.k_dp)
         self.mp = self._int("mp", sp.mp)
-        self.gpus = self.m.NewIntVar(0, max(int(sp.k_dp.max(initial=0)) * int(sp.mp.max(initial=0)), 0), "gpus")
+        self.gpus = self.m.new_int_var(0, max(int(sp.k_dp.max(initial=0)) * int(sp.mp.max(initial=0)), 0), "gpus")
 
     # (0)
     def _add_tables(self) -> None:
         """One plan; the GPU type is the one-hot sum of the plans on it; each choice, the degree
         and the model-parallel ranks are the chosen plan's values (linear in the one-hot plan)."""
         sp = self.space
-        self.m.AddExactlyOne(self.y)
+        self.m.add_exactly_one(self.y)
         self.plans_on = [np.flatnonzero(sp.c_gpu == g) for g in range(len(self.x))]
         for var, members in zip(self.x, self.plans_on):
             self._row(self.y_index[members], np.ones(len(members)), 0, 0, var)
@@ -224,7 +225,7 @@ class PlanModel:
         sp = self.space
         gpus = sp.k_dp[sp.c_k] * sp.mp[self.shape_of]
         self._define(self.gpus, gpus)
-        self.m.Add(self.gpus <= self.limits.max_gpus)
+        self.m.add(self.gpus <= self.limits.max_gpus)
         self._within_each_type(gpus, self.limits.gpu_limit)
 
     # (3)
@@ -271,13 +272,13 @@ class PlanModel:
     def _add_price_known(self) -> None:
         if self.limits.need_price:
             for gi in np.flatnonzero(~np.asarray(self.limits.priced, dtype=bool)):
-                self.m.Add(self.x[int(gi)] == 0)
+                self.m.add(self.x[int(gi)] == 0)
 
     # (8)
     def forbid_group(self, group: int) -> None:
         members = [self.y[c] for c in np.flatnonzero(self.space.c_group == group)]
         if members:
-            self.m.Add(sum(members) == 0)
+            self.m.add(sum(members) == 0)
 
     def rank_above(self, rank: int) -> None:
         """Only plans ranked after ``rank`` (valid once the optimum has rank ``rank``: no plan
@@ -286,12 +287,12 @@ class PlanModel:
 
     def pin(self, c: int) -> None:
         """Force plan c (the tests: a plan a constraint forbids, pinned, must be infeasible)."""
-        self.m.Add(self.y[int(c)] == 1)
+        self.m.add(self.y[int(c)] == 1)
 
     def hint(self, c: int) -> None:
         """Start the search from plan c (a hint: it never changes what is feasible)."""
-        self.m.ClearHints()
-        self.m.AddHint(self.y[int(c)], True)  # a partial hint: the rest follows from it
+        self.m.clear_hints()
+        self.m.add_hint(self.y[int(c)], True)  # a partial hint: the rest follows from it
 
     def solve(self, time_limit_s: float) -> tuple[str, int | None]:
         if not self.y:
@@ -340,7 +341,7 @@ def top_k(space: Space, limits: Limits, k: int, time_limit_s: float,
     hints = sorted(hints or [], key=lambda c: space.c_rank[c])
     deadline = time.monotonic() + time_limit_s
     picked: list[int] = []
-    overall, last, forbidden = "optimal", -1, set()
+    overall, last, forbidden = "optimal", -1, set[int]()
     sub: _Submodel | None = None
     for i in range(k):
         left = deadline - time.monotonic()
@@ -417,10 +418,10 @@ def deadline_ms(seconds: float) -> int:
     return floor_units(seconds * 1e3)
 
 
-def cost_units(cost_usd: np.ndarray) -> np.ndarray:
+def cost_units(cost_usd: npt.ArrayLike) -> np.ndarray:
     """Costs in integer units, rounded up: a demand is never understated."""
     return ceil_units_array(np.asarray(cost_usd, dtype=float) * OBJECTIVE_SCALE["cost"])
 
 
-def time_ms(time_s: np.ndarray) -> np.ndarray:
+def time_ms(time_s: npt.ArrayLike) -> np.ndarray:
     return ceil_units_array(np.asarray(time_s, dtype=float) * 1e3)

@@ -84,7 +84,7 @@ def document_steps(req: SearchRequest, raw: dict[str, Any], layout: dict[str, An
                    else "eager"},
         "workload": {"micro_batch": wl.micro_batch, "method": wl.method, "seq_len": wl.seq_len},
     }
-    plan = [("as asked", {})]
+    plan: list[tuple[str, dict[str, Any]]] = [("as asked", {})]
     plan.append(("1. FlashAttention and activation checkpointing",
                  {"layout": {"attention": "flash" if gpu.supports_flash_attn2 else "eager",
                              "checkpointing": "full"}}))

@@ -34,6 +34,7 @@ class Lattice:
     def value(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         if self.divisors is None:
             return (j + 1) * (1 if self.step is None else self.step[i])
+        assert self.q_index is not None  # given with the divisors
         return self.divisors[self.q_index[i], j]
 
 

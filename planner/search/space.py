@@ -160,7 +160,7 @@ def build_tiers(rs: ResolvedScenario) -> list[Tier]:
         while s >= MIN_RELAXED_SEQ_LEN:
             seqs.append(s)
             s //= 2
-    tiers = []
+    tiers: list[Tier] = []
     for si, seq in enumerate(seqs):
         for mi, method in enumerate(methods):
             relax = []
