@@ -488,9 +488,12 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     att_share = np.where(attention_kernel == 0, 1.0, p.attention_efficiency)  # eager: GEMMs
     t_att = att / (perf.peak_flops * util * att_share) / eff
     t_gemm = lin / lin_rate * lin_eff + t_att
+    # Forward passes per micro-batch, in thirds of a step (recompute, the reference's forward),
+    # and what a fusing stack keeps of its unfused element-wise work and launches.
+    forward_passes = np.where(ckpt == 2, 4.0 / 3.0, 1.0) + np.where(ref, FORWARD_SHARE, 0.0)
+    fused_share = np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
     vectors = p.elementwise_vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
-    vectors = vectors * (np.where(ckpt == 2, 4.0 / 3.0, 1.0) + np.where(ref, FORWARD_SHARE, 0.0))
-    vectors = vectors * np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
+    vectors = vectors * forward_passes * fused_share
     t_elem = vectors * 2.0 * mf.hidden * tokens_gpu * mf.layers / (pp * tp) / perf.memory_bps
     # Eager attention writes and reads the s×s scores (:data:`EAGER_SCORE_BYTES` per score).
     scores = np.where(attention_kernel == 0, mf.heads * seq * tokens_gpu * mf.layers / (pp * tp), 0.0)
@@ -499,16 +502,14 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # A fusing stack (torch.compile; fused LoRA kernels) fuses its casts, scaling and adds as it
     # does the other element-wise ops.
     adapter = np.where(method == FULL, 0.0, x.get("adapter_bytes", 0.0)) * tokens_gpu / (tp * pp)
-    adapter = adapter * np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
+    adapter = adapter * fused_share
     t_elem = t_elem + adapter * np.where(ckpt == 2, 4.0 / 3.0, 1.0) / perf.memory_bps
     frozen = np.where(method == FULL, 0.0, mf.params) / (tp * pp)
     passes = np.where(ckpt == 2, 3.0, 2.0)
     t_dequant = np.where(quant > 0, passes * frozen * DEQUANT_BYTES_PER_PARAM / perf.memory_bps, 0.0)
     device = t_gemm + (t_elem + t_dequant) / perf.kernel_speed
     # The host's launches: the card waits when they take longer than its work.
-    host_passes = np.where(ckpt == 2, 4.0 / 3.0, 1.0) + np.where(ref, FORWARD_SHARE, 0.0)
-    host = (p.launch_s_per_layer * mf.layers / pp * host_passes
-            * np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0))
+    host = p.launch_s_per_layer * mf.layers / pp * forward_passes * fused_share
     return np.maximum(device, host), t_att
 
 

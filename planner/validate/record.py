@@ -42,19 +42,12 @@ def planner_revision() -> str:
     return f"{head}+modified" if dirty else head
 
 
-def _predict_memory(row: dict[str, str]) -> float | None:
-    from planner.core.errors import InputError
-    from planner.validate.rows import Unmodelable
-    from planner.validate.score import KIND_VIEW, predict_row
+def _predict_memory(rows: list[dict[str, str]]) -> list[float | None]:
+    """GB per row, as ``planner validate`` predicts it (None: a row the model cannot read)."""
+    from planner.validate.score import validate_rows
 
-    kind = (row.get("measure_kind") or "").strip()
-    if kind not in KIND_VIEW:
-        return None
-    try:
-        views, _ = predict_row(row, "detailed")
-    except (Unmodelable, InputError):  # a row the model cannot read stays without a value
-        return None
-    return float(views[KIND_VIEW[kind]]) / MEMORY_SCALE
+    return [None if r.predicted_bytes is None else r.predicted_bytes / MEMORY_SCALE
+            for r in validate_rows(rows, "detailed")]
 
 
 def _predict_throughput(rows: list[dict[str, str]]) -> dict[str, float]:
@@ -86,7 +79,7 @@ def record_before(path: str | Path, kind: str) -> dict[str, Any]:
         found = _predict_throughput(todo)
         values = {id(r): found.get(r["id"]) for r in todo}
     else:
-        values = {id(r): _predict_memory(r) for r in todo}
+        values = {id(r): v for r, v in zip(todo, _predict_memory(todo))}
     written = 0
     for r in todo:
         value = values[id(r)]

@@ -179,12 +179,20 @@ def optimizer_bytes_of(row: dict[str, str]) -> float:
     return timing.optimizer_bytes_per_param("foreach" if stepwise else "fused", 2.0 if bf16_states else 4.0)
 
 
+def named_lora_targets(row: dict[str, str]) -> tuple[str, ...] | None:
+    """The LoRA-adapted modules the row's notes name ("LoRA rank 16 on q,v", "on all linear"),
+    the ones a dense layer has; None where the notes name none."""
+    found = re.search(r"lora rank \d+ on (all linear|[a-z]+(?:,[a-z]+)*)", row.get("notes", "").lower())
+    if found is None:
+        return None
+    named = found.group(1)
+    targets = LORA_TARGETS if named == "all linear" else tuple(t for t in named.split(",") if t in LORA_TARGETS)
+    return targets or LORA_TARGETS
+
+
 def targets_of(row: dict[str, str]) -> int:
     """LoRA-adapted linear modules per layer the row's notes name (all linear: 7; "q,v": 2)."""
-    found = re.search(r"lora rank \d+ on (all linear|[a-z]+(?:,[a-z]+)*)", row.get("notes", "").lower())
-    if not found or found.group(1) == "all linear":
-        return 7
-    return len(found.group(1).split(","))
+    return len(named_lora_targets(row) or LORA_TARGETS)
 
 
 def optimizer_host_s_of(row: dict[str, str], model: ModelSpec, method: str, targets: int) -> float:
@@ -201,12 +209,10 @@ def optimizer_host_s_of(row: dict[str, str], model: ModelSpec, method: str, targ
 def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
     """Adapter parameters: exact over the modules the notes name ("LoRA rank 16 on q,v", "on all
     linear") for a dense model the catalog describes in full, else L·18·r·H."""
-    found = re.search(r"lora rank \d+ on (all linear|[a-z]+(?:,[a-z]+)*)", row.get("notes", "").lower())
-    if found is None or model.moe is not None or not has_full_architecture(model):
+    targets = named_lora_targets(row)
+    if targets is None or model.moe is not None or not has_full_architecture(model):
         return float(seed_lora_params(model, rank))
-    named = found.group(1)
-    targets = LORA_TARGETS if named == "all linear" else tuple(t for t in named.split(",") if t in LORA_TARGETS)
-    return float(exact_lora_params(model, rank, targets or LORA_TARGETS))
+    return float(exact_lora_params(model, rank, targets))
 
 
 def case_of(row: dict[str, str]) -> ThroughputCase:
