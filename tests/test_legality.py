@@ -6,20 +6,32 @@ import numpy as np
 
 from planner import catalog
 from planner.memory.breakdown import CODES, OFFLOADS, decode, decode_class
-from planner.scenario.legality import offload_illegal, pp_divides, tp_gpu_fault, tp_model_fault
+from planner.scenario import legality
 from planner.scenario.resolve import resolve
 from planner.search.space import build_classes, build_request
+
+
+def _illegal(verdicts) -> bool:
+    return not bool(legality.legal(verdicts))
+
+
+def tp_model_fault(model, tp):
+    return legality.first_fault([legality.tp_heads(model, tp), legality.tp_kv_heads(model, tp)])
+
+
+def tp_gpu_fault(gpu, tp, pcie_model_parallel=True):
+    return legality.first_fault(legality.tp_rules(None, gpu, tp, pcie_model_parallel=pcie_model_parallel))
 
 
 def test_offload_rule_on_names_and_arrays_agree():
     zero = np.repeat(np.arange(4), len(OFFLOADS))
     off = np.tile(np.arange(len(OFFLOADS)), 4)
-    by_code = offload_illegal(zero, off)
-    by_name = [bool(offload_illegal(int(z), OFFLOADS[o])) for z, o in zip(zero, off)]
+    by_code = ~legality.legal(legality.offload_rules(zero, off))
+    by_name = [_illegal(legality.offload_rules(int(z), OFFLOADS[o])) for z, o in zip(zero, off)]
     assert list(by_code) == by_name
     # ZeRO-Offload: optimizer offload from stage 1; parameters only when sharded (stage 3)
-    assert [bool(offload_illegal(z, "optimizer")) for z in range(4)] == [True, False, False, False]
-    assert [bool(offload_illegal(z, "optimizer+params")) for z in range(4)] == [True, True, True, False]
+    assert [_illegal(legality.offload_rules(z, "optimizer")) for z in range(4)] == [True, False, False, False]
+    assert [_illegal(legality.offload_rules(z, "optimizer+params")) for z in range(4)] == [True, True, True, False]
 
 
 def test_tp_and_pp_rules():
@@ -30,7 +42,7 @@ def test_tp_and_pp_rules():
     assert tp_gpu_fault(h100, 8) is None and "node" in tp_gpu_fault(h100, 16)
     if l4.nvlink_domain == 1 and l4.gpus_per_node >= 2:
         assert tp_gpu_fault(l4, 2) is None and "PCIe" in tp_gpu_fault(l4, 2, pcie_model_parallel=False)
-    assert list(pp_divides(llama, np.array([1, 2, 3, 4, 5, 8]))) == [True, True, False, True, False, True]
+    assert list(legality.pp_even(llama, np.array([1, 2, 3, 4, 5, 8])).legal) == [True, True, False, True, False, True]
 
 
 def test_the_search_rejects_what_a_pinned_layout_may_not_have():
@@ -55,7 +67,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.core.errors import InputError
-from planner.scenario.legality import pp_fault, pp_legal
 from planner.search.checker import check_plan
 
 
@@ -95,7 +106,8 @@ def test_uneven_stages_that_ran_in_production_are_planned(model, pp):
     assert not _estimate_accepts_pp(_pinned(model, pp, False))
     request = build_request(resolve({**_pinned(model, 1, False), "layout": {"gpu": "h100", "uneven_pp": False},
                                      "search": {"pp": [pp], "gpu_types": ["h100"]}}))
-    assert build_classes(request).rejected["pp does not divide the layers"] == 1
+    layers = catalog.get_model(model).layers
+    assert build_classes(request).rejected[f"pp does not divide the model's {layers} layers"] == 1
 
 
 @settings(max_examples=60, deadline=None)
@@ -104,8 +116,9 @@ def test_uneven_stages_that_ran_in_production_are_planned(model, pp):
 def test_estimate_plan_and_the_rule_agree_on_every_pipeline_degree(model, pp, uneven, profile):
     spec = catalog.get_model(model)
     allowed = uneven and profile == "detailed"
-    legal = pp_fault(spec, pp, uneven=allowed) is None
-    assert legal == bool(pp_legal(spec, pp, uneven=allowed))
+    rules = legality.pp_rules(spec, None, pp, uneven=allowed)
+    legal = legality.first_fault(rules) is None
+    assert legal == bool(legality.legal(rules))
     raw = _pinned(model, pp, uneven, profile)
     raw["layout"]["tp"] = 1
     assert _estimate_accepts_pp(raw) == legal
@@ -128,12 +141,11 @@ def test_estimate_plan_and_the_checker_agree_on_tp_and_pp_over_a_card(gpu, tp, p
     from types import SimpleNamespace
 
     from planner.core.specs import Scenario
-    from planner.scenario.legality import pp_gpu_fault
     from planner.search.checker import _layout_problems
 
     card = catalog.get_gpu(gpu)
     tp_fault = tp_gpu_fault(card, tp, pcie_model_parallel=pcie)
-    pp_fault_ = pp_gpu_fault(card, pp, pcie_model_parallel=pcie)
+    pp_fault_ = legality.first_fault(legality.pp_rules(None, card, pp, pcie_model_parallel=pcie))
     base = {"model": "llama-3.1-8b", "workload": {"method": "full"}, "constraints": {"pcie_model_parallel": pcie}}
     # estimate: a pinned layout
     pinned = {**base, "layout": {"gpu": gpu, "tp": tp, "pp": pp, "zero": 0}}
@@ -147,11 +159,66 @@ def test_estimate_plan_and_the_checker_agree_on_tp_and_pp_over_a_card(gpu, tp, p
     request = build_request(resolve({**base, "search": {"tp": [tp], "pp": [pp], "gpu_types": [gpu]}}))
     rejected = build_classes(request).rejected
     assert (rejected[f"tp {tp_fault}"] > 0) == bool(tp_fault)
-    assert (rejected["pp over PCIe forbidden"] > 0) == bool(pp_fault_)
+    assert (rejected[f"pp {pp_fault_}"] > 0) == bool(pp_fault_)
     # the checker, on a plan of that layout (memory and the rest taken as valid)
-    plan = {"gpus": tp * pp, "dp": 1, "tp": tp, "pp": pp, "cp": 1, "precision": "mixed",
-            "memory": {"total_bytes": 0}}
-    est = SimpleNamespace(within_usable=True, total_bytes=0, host_bytes=0)
-    flagged = _layout_problems(Scenario.model_validate(base), SimpleNamespace(gpu=card), est, plan)
+    plan = {"gpus": tp * pp, "dp": 1, "tp": tp, "pp": pp, "cp": 1, "ep": 1, "seq_len": 4096, "zero": 0,
+            "offload": "none", "precision": "mixed"}
+    sc = Scenario.model_validate(base)
+    flagged = _layout_problems(sc, SimpleNamespace(gpu=card, model=catalog.get_model("llama-3.1-8b"), scenario=sc),
+                               plan)
     assert any(m.startswith("tp ") for m in flagged) == bool(tp_fault), flagged
     assert any(m.startswith("pp ") for m in flagged) == bool(pp_fault_), flagged
+
+
+# ---------------------------------------------------------------------------------------------
+# Every layout rule at once: estimate, plan and the checker agree on random pinned layouts
+
+
+_MODELS = ["llama-3.1-8b", "qwen2.5-7b", "gemma-2-9b", "smollm2-135m", "mixtral-8x7b", "qwen1.5-moe-a2.7b"]
+_LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "offload")
+
+
+@settings(max_examples=100, deadline=None)
+@given(model=st.sampled_from(_MODELS), gpu=st.sampled_from(CARD_KINDS), tp=st.sampled_from([1, 1, 2, 3, 4, 8, 16]),
+       pp=st.sampled_from([1, 1, 2, 4, 3, 6, 12, 33]), cp=st.sampled_from([1, 1, 2, 3, 4]),
+       ep=st.sampled_from([1, 2, 4, 8]), zero=st.integers(0, 3),
+       offload=st.sampled_from(["none", "none", *OFFLOADS]), pcie=st.booleans(), uneven=st.booleans(),
+       seq_len=st.sampled_from([4096, 6144]))
+def test_estimate_plan_and_the_checker_agree_on_random_layouts(model, gpu, tp, pp, cp, ep, zero, offload, pcie,
+                                                               uneven, seq_len):
+    """A pinned layout ``estimate`` refuses for its TP, PP, CP, EP or offload is exactly one the
+    search drops under a rule of planner.scenario.legality and one the checker flags; one it
+    takes, neither drops (the rules' one home, applied to scalars and to the search's arrays)."""
+    from types import SimpleNamespace
+
+    from planner.core.specs import Scenario
+    from planner.search.checker import _layout_problems
+
+    spec, card = catalog.get_model(model), catalog.get_gpu(gpu)
+    ep = ep if spec.moe is not None else 1  # the search offers EP only to mixture-of-experts models
+    base = {"model": model, "workload": {"method": "full", "seq_len": seq_len, "micro_batch": 1},
+            "constraints": {"pcie_model_parallel": pcie}}
+    layout = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "offload": offload}
+    rules = [*legality.tp_rules(spec, card, tp, pcie_model_parallel=pcie),
+             *legality.pp_rules(spec, card, pp, uneven=uneven, pcie_model_parallel=pcie),
+             legality.cp_sequence(seq_len, cp), legality.ep_moe(spec, ep), legality.ep_experts(spec, ep),
+             *legality.offload_rules(zero, offload)]
+    legal = bool(legality.legal(rules))
+    # estimate: the pinned layout (dp 8: every EP degree divides it)
+    try:
+        resolve({**base, "layout": {"gpu": gpu, "dp": 8, "uneven_pp": uneven, **layout}})
+        refused = []
+    except InputError as exc:
+        refused = [p for p in exc.problems if p.startswith(tuple(f"layout.{k}:" for k in _LAYOUT_KEYS))]
+    assert (not refused) == legal, (refused, rules)
+    # the search: those values as its only choices
+    search = {**base, "layout": {"gpu": gpu, "uneven_pp": uneven},
+              "search": {"gpu_types": [gpu], **{k: [v] for k, v in layout.items()}}}
+    rejected = build_classes(build_request(resolve(search))).rejected
+    reasons = {legality.reason(v) for v in rules}
+    assert (not any(rejected[r] for r in reasons)) == legal, dict(rejected)
+    # the checker, on a plan of that layout
+    sc = Scenario.model_validate({**base, "layout": {"uneven_pp": uneven}})
+    plan = {**layout, "seq_len": seq_len, "precision": "mixed"}
+    flagged = _layout_problems(sc, SimpleNamespace(gpu=card, model=spec, scenario=sc), plan)
+    assert (not flagged) == legal, flagged

@@ -1,12 +1,17 @@
-"""Which layouts can run at all: one rule each, for a pinned layout (a scenario) and for the
-search's arrays of candidates alike. Each returns what is wrong, or None.
+"""Which layouts can run at all: the one home of the layout rules, for a pinned layout (a
+scenario, ``estimate``), the search's arrays of candidates (``plan``) and the plan checker alike.
 
-Messages read after the field and its value: ``layout.tp: 3`` + ``does not divide …``.
+Each rule is one function that returns a :class:`Verdict`: whether the layout is legal (a bool,
+or a bool array where the values are arrays: the search applies a rule to 10^5 candidates at
+once) and what is wrong where it is not. The message reads after the field and its value:
+``layout.tp: 3`` + ``does not divide the model's 32 attention heads`` (:func:`problems`), and the
+search counts the candidates each rule drops under ``tp does not divide …`` (:func:`reason`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,69 +23,160 @@ OFFLOAD_CODES, METHOD_CODES, CHECKPOINT_CODES = OFFLOADS, METHODS, CHECKPOINTING
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 
-def tp_model_fault(model: ModelSpec, tp: int) -> str | None:
-    """TP splits the attention heads and the KV heads (or replicates KV heads when tp is a multiple)."""
-    if model.heads is not None and model.heads % tp:
-        return f"does not divide the model's {model.heads} attention heads"
-    kv = model.kv_heads_eff
-    if kv is not None and model.mla is None and kv % tp and tp % kv:
-        return f"does not divide the model's {kv} KV heads"
-    return None
+class Verdict(NamedTuple):
+    """One rule applied to a layout (or to arrays of layouts)."""
+
+    key: str  # the layout field the rule is about ("tp", "pp", "offload"…)
+    legal: Any  # bool, or a bool array broadcast over the values
+    why: str  # what is wrong where it is not legal; reads after "<key> <value> "
+
+    def fault(self) -> str | None:
+        """The message for one layout (scalar values): None where legal."""
+        return None if bool(self.legal) else self.why
 
 
-def tp_gpu_fault(gpu: GpuSpec, tp: int, *, pcie_model_parallel: bool = True) -> str | None:
-    """TP stays within a node, and over PCIe only where the scenario allows it."""
-    if tp > gpu.gpus_per_node:
-        return f"exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node"
-    if tp > 1 and tp > gpu.nvlink_domain and not pcie_model_parallel:
-        return "runs over PCIe, which constraints.pcie_model_parallel: false forbids"
-    return None
+# --- tensor parallelism ----------------------------------------------------------------------
+
+def tp_heads(model: ModelSpec, tp: Any) -> Verdict:
+    """TP splits the attention heads."""
+    heads = model.heads
+    legal = True if heads is None else np.asarray(heads) % np.asarray(tp) == 0
+    return Verdict("tp", legal, f"does not divide the model's {heads} attention heads")
 
 
-def pp_gpu_fault(gpu: GpuSpec, pp: int, *, pcie_model_parallel: bool = True) -> str | None:
+def tp_kv_heads(model: ModelSpec, tp: Any) -> Verdict:
+    """TP splits the KV heads, or replicates them when it is a multiple of their count (MLA's
+    latent KV is not split by heads)."""
+    kv, tp = model.kv_heads_eff, np.asarray(tp)
+    legal = True if kv is None or model.mla is not None else (kv % tp == 0) | (tp % kv == 0)
+    return Verdict("tp", legal, f"does not divide the model's {kv} KV heads")
+
+
+def tp_node(gpu: GpuSpec, tp: Any) -> Verdict:
+    """TP stays within a node."""
+    return Verdict("tp", np.asarray(tp) <= gpu.gpus_per_node,
+                   f"exceeds the {gpu.gpus_per_node} GPUs of a {gpu.name} node")
+
+
+def tp_pcie(gpu: GpuSpec, tp: Any, *, pcie_model_parallel: bool = True) -> Verdict:
+    """TP past the card's NVLink domain runs over PCIe: only where the scenario allows it."""
+    tp = np.asarray(tp)
+    over_pcie = (tp > 1) & (tp > gpu.nvlink_domain)
+    return Verdict("tp", ~over_pcie | pcie_model_parallel,
+                   "runs over PCIe, which constraints.pcie_model_parallel: false forbids")
+
+
+# --- pipeline parallelism --------------------------------------------------------------------
+
+def pp_pcie(gpu: GpuSpec, pp: Any, *, pcie_model_parallel: bool = True) -> Verdict:
     """Pipeline stages on a card with no NVLink (``nvlink_domain`` 1) pass activations over PCIe:
     only where the scenario allows model parallelism over PCIe."""
-    if pp > 1 and gpu.nvlink_domain == 1 and not pcie_model_parallel:
-        return "runs over PCIe, which constraints.pcie_model_parallel: false forbids"
-    return None
+    over_pcie = (np.asarray(pp) > 1) & (gpu.nvlink_domain == 1)
+    return Verdict("pp", ~over_pcie | pcie_model_parallel,
+                   "runs over PCIe, which constraints.pcie_model_parallel: false forbids")
 
 
-def pp_divides(model: ModelSpec, pp: Any) -> Any:
-    """Equal pipeline stages: pp divides the layers (arrays broadcast)."""
-    return np.asarray(model.layers) % np.maximum(pp, 1) == 0
+def pp_layers(model: ModelSpec, pp: Any) -> Verdict:
+    """Every stage holds a layer."""
+    return Verdict("pp", np.asarray(pp) <= model.layers, f"exceeds the model's {model.layers} layers")
 
 
-def pp_legal(model: ModelSpec, pp: Any, *, uneven: bool = False) -> Any:
-    """Every stage holds a layer, and the stages are equal unless ``uneven`` (stages of unequal
-    layer counts, as torchtitan and Megatron's ``--decoder-first/last-pipeline-num-layers`` run
-    them) is allowed (arrays broadcast)."""
-    pp = np.asarray(pp)
-    return (pp <= model.layers) & (pp_divides(model, pp) | uneven)
+def pp_even(model: ModelSpec, pp: Any, *, uneven: bool = False) -> Verdict:
+    """The stages are equal (pp divides the layers) unless ``uneven`` stages (unequal layer
+    counts, as torchtitan and Megatron's ``--decoder-first/last-pipeline-num-layers`` run them)
+    are allowed."""
+    divides = np.asarray(model.layers) % np.maximum(np.asarray(pp), 1) == 0
+    return Verdict("pp", divides | uneven, f"does not divide the model's {model.layers} layers")
 
 
-def pp_fault(model: ModelSpec, pp: int, *, uneven: bool = False) -> str | None:
-    """What is wrong with ``pp`` pipeline stages of this model, or None (:func:`pp_legal`)."""
-    if pp > model.layers:
-        return f"exceeds the model's {model.layers} layers"
-    if not uneven and model.layers % pp:
-        return f"does not divide the model's {model.layers} layers"
-    return None
+# --- context and expert parallelism ----------------------------------------------------------
+
+def cp_sequence(seq_len: Any, cp: Any) -> Verdict:
+    """Context parallelism splits the sequence evenly."""
+    return Verdict("cp", np.asarray(seq_len) % np.asarray(cp) == 0,
+                   f"does not divide workload.seq_len {seq_len}")
 
 
-def offload_illegal(zero: Any, offload: Any) -> Any:
-    """Offload needs ZeRO/FSDP; offloading parameters needs them sharded (ZeRO-3). ``offload`` as a
-    name or a code (arrays broadcast)."""
-    code = OFFLOAD_CODES.index(offload) if isinstance(offload, str) else np.asarray(offload)
-    zero = np.asarray(zero)
-    return ((code >= 1) & (zero == 0)) | ((code == 2) & (zero != 3))
+def ep_moe(model: ModelSpec, ep: Any) -> Verdict:
+    """Expert parallelism needs a mixture-of-experts model."""
+    return Verdict("ep", (np.asarray(ep) <= 1) | (model.moe is not None), "needs a mixture-of-experts model")
 
 
-def offload_fault(zero: int, offload: str) -> str | None:
-    if not offload_illegal(zero, offload):
-        return None
-    if zero == 0:
-        return f"{offload!r} needs ZeRO/FSDP (layout.zero ≥ 1)"
-    return f"{offload!r} needs layout.zero: 3 (parameters must be sharded)"
+def ep_experts(model: ModelSpec, ep: Any) -> Verdict:
+    """Expert parallelism divides the experts."""
+    ep = np.asarray(ep)
+    experts = model.moe.experts if model.moe is not None else None
+    legal = (ep <= 1) | (True if experts is None else experts % ep == 0)
+    return Verdict("ep", legal, f"does not divide the model's {experts} experts")
+
+
+# --- sharding and offload --------------------------------------------------------------------
+
+def _offload_code(offload: Any) -> Any:
+    return OFFLOAD_CODES.index(offload) if isinstance(offload, str) else np.asarray(offload)
+
+
+def offload_sharded(zero: Any, offload: Any) -> Verdict:
+    """Offload needs ZeRO/FSDP (``offload`` as a name or a code)."""
+    return Verdict("offload", (_offload_code(offload) == 0) | (np.asarray(zero) != 0),
+                   "needs ZeRO/FSDP (layout.zero ≥ 1)")
+
+
+def offload_params(zero: Any, offload: Any) -> Verdict:
+    """Offloading parameters needs them sharded (ZeRO-3)."""
+    return Verdict("offload", (_offload_code(offload) != 2) | (np.asarray(zero) == 3),
+                   "needs layout.zero: 3 (parameters must be sharded)")
+
+
+# --- the rules of a layout, together ----------------------------------------------------------
+
+def tp_rules(model: ModelSpec | None, gpu: GpuSpec | None, tp: Any, *,
+             pcie_model_parallel: bool = True) -> list[Verdict]:
+    """TP against the card (node, NVLink) and the model (heads, KV heads), in that order."""
+    out = [tp_node(gpu, tp), tp_pcie(gpu, tp, pcie_model_parallel=pcie_model_parallel)] if gpu else []
+    return out + ([tp_heads(model, tp), tp_kv_heads(model, tp)] if model is not None else [])
+
+
+def pp_rules(model: ModelSpec | None, gpu: GpuSpec | None, pp: Any, *, uneven: bool = False,
+             pcie_model_parallel: bool = True) -> list[Verdict]:
+    """PP against the model (layers, equal stages) and the card (PCIe)."""
+    out = [pp_layers(model, pp), pp_even(model, pp, uneven=uneven)] if model is not None else []
+    return out + ([pp_pcie(gpu, pp, pcie_model_parallel=pcie_model_parallel)] if gpu else [])
+
+
+def offload_rules(zero: Any, offload: Any) -> list[Verdict]:
+    return [offload_sharded(zero, offload), offload_params(zero, offload)]
+
+
+def legal(verdicts: Iterable[Verdict]) -> Any:
+    """Where every rule holds (arrays broadcast)."""
+    ok: Any = True
+    for v in verdicts:
+        ok = ok & np.asarray(v.legal)
+    return ok
+
+
+def first_fault(verdicts: Iterable[Verdict]) -> str | None:
+    """The first broken rule's message for one layout, or None."""
+    return next((v.why for v in verdicts if not bool(v.legal)), None)
+
+
+def problems(verdicts: Iterable[Verdict], values: dict[str, Any], *, prefix: str = "layout.",
+             sep: str = ": ") -> list[str]:
+    """One line per broken rule of one layout: ``layout.tp: 3 does not divide …`` (names quoted).
+    The checker writes them as ``tp 3 does not divide …`` (``prefix=""``, ``sep=" "``)."""
+    out = []
+    for v in verdicts:
+        if not bool(v.legal):
+            value = values[v.key]
+            shown = repr(value) if isinstance(value, str) else value
+            out.append(f"{prefix}{v.key}{sep}{shown} {v.why}")
+    return out
+
+
+def reason(v: Verdict) -> str:
+    """The search's name for the candidates a rule drops: ``tp does not divide …``."""
+    return f"{v.key} {v.why}"
 
 
 def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, tp: Any, pp: Any, cp: Any,

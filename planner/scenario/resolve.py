@@ -21,7 +21,7 @@ from planner.core.arch import has_full_architecture
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
 from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario, Workload
 from planner.core.textfiles import load_yaml
-from planner.scenario.legality import pp_fault, pp_gpu_fault, tp_gpu_fault
+from planner.scenario import legality
 
 #: Flat option names (CLI flags, keyword arguments) -> the scenario section that holds them.
 FLAG_SECTIONS: dict[str, str] = {
@@ -154,10 +154,6 @@ def model_name_problem(model: Any) -> str | None:
     return None
 
 
-def _divides(a: int, b: int) -> bool:
-    return b % a == 0
-
-
 def resolve(
     raw: dict[str, Any] | Scenario, *, source: str | None = None, base_dir: Path | None = None
 ) -> ResolvedScenario:
@@ -271,12 +267,9 @@ def _check_model_split(scenario: Scenario, model: ModelSpec, problems: list[str]
                        warnings: list[str]) -> None:
     """Tensor parallelism divides the model's heads; pipeline parallelism its layers."""
     lay = scenario.layout
-    if model.heads is not None and not _divides(lay.tp, model.heads):
-        problems.append(f"layout.tp: {lay.tp} does not divide the model's {model.heads} attention heads")
-    kv = model.kv_heads_eff
-    if kv is not None and model.mla is None and kv % lay.tp and lay.tp % kv:
-        problems.append(f"layout.tp: {lay.tp} does not divide the model's {kv} KV heads")
-    fault = pp_fault(model, lay.pp, uneven=uneven_pp_allowed(scenario))
+    problems.extend(legality.problems([legality.tp_heads(model, lay.tp), legality.tp_kv_heads(model, lay.tp)],
+                                   {"tp": lay.tp}))
+    fault = legality.first_fault(legality.pp_rules(model, None, lay.pp, uneven=uneven_pp_allowed(scenario)))
     if fault:
         hint = (" (set layout.uneven_pp: true for stages of unequal size)"
                 if scenario.profile == "detailed" and lay.pp <= model.layers else "")
@@ -316,28 +309,23 @@ def _check_sequence(wl: Workload, lay: Layout, model: ModelSpec | None, problems
         warnings.append(f"workload.seq_len: {wl.seq_len} exceeds the model's context of "
                         f"{model.max_position} tokens (max_position_embeddings): positions past it "
                         "were never trained, unless the RoPE is scaled to reach them")
-    if not _divides(lay.cp, wl.seq_len):
-        problems.append(f"layout.cp: {lay.cp} does not divide workload.seq_len {wl.seq_len}")
+    problems.extend(legality.problems([legality.cp_sequence(wl.seq_len, lay.cp)], {"cp": lay.cp}))
 
 
 def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list[str]) -> None:
     """Expert parallelism needs a mixture-of-experts model, and divides its experts and dp."""
     if lay.ep <= 1:
         return
-    if model is not None and model.moe is None:
-        problems.append(f"layout.ep: {lay.ep} needs a mixture-of-experts model")
-    elif model is not None and model.moe.experts % lay.ep:
-        problems.append(f"layout.ep: {lay.ep} does not divide the model's {model.moe.experts} experts")
+    if model is not None:
+        problems.extend(legality.problems([legality.ep_moe(model, lay.ep), legality.ep_experts(model, lay.ep)],
+                                       {"ep": lay.ep}))
     if dp % lay.ep:
         problems.append(f"layout.ep: {lay.ep} does not divide dp = {dp} (experts are split within dp)")
 
 
 def _check_sharding(wl: Workload, lay: Layout, problems: list[str]) -> None:
     """Offload needs ZeRO (parameter offload ZeRO-3); neither applies to inference."""
-    if lay.offload != "none" and lay.zero == 0:
-        problems.append(f"layout.offload: {lay.offload!r} needs ZeRO/FSDP (layout.zero ≥ 1)")
-    if lay.offload == "optimizer+params" and lay.zero != 3:
-        problems.append("layout.offload: 'optimizer+params' needs layout.zero: 3 (parameters must be sharded)")
+    problems.extend(legality.problems(legality.offload_rules(lay.zero, lay.offload), {"offload": lay.offload}))
     if wl.method == "inference" and (lay.zero or lay.offload != "none"):
         problems.append("layout.zero: ZeRO and offload apply to training, not to method: inference")
 
@@ -393,11 +381,11 @@ def _check_gpu(wl: Workload, lay: Layout, gpu: GpuSpec, pcie_model_parallel: boo
         warnings.append(
             f"{gpu.name} has no FlashAttention-2: 'flash' means a memory-efficient kernel (SDPA/xformers)"
         )
-    for key, fault in (("tp", tp_gpu_fault(gpu, lay.tp, pcie_model_parallel=pcie_model_parallel)),
-                       ("pp", pp_gpu_fault(gpu, lay.pp, pcie_model_parallel=pcie_model_parallel))):
-        if fault:
-            problems.append(f"layout.{key}: {getattr(lay, key)} {fault}")
-    if lay.tp > gpu.nvlink_domain and not tp_gpu_fault(gpu, lay.tp):
+    tp_fault = legality.first_fault(legality.tp_rules(None, gpu, lay.tp, pcie_model_parallel=pcie_model_parallel))
+    pp_fault = legality.first_fault(legality.pp_rules(None, gpu, lay.pp, pcie_model_parallel=pcie_model_parallel))
+    problems.extend(f"layout.{key}: {getattr(lay, key)} {fault}"
+                    for key, fault in (("tp", tp_fault), ("pp", pp_fault)) if fault)
+    if lay.tp > gpu.nvlink_domain and legality.tp_node(gpu, lay.tp).fault() is None:
         warnings.append(f"TP {lay.tp} on {gpu.name} runs over PCIe (NVLink domain {gpu.nvlink_domain})")
 
 

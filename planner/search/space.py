@@ -13,6 +13,7 @@ infeasible request can say what binds.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,7 @@ import numpy as np
 
 from planner import catalog
 from planner.catalog.stacks import get_stack, stacks
-from planner.core.arch import has_full_architecture
 from planner.core.arrays import unique_rows
-from planner.core.codes import FULL
 from planner.core.errors import InputError
 from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, StackSpec
 from planner.memory.breakdown import (
@@ -38,6 +37,7 @@ from planner.memory.breakdown import (
 )
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
+from planner.perf.arguments import step_arguments
 from planner.perf.timing import (
     GpuPerf,
     billed_gpus,
@@ -47,14 +47,8 @@ from planner.perf.timing import (
     model_flops,
     step_time_s,
 )
-from planner.scenario.legality import (
-    offload_illegal,
-    pp_gpu_fault,
-    pp_legal,
-    stack_runs,
-    tp_gpu_fault,
-    tp_model_fault,
-)
+from planner.scenario import legality
+from planner.scenario.legality import stack_runs
 from planner.scenario.resolve import ResolvedScenario, uneven_pp_allowed
 
 #: Candidate values when the scenario gives no list.
@@ -345,20 +339,26 @@ def build_classes(req: SearchRequest) -> Classes:
 
 def _model_parallel_degrees(req: SearchRequest, gpu: GpuSpec, rejected: Counter) -> tuple[list, list]:
     """The TP and PP degrees the model and this card allow (scenario/legality.py's rules)."""
-    tps = []
-    for tp in req.lists["tp"]:
-        fault = tp_gpu_fault(gpu, tp, pcie_model_parallel=req.pcie_model_parallel) or tp_model_fault(req.model, tp)
-        if fault:
-            rejected[f"tp {fault}"] += 1
-        else:
-            tps.append(tp)
+    pcie = req.pcie_model_parallel
+    tps = _legal_values(req.lists["tp"], lambda tp: legality.tp_rules(req.model, gpu, tp, pcie_model_parallel=pcie),
+                        rejected)
     uneven = uneven_pp_allowed(req.rs.scenario)
-    pps = [p for p in req.lists["pp"] if pp_legal(req.model, p, uneven=uneven)]
-    rejected["pp does not divide the layers" if not uneven else "pp exceeds the layers"] += len(req.lists["pp"]) - len(pps)
-    over_pcie = [p for p in pps if pp_gpu_fault(gpu, p, pcie_model_parallel=req.pcie_model_parallel)]
-    rejected["pp over PCIe forbidden"] += len(over_pcie)
-    pps = [p for p in pps if p not in over_pcie]
+    pps = _legal_values(req.lists["pp"], lambda pp: legality.pp_rules(req.model, gpu, pp, uneven=uneven,
+                                                                      pcie_model_parallel=pcie), rejected)
     return tps, pps
+
+
+def _legal_values(values: Sequence[Any], rules_of: Any, rejected: Counter) -> list:
+    """The values every rule of ``rules_of(value)`` allows; each other one counted under the first
+    rule it breaks."""
+    out = []
+    for value in values:
+        fault = next((v for v in rules_of(value) if not bool(v.legal)), None)
+        if fault is None:
+            out.append(value)
+        else:
+            rejected[legality.reason(fault)] += 1
+    return out
 
 
 def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps: list, pps: list,
@@ -367,10 +367,9 @@ def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps
     less what breaks a rule (offload without ZeRO, too many GPUs, a ragged global batch) or what
     no stack runs."""
     model, gpu = req.model, req.gpus[gi]
-    cps = [c for c in req.lists["cp"] if tier.seq_len % c == 0
-           and (c == 1 or tier.seq_len >= MIN_SEQ_LEN_FOR_CP or len(req.lists["cp"]) == 1)]
-    eps = [e for e in req.lists["ep"] if model.moe is None and e == 1
-           or model.moe is not None and model.moe.experts % e == 0]
+    cps = [c for c in _legal_values(req.lists["cp"], lambda c: [legality.cp_sequence(tier.seq_len, c)], rejected)
+           if (c == 1 or tier.seq_len >= MIN_SEQ_LEN_FOR_CP or len(req.lists["cp"]) == 1)]
+    eps = _legal_values(req.lists["ep"], lambda e: [legality.ep_moe(model, e), legality.ep_experts(model, e)], rejected)
     # "flash" is any fused kernel that keeps no s×s matrix: FlashAttention-2 where the card has
     # it, PyTorch SDPA's memory-efficient kernel elsewhere (V100, T4): same memory.
     grid = np.meshgrid(
@@ -393,7 +392,7 @@ def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps
                         checkpointing=ckpt)
     ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
     rules = {
-        "offload needs ZeRO (params: ZeRO-3)": offload_illegal(zero, off),
+        **{legality.reason(v): ~v.legal for v in legality.offload_rules(zero, off)},
         "tp·pp·cp·ep exceeds the GPU limit": tp * pp * cp * ep > limit,  # dp is a multiple of ep
         "micro-batch does not divide the global batch":
             (req.global_batch % np.maximum(mb, 1) != 0) if req.global_batch else np.zeros(n, dtype=bool),
@@ -527,60 +526,17 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
             "phases": {n: np.array([h[2].get(n, 0) for h in hits], dtype=np.int64)[inverse] for n in names}}
 
 
-def n_lora_of(rs: ResolvedScenario) -> float:
-    """Trainable adapter parameters: the override, the exact count (detailed profile), or L·18·r·H."""
-    from planner.core.arch import exact_lora_params, seed_lora_params
-
-    wl, ov = rs.workload, rs.overrides
-    if ov.lora_params is not None:
-        return float(ov.lora_params)
-    if rs.profile != "seed" and has_full_architecture(rs.model) and rs.model.moe is None:
-        return float(exact_lora_params(rs.model, wl.lora_rank, wl.lora_target_set))
-    return float(seed_lora_params(rs.model, wl.lora_rank))
-
-
-def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
-    """``n_saved`` and ``saved_head``: parameters of the modules a LoRA run trains in full
-    (``Workload.modules_to_save``) and of the LM head among them, as the time model takes them
-    (0 without a full architecture to count them)."""
-    from planner.memory.model_states import saved_module_params
-
-    wl = rs.workload
-    if not wl.modules_to_save or not has_full_architecture(rs.model):
-        return {"n_saved": 0.0, "saved_head": 0.0}
-    sizes = saved_module_params(rs.model, wl.modules_to_save)
-    return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
-
-
-def adapter_traffic_of(rs: ResolvedScenario) -> dict[str, float]:
-    """``adapter_bytes``: LoRA's side-path memory traffic per token as the time model takes it,
-    from the adapted width (n_lora / rank) and the adapters' dtype (the time model charges it to
-    LoRA and QLoRA columns only)."""
-    from planner.perf.timing import adapter_bytes_per_token
-
-    wl = rs.workload
-    return {"adapter_bytes": adapter_bytes_per_token(n_lora_of(rs), wl.lora_rank, wl.adapter_dtype)}
-
-
 def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_accum: Any,
               offload: Any = None, zero: Any = None, intra_only: bool = False) -> dict[str, Any]:
-    """The time model's arguments for columns ``c`` (planner.perf.timing.step_time_s): the one
-    builder of them for the search and its best-first bound. ``offload``/``zero`` replace the
-    columns' own (the bound takes none); ``intra_only`` prices every group at the in-node link."""
-    rs = req.rs
-    x = dict(method=c["method"], checkpointing=c["checkpointing"],
-             offload=c["offload"] if offload is None else offload, zero=c["zero"] if zero is None else zero,
-             seq_len=c["seq_len"], micro_batch=c["micro_batch"] * rs.workload.sequences_per_sample,
-             grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
-             cp=c["cp"], ep=c["ep"], dp=dp, n_lora=np.where(c["method"] == FULL, 0.0, n_lora_of(rs)),
-             **saved_modules_of(rs), **adapter_traffic_of(rs),
-             attention=c["attention"], fp8=int(bool(rs.workload.fp8)), fused=req.fused(c["stack"]),
-             vp=rs.layout.pp_virtual_stages if rs.layout.pp_schedule == "interleaved" else 1)
-    if rs.workload.reference_forward:
-        x["reference_forward"] = 1
-    if intra_only:
-        x["intra_only"] = True
-    return x
+    """The time model's arguments for columns ``c`` (planner.perf.arguments.step_arguments), for
+    the search and its best-first bound. ``offload``/``zero`` replace the columns' own (the
+    bound takes none); ``intra_only`` prices every group at the in-node link."""
+    return step_arguments(
+        req.rs, method=c["method"], checkpointing=c["checkpointing"],
+        offload=c["offload"] if offload is None else offload, zero=c["zero"] if zero is None else zero,
+        seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
+        cp=c["cp"], ep=c["ep"], dp=dp, attention=c["attention"], fused=req.fused(c["stack"]),
+        intra_only=intra_only)
 
 
 def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,

@@ -1,0 +1,75 @@
+"""The time model's arguments for a scenario's plans: the one builder of them.
+
+:func:`step_arguments` takes the plan's own decisions (method, layout, micro-batch,
+accumulation; scalars for one plan, arrays for the search's columns) and adds what the scenario
+fixes for every plan (LoRA's trainable parameters and adapter traffic, modules trained in full,
+FP8, interleaved stages, a DPO reference pass, two sequences per pair). The search, its
+best-first bound and the plan checker all time plans through it and
+:func:`planner.perf.timing.step_time_s`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from planner.core.arch import has_full_architecture
+from planner.core.codes import FULL
+from planner.perf.timing import adapter_bytes_per_token
+
+if TYPE_CHECKING:
+    from planner.scenario.resolve import ResolvedScenario
+
+
+def n_lora_of(rs: ResolvedScenario) -> float:
+    """Trainable adapter parameters: the override, the exact count (detailed profile), or L·18·r·H."""
+    from planner.core.arch import exact_lora_params, seed_lora_params
+
+    wl, ov = rs.workload, rs.overrides
+    if ov.lora_params is not None:
+        return float(ov.lora_params)
+    if rs.profile != "seed" and has_full_architecture(rs.model) and rs.model.moe is None:
+        return float(exact_lora_params(rs.model, wl.lora_rank, wl.lora_target_set))
+    return float(seed_lora_params(rs.model, wl.lora_rank))
+
+
+def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
+    """``n_saved`` and ``saved_head``: parameters of the modules a LoRA run trains in full
+    (``Workload.modules_to_save``) and of the LM head among them, as the time model takes them
+    (0 without a full architecture to count them)."""
+    from planner.memory.model_states import saved_module_params
+
+    wl = rs.workload
+    if not wl.modules_to_save or not has_full_architecture(rs.model):
+        return {"n_saved": 0.0, "saved_head": 0.0}
+    sizes = saved_module_params(rs.model, wl.modules_to_save)
+    return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
+
+
+def adapter_traffic_of(rs: ResolvedScenario) -> dict[str, float]:
+    """``adapter_bytes``: LoRA's side-path memory traffic per token as the time model takes it,
+    from the adapted width (n_lora / rank) and the adapters' dtype (the time model charges it to
+    LoRA and QLoRA columns only)."""
+    wl = rs.workload
+    return {"adapter_bytes": adapter_bytes_per_token(n_lora_of(rs), wl.lora_rank, wl.adapter_dtype)}
+
+
+def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
+                   seq_len: Any, micro_batch: Any, grad_accum: Any, tp: Any, pp: Any, cp: Any, ep: Any,
+                   dp: Any, attention: Any, fused: Any, intra_only: bool = False) -> dict[str, Any]:
+    """The keyword arguments of :func:`planner.perf.timing.step_time_s` for plans of scenario
+    ``rs`` (categorical values as codes; ``micro_batch`` counts the workload's samples, a DPO
+    pair being two sequences). ``intra_only`` prices every group at the in-node link."""
+    wl, lay = rs.workload, rs.layout
+    x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
+             micro_batch=micro_batch * wl.sequences_per_sample, grad_accum=grad_accum, tp=tp, pp=pp,
+             cp=cp, ep=ep, dp=dp, n_lora=np.where(np.asarray(method) == FULL, 0.0, n_lora_of(rs)),
+             **saved_modules_of(rs), **adapter_traffic_of(rs),
+             attention=attention, fp8=int(bool(wl.fp8)), fused=fused,
+             vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
+    if wl.reference_forward:
+        x["reference_forward"] = 1
+    if intra_only:
+        x["intra_only"] = True
+    return x
