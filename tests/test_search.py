@@ -22,7 +22,7 @@ from planner.search.cpsat import Limits, PlanModel, Space, top_k
 
 def space(**over) -> Space:
     base = {
-        "dims": {"tp": np.array([1, 1, 1]), "zero": np.array([0, 1, 3])}, "mp": np.array([1, 1, 1]),
+        "mp": np.array([1, 1, 1]),
         "micro_batch": np.array([1, 2, 4]),
         "k_shape": np.array([0, 1, 2]), "k_dp": np.array([1, 4, 8]),
         "k_phases": {"backward": np.array([50, 70, 90]), "optimizer step": np.array([40, 60, 80])},
@@ -45,12 +45,6 @@ CONSTRAINTS = [
     # name, limits, space changes, a plan they forbid, a plan they allow (None: none is allowed)
     ("memory", {"usable_bytes": np.array([40, 100])}, {}, 0, 2),
     ("memory, a later phase", {"usable_bytes": np.array([100, 85])}, {}, 2, 1),
-    ("gpu count", {"max_gpus": 0}, {}, 0, None),
-    ("gpu count", {"max_gpus": 4}, {}, 2, 1),
-    ("fleet", {"gpu_limit": np.array([0, 8])}, {}, 0, 2),
-    # mb · dp · ga: 1 · 1 · 8 = 8; 2 · 4 · 1 = 8; 4 · 8 · 0 (32 sequences exceed the batch)
-    ("global batch", {"global_batch": 8}, {}, 2, 1),
-    ("global batch", {"global_batch": 12}, {"c_grad_accum": np.array([12, 1, 0])}, 1, 0),  # 8 ≠ 12
     ("budget", {"budget_units": 99}, {}, 0, None),
     ("budget", {"budget_units": 250}, {}, 2, 1),
     ("deadline", {"deadline_ms": 999}, {}, 0, 1),
@@ -94,16 +88,37 @@ def test_a_hint_never_changes_the_answer():
         assert model.solve(5) == ("optimal", 2)
 
 
-def test_each_choice_is_a_variable_of_the_chosen_plan():
-    """The decision variables take the chosen plan's values (what CP-SAT branches on)."""
-    from ortools.sat.python import cp_model
+@pytest.mark.parametrize("lim, over, what", [
+    ({"max_gpus": 4}, {}, "max_gpus"),  # plan 2: 8 GPUs
+    ({"gpu_limit": np.array([0, 8])}, {}, "type's limit"),  # plans 0 and 1 on a type the fleet lacks
+    # mb · dp · ga: 1 · 1 · 8 = 8; 2 · 4 · 1 = 8; 4 · 8 · 0 (32 sequences, no accumulation step)
+    ({"global_batch": 8}, {}, "global batch"),
+    ({"global_batch": 8}, {"c_grad_accum": np.array([8, 1, 1])}, "global batch"),  # 4 · 8 · 1 ≠ 8
+])
+def test_what_the_lattice_guarantees_is_checked_not_modelled(lim, over, what):
+    """GPU count, the fleet and the global batch hold for every plan the lattice generates, so as
+    CP-SAT rows they could never bind: the model checks them on its tables and refuses tables
+    that break them (a bug upstream), instead of carrying rows."""
+    with pytest.raises(ValueError, match=what):
+        PlanModel(space(**over), limits(**lim))
+    # tables that keep the guarantees build, and the first-ranked plan wins
+    assert PlanModel(space(c_grad_accum=np.array([8, 1, 1]), micro_batch=np.array([1, 2, 1])),
+                     limits(global_batch=8)).solve(5) == ("optimal", 0)
 
-    model = PlanModel(space(), limits(max_gpus=4))
-    model.m.Add(model.dims["zero"] == 1)
-    solver = cp_model.CpSolver()
-    assert solver.Solve(model.m) == cp_model.OPTIMAL
-    assert [solver.Value(v) for v in model.y] == [0, 1, 0]
-    assert (solver.Value(model.dp), solver.Value(model.gpus)) == (4, 4)
+
+def test_the_lattice_guarantees_hold_on_real_searches():
+    """On searches under a GPU limit, a fleet and a global batch, every plan of the region keeps
+    them (the model would refuse the tables otherwise) and the chosen plans pass the checker."""
+    from planner.search.answer import plan_raw
+
+    for extra in ({"search": {"max_gpus": 4, "gpu_types": ["h100", "a100-80gb"]}},
+                  {"constraints": {"fleet": {"a100-80gb": 2, "l40s": 8}}}):
+        raw = {"model": "llama-3.1-8b", "workload": {"method": "full", "seq_len": 2048, "global_batch": 24,
+                                                     "tokens": 1e8}, "top": 3, **extra}
+        result = plan_raw(raw)
+        assert result.plans and result.checker_rejected == []
+        for p in result.plans:
+            assert p.micro_batch * p.dp * p.grad_accum == 24 and p.gpus <= 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,7 +379,6 @@ def test_the_model_against_brute_force_with_and_without_hints(seed, k, use_hints
     rng = np.random.default_rng(seed)
     n_k, n_c = 40, 150
     sp = Space(
-        dims={"tp": rng.choice([1, 2, 4], 20), "zero": rng.integers(0, 4, 20)},
         mp=rng.choice([1, 2, 4], 20), micro_batch=rng.choice([1, 2], 20),
         k_shape=rng.integers(0, 20, n_k), k_dp=rng.choice([1, 2, 4, 8], n_k),
         k_phases={"a": rng.integers(10, 120, n_k), "b": rng.integers(10, 120, n_k)},
@@ -375,6 +389,8 @@ def test_the_model_against_brute_force_with_and_without_hints(seed, k, use_hints
     lim = Limits(usable_bytes=np.array([60, 90, 110]), gpu_limit=np.array([16, 8, 32]),
                  gpus_per_node=np.array([8, 8, 8]), host_bytes_per_node=np.array([-1, 40, 30]),
                  priced=np.array([True, True, True]), max_gpus=24, budget_units=800)
+    gpus = sp.k_dp[sp.c_k] * sp.mp[sp.k_shape[sp.c_k]]
+    sp = sp.take(np.flatnonzero((gpus <= lim.max_gpus) & (gpus <= lim.gpu_limit[sp.c_gpu])))  # as the lattice makes them
     want = _brute_force_top_k(sp, lim, k)
     hints = _brute_force_top_k(sp, lim, 2 * k)[::-1][:k] if use_hints else None  # worse ones, shuffled
     status, got = top_k(sp, lim, k, time_limit_s=20, hints=hints)

@@ -440,7 +440,7 @@ def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluat
     host_node = host_bytes_per_node(table, a["gpu"], e.ev["gpus"], e.ev["host_bytes"]) if n else np.zeros(0)
     need_price = req.objective in ("cost", "hourly") or req.budget_usd is not None
     space = Space(
-        dims=dims, mp=dims["tp"] * dims["pp"] * dims["cp"], micro_batch=dims["micro_batch"],
+        mp=dims["tp"] * dims["pp"] * dims["cp"], micro_batch=dims["micro_batch"],
         k_shape=degrees[:, 0], k_dp=degrees[:, 1],
         k_phases={p: np.minimum(v, cap) for p, v in phases.items()},
         c_gpu=a["gpu"], c_k=k_of, c_rank=plan_ranks(req, a, e),

@@ -2,12 +2,14 @@
 evaluated), memory as one row per phase, and the proof that the chosen plans are the top k.
 
 What is decided where: the lattice (planner.search.lattice) generates each plan's layout and
-data-parallel degree, so that its GPU count and global batch hold by construction; numpy
-(planner.search.space) computes every plan's memory, host bytes, time and cost; the best-first
-search (planner.search.candidates) bounds the region; CP-SAT picks among the region's plans under
-memory, GPU-count, fleet, host-RAM, budget, deadline and price rows and proves the pick optimal.
-The ``dims`` below are aliases (sums of the chosen plan's values) for reading the answer, not
-searched over; rows (2) and (3) stay as checks of the lattice.
+data-parallel degree, so that its GPU count (within max_gpus and its type's fleet) and its global
+batch hold by construction; numpy (planner.search.space) computes every plan's memory, host
+bytes, time and cost; the best-first search (planner.search.candidates) bounds the region; CP-SAT
+picks among the region's plans under memory, host-RAM, budget, deadline and price rows and proves
+the pick optimal. What the lattice guarantees is checked once on the tables when the model is
+built (:meth:`PlanModel._check_lattice`: a plan breaking it is a bug, raised), not stated as rows
+that could never bind. The answer is read from the chosen plan's index, so the model has no
+variables but the plans and the GPU types.
 
 Index sets (the tables of :class:`Space`): plans c of the region; GPU types g; shapes s (all a
 plan decides but its GPU type and data-parallel degree: relaxation tier, so method and sequence
@@ -17,24 +19,21 @@ checkpointing, attention, stack); degree rows k = (s, dp), memory's argument. A 
 Variables
     y_c ∈ {0, 1}   plan c is chosen (exactly one)
     x_g ∈ {0, 1}   GPU type g is used:  x_g = Σ_{c on g} y_c
-    dims           one integer per choice of the shape (``tier``, ``tp``, … ``attention``),
-                   ``dp``, ``mp`` (model-parallel ranks) and ``gpus``: each the chosen plan's
-                   value, Σ_c value[c] · y_c
 
 Constraints (each in its own method, tested alone)
-    (0) one plan and the tables above
+    (0) one plan, and x_g the one-hot sum of the plans on type g
     (1) memory:       M_p[k(c)] ≤ U[g] for every phase p of a step (device bytes per GPU from
                       the profile's phases, planner.memory.profiles; U = usable bytes of the
                       card), stated per GPU type: Σ_{c on g} M_p[k(c)] · y_c ≤ U[g]
-    (2) GPU count:    gpus = Σ_c dp[c] · mp[c] · y_c ≤ max_gpus, and per type ≤ limit[g] (fleet)
-    (3) global batch: Σ_c micro_batch[c] · dp[c] · ga[c] · y_c = global batch (when given)
-    (4) host RAM:     per type, Σ_{c on g} H[c] · y_c ≤ R[g]  (offloaded bytes of a node's GPUs)
-    (5) budget:       Σ_c cost[c] · y_c ≤ budget      (1e-4 USD, rounded up)
-    (6) deadline:     Σ_c time[c] · y_c ≤ deadline    (ms, rounded up)
-    (7) price known:  x_g = 0 for a type without a price, where the objective or budget needs one
-    (8) no-goods:     Σ_{c ∈ G} y_c = 0 for every group G already returned (top k)
+    (2) host RAM:     per type, Σ_{c on g} H[c] · y_c ≤ R[g]  (offloaded bytes of a node's GPUs)
+    (3) budget:       Σ_c cost[c] · y_c ≤ budget      (1e-4 USD, rounded up)
+    (4) deadline:     Σ_c time[c] · y_c ≤ deadline    (ms, rounded up)
+    (5) price known:  x_g = 0 for a type without a price, where the objective or budget needs one
+    (6) no-goods:     Σ_{c ∈ G} y_c = 0 for every group G already returned (top k)
+Checked on the tables, not modelled: GPUs dp[c]·mp[c] ≤ max_gpus and ≤ limit[g] (fleet);
+micro_batch[c]·dp[c]·ga[c] = global batch (when given), ga[c] ≥ 1.
 
-Stating (1), (2) and (4) per GPU type (a knapsack row each) rather than against Σ_g U_g · x_g is
+Stating (1) and (2) per GPU type (a knapsack row each) rather than against Σ_g U_g · x_g is
 the same constraint once one plan is chosen, and lets presolve settle each plan alone (measured
 in bench/bench_search.py: about 7× faster on 9,000 plans).
 
@@ -48,8 +47,8 @@ solver's path. Only integers enter CP-SAT; it runs with a fixed seed and one wor
 The plans the model holds are the search's *region*: every plan of the space (the oracle's
 columns), or, with hints, every plan whose objective is no worse than the k-th best plan a
 best-first search found (an objective bound: a plan outside it cannot be in the top k). Nothing
-in the region is removed because it does not fit: memory, GPU count, host RAM, budget and
-deadline are all decided here. (Where fewer than k plans exist, the region ends at the worst the
+in the region is removed because it does not fit: memory, host RAM, budget and deadline are all
+decided here. (Where fewer than k plans exist, the region ends at the worst the
 best-first found, whose bisection showed that no layout past it fits.)
 """
 
@@ -81,8 +80,7 @@ def objective_units(objective: str, cols: dict[str, np.ndarray]) -> np.ndarray:
 class Space:
     """The plans the model chooses among, as integer tables (see the module docstring)."""
 
-    #: per shape s: each choice's value (name → array), model-parallel ranks, micro-batch
-    dims: dict[str, np.ndarray]
+    #: per shape s: model-parallel ranks (tp·pp·cp), micro-batch
     mp: np.ndarray
     micro_batch: np.ndarray
     #: per degree row k = (s, dp): its shape, degree, phases' device bytes
@@ -147,10 +145,9 @@ class PlanModel:
             raise ValueError("plan ranks must be distinct (they make the optimum unique)")
         self.by_rank = {int(r): c for c, r in enumerate(space.c_rank)}
         self._add_variables()
+        self._check_lattice()
         self._add_tables()
         self._add_memory()
-        self._add_gpu_count()
-        self._add_global_batch()
         self._add_host_ram()
         self._add_budget()
         self._add_deadline()
@@ -173,39 +170,36 @@ class PlanModel:
             linear.coeffs.append(var_coeff)
         linear.domain.extend([max(lo, -INT_BOUND), min(hi, INT_BOUND)])
 
-    def _define(self, var, per_plan) -> None:
-        """var = Σ_c per_plan[c] · y_c (the chosen plan's value)."""
-        self._row(self.y_index, per_plan, 0, 0, var)
-
-    def _int(self, name: str, values) -> cp_model.IntVar:
-        v = np.asarray(values)
-        return self.m.new_int_var(min(int(v.min(initial=0)), 0), max(int(v.max(initial=0)), 0), name)
-
     def _add_variables(self) -> None:
         sp = self.space
         self.y = [self.m.new_bool_var(f"plan[{c}]") for c in range(len(sp.c_gpu))]
         self.y_index = np.array([v.Index() for v in self.y], dtype=np.int64)
         self.x = [self.m.new_bool_var(f"gpu[{g}]") for g in range(len(self.limits.usable_bytes))]
-        # What each plan decides, as tables over plans (its shape's and its degree row's values).
         self.shape_of = sp.k_shape[sp.c_k]
-        self.dims = {name: self._int(name, v) for name, v in sp.dims.items()}
-        self.dp = self._int("dp", sp.k_dp)
-        self.mp = self._int("mp", sp.mp)
-        self.gpus = self.m.new_int_var(0, max(int(sp.k_dp.max(initial=0)) * int(sp.mp.max(initial=0)), 0), "gpus")
+
+    def _check_lattice(self) -> None:
+        """What the lattice guarantees of every plan, checked on the tables: its GPUs within
+        max_gpus and its type's limit (the fleet), and micro-batch · dp · accumulation equal to
+        the global batch with at least one step of accumulation. As CP-SAT rows these could never
+        bind; a plan that breaks one is a bug in the lattice, not a plan to rule out."""
+        sp, lim = self.space, self.limits
+        gpus = sp.k_dp[sp.c_k] * sp.mp[self.shape_of]
+        broken = {"GPUs over max_gpus": gpus > lim.max_gpus,
+                  "GPUs over the type's limit": gpus > np.asarray(lim.gpu_limit)[sp.c_gpu]}
+        if lim.global_batch:
+            sequences = sp.micro_batch[self.shape_of] * sp.k_dp[sp.c_k] * sp.c_grad_accum
+            broken["micro_batch·dp·grad_accum ≠ global batch"] = (sequences != lim.global_batch) | (sp.c_grad_accum < 1)
+        for what, rows in broken.items():
+            if rows.any():
+                raise ValueError(f"the lattice generated {int(rows.sum())} plan(s) with {what}")
 
     # (0)
     def _add_tables(self) -> None:
-        """One plan; the GPU type is the one-hot sum of the plans on it; each choice, the degree
-        and the model-parallel ranks are the chosen plan's values (linear in the one-hot plan)."""
-        sp = self.space
+        """One plan; the GPU type is the one-hot sum of the plans on it."""
         self.m.add_exactly_one(self.y)
-        self.plans_on = [np.flatnonzero(sp.c_gpu == g) for g in range(len(self.x))]
+        self.plans_on = [np.flatnonzero(self.space.c_gpu == g) for g in range(len(self.x))]
         for var, members in zip(self.x, self.plans_on):
             self._row(self.y_index[members], np.ones(len(members)), 0, 0, var)
-        for name, values in sp.dims.items():
-            self._define(self.dims[name], values[self.shape_of])
-        self._define(self.mp, sp.mp[self.shape_of])
-        self._define(self.dp, sp.k_dp[sp.c_k])
 
     def _within_each_type(self, per_plan, per_type) -> None:
         """Σ_{c on g} v_c · y_c ≤ L_g for every GPU type g: the chosen plan's value within its
@@ -221,26 +215,6 @@ class PlanModel:
             self._within_each_type(table[self.space.c_k], self.limits.usable_bytes)
 
     # (2)
-    def _add_gpu_count(self) -> None:
-        sp = self.space
-        gpus = sp.k_dp[sp.c_k] * sp.mp[self.shape_of]
-        self._define(self.gpus, gpus)
-        self.m.add(self.gpus <= self.limits.max_gpus)
-        self._within_each_type(gpus, self.limits.gpu_limit)
-
-    # (3)
-    def _add_global_batch(self) -> None:
-        """micro_batch · dp · grad_accum = global batch, with each plan's accumulation steps
-        (⌊global batch / (micro_batch · dp)⌋): a degree that does not divide the batch fails."""
-        gb = self.limits.global_batch
-        if not gb:
-            return
-        sp = self.space
-        sequences = sp.micro_batch[self.shape_of] * sp.k_dp[sp.c_k] * sp.c_grad_accum
-        self._row(self.y_index, sequences, gb, gb)
-        self._row(self.y_index, sp.c_grad_accum, 1, INT_BOUND)
-
-    # (4)
     def _add_host_ram(self) -> None:
         """Offloaded bytes of the plan's GPUs on one node within the node's host RAM."""
         ram = np.asarray(self.limits.host_bytes_per_node)
@@ -258,23 +232,23 @@ class PlanModel:
         if len(over):
             self._row(self.y_index[over], np.ones(len(over)), 0, 0)
 
-    # (5)
+    # (3)
     def _add_budget(self) -> None:
         if self.limits.budget_units is not None and self.space.c_cost is not None:
             self._none_above(self.space.c_cost, self.limits.budget_units)
 
-    # (6)
+    # (4)
     def _add_deadline(self) -> None:
         if self.limits.deadline_ms is not None and self.space.c_time is not None:
             self._none_above(self.space.c_time, self.limits.deadline_ms)
 
-    # (7)
+    # (5)
     def _add_price_known(self) -> None:
         if self.limits.need_price:
             for gi in np.flatnonzero(~np.asarray(self.limits.priced, dtype=bool)):
                 self.m.add(self.x[int(gi)] == 0)
 
-    # (8)
+    # (6)
     def forbid_group(self, group: int) -> None:
         members = [self.y[c] for c in np.flatnonzero(self.space.c_group == group)]
         if members:
