@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("-n", type=int, default=200)
     args = ap.parse_args()
-    from planner.search.batch import run_batch
+    from planner.bulk.batch import run_batch
 
     with tempfile.TemporaryDirectory() as tmp:
         write(Path(tmp), scenarios(args.n))

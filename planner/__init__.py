@@ -98,7 +98,7 @@ def batch(*paths: str | Path, top: int = 1, workers: int | None = None, prices: 
     """Plan every scenario in the files and folders given: a pandas DataFrame, one row per plan
     (the best ``top`` of each scenario) or per invalid/infeasible scenario, with its error.
     ``out`` also writes it (.csv, .json, .parquet, .md, .html), atomically."""
-    from planner.search.batch import PriceOptions, run_batch
+    from planner.bulk.batch import PriceOptions, run_batch
 
     run = run_batch(paths, top=top, workers=workers,
                     prices=PriceOptions(tuple(str(p) for p in prices), price_date))

@@ -11,9 +11,9 @@ from conftest import ROOT
 from typer.testing import CliRunner
 
 import planner
+from planner.bulk.batch import run_batch
 from planner.cli.main import app
 from planner.report.files import atomic_write_text, write_frame
-from planner.search.batch import run_batch
 
 GOOD = """\
 scenarios:
@@ -226,7 +226,7 @@ def _invoke_batch(folder, out, *extra):
 @pytest.fixture
 def no_planning(monkeypatch):
     """Fails the test if planning starts: the output checks come first."""
-    from planner.search import batch
+    from planner.bulk import batch
 
     def boom(*args, **kwargs):
         raise AssertionError("planned before checking --out")
@@ -369,7 +369,7 @@ def test_batch_from_a_plain_script_with_worker_processes(tmp_path):
 
 def test_a_batch_larger_than_its_bound_is_refused_before_planning(tmp_path, monkeypatch):
     """Files and scenarios are counted before any is planned: over the bound is exit 2 naming it."""
-    from planner.search import batch as batch_module
+    from planner.bulk import batch as batch_module
 
     def boom(*args, **kwargs):
         raise AssertionError("planned before counting")

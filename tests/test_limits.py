@@ -227,7 +227,7 @@ def test_a_fleet_keeps_the_default_global_batch():
 
 BATCH_SCRIPT = """
 import os, signal, sys
-import planner.search.batch as batch
+import planner.bulk.batch as batch
 real = batch.as_completed
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from planner.bulk.batch import is_portfolio
 from planner.scenario.resolve import read_scenario_file
 from planner.search.answer import plan_raw
-from planner.search.batch import is_portfolio
 
 FILES = sorted(p for p in (ROOT / "scenarios").rglob("*.yaml"))
 SCENARIO_FILES = [p for p in FILES if not is_portfolio(p)]

@@ -87,7 +87,7 @@ def _check_writable_outputs(out: Path | None, plot: Path | None) -> None:
 def _plan_batch(paths: list[Path], top: int, workers: int | None, prices: list[Path] | None,
                 price_date: str | None, max_price_age: float):
     """The batch run (a progress bar on a terminal); exit 2 on unreadable input."""
-    from planner.search.batch import PriceOptions, run_batch
+    from planner.bulk.batch import PriceOptions, run_batch
 
     opts = PriceOptions(tuple(str(p) for p in prices or ()), price_date, max_price_age)
     try:

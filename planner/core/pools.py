@@ -9,10 +9,23 @@ interrupt; the parent, which alone acts on it, ends its workers and goes on rais
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+
+#: Fewer scenarios (or jobs) than this run in this process: starting workers (≈ 1 s each,
+#: importing OR-Tools and the catalogs) costs more than it saves.
+MIN_SCENARIOS_FOR_PROCESSES = 4
+
+
+def default_workers() -> int:
+    """Worker processes: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def ignore_interrupts() -> None:

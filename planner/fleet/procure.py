@@ -588,7 +588,7 @@ def generate_options(runs: list[JobRun], gpu_types, max_gpus: int, *, workers: i
     With a ``deadline`` (``time.perf_counter()`` seconds), jobs not started by then get only their
     coarse candidates (powers of two: always built, even past the deadline); what was built in full
     is kept. Without one: every count of every job."""
-    from planner.search.batch import MIN_SCENARIOS_FOR_PROCESSES, default_workers
+    from planner.core.pools import MIN_SCENARIOS_FOR_PROCESSES, default_workers
 
     t0 = time.perf_counter()
     workers = default_workers() if workers is None else workers

@@ -25,15 +25,16 @@ import pandas as pd
 
 from planner.catalog.prices import DEFAULT_MAX_AGE_DAYS
 from planner.core.errors import MAX_LINE_CHARS, InputError, clip, excerpt, shown
-from planner.core.pools import ignore_interrupts, stopped_on_interrupt
+from planner.core.pools import (
+    MIN_SCENARIOS_FOR_PROCESSES,
+    default_workers,
+    ignore_interrupts,
+    stopped_on_interrupt,
+)
 from planner.core.textfiles import is_dir
 from planner.search.answer import absolute_model_path
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
-#: Fewer scenarios than this run in this process: starting workers (≈ 1 s each, importing
-#: OR-Tools and the catalogs) costs more than it saves.
-MIN_SCENARIOS_FOR_PROCESSES = 4
-
 COLUMNS = [
     "file", "scenario", "status", "rank", "gpu", "gpus", "nodes", "dp", "tp", "pp", "cp", "sp", "zero",
     "offload", "micro_batch", "grad_accum", "global_batch", "seq_len", "method", "precision",
@@ -240,13 +241,6 @@ def _init_worker(opts: PriceOptions) -> None:
 
 def _run_in_worker(index: int, item: Item, top: int, opts: PriceOptions) -> tuple[int, list[dict[str, Any]]]:
     return index, plan_item(item, top, opts)
-
-
-def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @contextmanager
