@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from planner.core.errors import InputError
 from planner.core.specs import Scenario
 from planner.memory.estimate import Estimate, estimate_resolved
-from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, scenario_from_flags
+from planner.scenario.files import deep_merge, read_scenario_file, scenario_from_flags
+from planner.scenario.resolve import resolve
 
 if TYPE_CHECKING:
     from planner.search.results import Plan, PlanResult

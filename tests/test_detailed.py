@@ -117,9 +117,9 @@ def test_tight_when_headroom_inside_band():
 def test_recipe_knobs_move_memory_the_right_way(change, smaller):
     base = {"model": "llama-3.2-3b", "workload": {"method": "full", "seq_len": 4096, "precision": "bf16"}}
     if "layout" in change and "checkpointing" in change["layout"] and "workload" in change:
-        base = planner.scenario.resolve.deep_merge(base, {"layout": change["layout"]})  # vary one knob
+        base = planner.scenario.files.deep_merge(base, {"layout": change["layout"]})  # vary one knob
     a = planner.estimate(base).predicted["allocated_bytes"]
-    b = planner.estimate(planner.scenario.resolve.deep_merge(base, change)).predicted["allocated_bytes"]
+    b = planner.estimate(planner.scenario.files.deep_merge(base, change)).predicted["allocated_bytes"]
     assert (b < a) if smaller else (b > a)
 
 
@@ -127,8 +127,8 @@ def test_recipe_knobs_move_memory_the_right_way(change, smaller):
 def test_zero_stages_never_add_memory(zero):
     base = {"model": "llama-3.1-8b", "workload": {"method": "full", "precision": "mixed"},
             "layout": {"gpus": 8, "checkpointing": "full"}}
-    lower = planner.estimate(planner.scenario.resolve.deep_merge(base, {"layout": {"zero": max(zero - 1, 0)}}))
-    here = planner.estimate(planner.scenario.resolve.deep_merge(base, {"layout": {"zero": zero}}))
+    lower = planner.estimate(planner.scenario.files.deep_merge(base, {"layout": {"zero": max(zero - 1, 0)}}))
+    here = planner.estimate(planner.scenario.files.deep_merge(base, {"layout": {"zero": zero}}))
     assert here.components.get("optimizer_states", 0) <= lower.components.get("optimizer_states", 0)
     assert here.components.get("weights", 0) <= lower.components.get("weights", 0)
 
@@ -203,7 +203,7 @@ def test_fsdp_units_mixing_frozen_weights_give_them_gradients():
     base = {"model": "llama-2-7b", "workload": {"method": "lora", "precision": "bf16", "seq_len": 1024},
             "layout": {"gpus": 4, "zero": 3, "checkpointing": "full"}}
     plain = planner.estimate(base)
-    mixed = planner.estimate(planner.scenario.resolve.deep_merge(base, {"layout": {"fsdp_mixed_units": True}}))
+    mixed = planner.estimate(planner.scenario.files.deep_merge(base, {"layout": {"fsdp_mixed_units": True}}))
     counts = param_counts(get_model("llama-2-7b"))
     layers_bytes = (counts.attention + counts.mlp) * 2
     assert plain.components.get("gradients", 0) == 0
@@ -216,7 +216,7 @@ def test_legacy_bitsandbytes_keeps_every_frozen_input():
     base = {"model": "llama-3.1-8b", "workload": {"method": "qlora", "precision": "bf16",
                                                   "seq_len": 2048, "lora_targets": ["q", "v"]}}
     now = planner.estimate(base).components["activations"]
-    legacy = planner.estimate(planner.scenario.resolve.deep_merge(
+    legacy = planner.estimate(planner.scenario.files.deep_merge(
         base, {"workload": {"bnb_keeps_input": True}})).components["activations"]
     # per layer and token: the norms' outputs (h each) and the MLP product (f) in bf16; the
     # attention output is kept by SDPA anyway; layer 0's first norm output needs no gradient.
@@ -238,7 +238,7 @@ def test_llm_int8_matmuls_keep_their_input_and_its_int8_copy_per_module():
     base = {"model": "llama-2-7b", "workload": wl, "layout": {"checkpointing": "none"}}
 
     def acts(**extra):
-        merged = planner.scenario.resolve.deep_merge(base, {"workload": extra})
+        merged = planner.scenario.files.deep_merge(base, {"workload": extra})
         return planner.estimate(merged).components["activations"]
 
     dropped, now, with_copy = (acts(bnb_keeps_input=False), acts(),
@@ -292,7 +292,7 @@ def test_first_step_has_no_gradients_from_earlier_micro_batches():
             "workload": {"method": "full", "precision": "bf16", "seq_len": 2048, "grad_accum": 4},
             "layout": {"gpus": 2, "zero": 3, "unsharded_grad_accumulation": True}}
     steady = planner.estimate(base)
-    first = planner.estimate(planner.scenario.resolve.deep_merge(base, {"workload": {"peak_at_first_step": True}}))
+    first = planner.estimate(planner.scenario.files.deep_merge(base, {"workload": {"peak_at_first_step": True}}))
     assert steady.components["gradients"] > 0
     assert "peak phase: backward start" in steady.assumptions
     assert "peak phase: backward end" in first.assumptions

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import planner
-from planner.scenario.resolve import deep_merge
+from planner.scenario.files import deep_merge
 
 GB = 1e9
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 
 from planner.bulk.batch import is_portfolio
-from planner.scenario.resolve import read_scenario_file
+from planner.scenario.files import read_scenario_file
 from planner.search.answer import plan_raw
 
 FILES = sorted(p for p in (ROOT / "scenarios").rglob("*.yaml"))

@@ -134,7 +134,7 @@ def _name(raw: dict[str, Any], source: str) -> str:
 
 def read_items(files: Iterable[Path]) -> tuple[list[Item], list[str]]:
     """Every scenario of every file; a file that cannot be read is one ``invalid`` item."""
-    from planner.scenario.resolve import scenarios_from_data
+    from planner.scenario.files import scenarios_from_data
 
     items, skipped = [], []
     for path in files:

@@ -29,7 +29,8 @@ from planner.launch.checks import annotate
 from planner.launch.importing import CONFIG_HELP, merge_configs
 from planner.memory.estimate import estimate_resolved
 from planner.report.terminal import print_estimate, print_plans, to_json
-from planner.scenario.resolve import deep_merge, read_scenario_file, resolve, scenario_from_flags
+from planner.scenario.files import deep_merge, read_scenario_file, scenario_from_flags
+from planner.scenario.resolve import resolve
 
 
 def _run_each(file: Path | None, flags: dict, config: list[Path] | None, run, *, for_plan: bool = False,

@@ -23,7 +23,8 @@ import numpy as np
 
 from planner.core.errors import InputError
 from planner.fleet.portfolio import JobRun
-from planner.scenario.resolve import deep_merge, resolve
+from planner.scenario.files import deep_merge
+from planner.scenario.resolve import resolve
 from planner.search.candidates import Evaluated, SearchOutcome, feasible, lower_bounds
 from planner.search.cpsat import time_ms
 from planner.search.lattice import build_lattice, fitting_start

@@ -219,7 +219,7 @@ def load_portfolio(path: str | Path, data: Any = None) -> tuple[Portfolio, list[
     """Read and check a portfolio file (or ``data``, its mapping, named ``path`` in messages);
     every problem at once, one line each."""
     from planner.core.textfiles import load_yaml
-    from planner.scenario.resolve import deep_merge, read_scenario_file
+    from planner.scenario.files import deep_merge, read_scenario_file
     from planner.search.answer import absolute_model_path
 
     path = Path(path)

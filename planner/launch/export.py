@@ -18,7 +18,8 @@ from planner.launch.frameworks import (
     torchrun_command,
 )
 from planner.launch.recipes import hf_files, megatron_args, torchtune_override
-from planner.scenario.resolve import ResolvedScenario, read_scenario_file, resolve
+from planner.scenario.files import read_scenario_file
+from planner.scenario.resolve import ResolvedScenario, resolve
 
 #: Plan fields that pin a scenario (what ``plans.plan_scenario`` sets).
 _WORKLOAD = ("method", "precision", "seq_len", "micro_batch", "grad_accum", "optimizer")

@@ -52,7 +52,7 @@ from planner.launch.readers import (
     torchtune_model_name,
     whole,
 )
-from planner.scenario.resolve import FLAG_SECTIONS, deep_merge
+from planner.scenario.files import FLAG_SECTIONS, deep_merge
 
 CONFIG_HELP = ("A config you have: DeepSpeed JSON, accelerate YAML, TrainingArguments JSON/YAML, TRL or "
                "alignment-handbook recipe, LLaMA-Factory YAML, PEFT LoraConfig, BitsAndBytesConfig, "

@@ -20,7 +20,8 @@ from planner.core.errors import InputError
 from planner.core.units import format_bytes
 from planner.memory.breakdown import decode_class
 from planner.memory.estimate import estimate_resolved
-from planner.scenario.resolve import deep_merge, resolve
+from planner.scenario.files import deep_merge
+from planner.scenario.resolve import resolve
 from planner.search.candidates import SearchOutcome
 from planner.search.lattice import build_lattice
 from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS

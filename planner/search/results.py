@@ -16,7 +16,8 @@ from planner.catalog.stacks import get_stack
 from planner.core.units import nodes_for
 from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode_class
 from planner.memory.estimate import Estimate, estimate_resolved
-from planner.scenario.resolve import deep_merge, resolve
+from planner.scenario.files import deep_merge
+from planner.scenario.resolve import resolve
 from planner.search.candidates import SearchOutcome
 from planner.search.space import SearchRequest
 
