@@ -19,8 +19,10 @@ import time
 from planner import catalog
 from planner.scenario.resolve import resolve
 from planner.search.candidates import enumerate_all, search
+from planner.search.evaluate import gpu_table
 from planner.search.lattice import build_lattice
-from planner.search.space import build_classes, build_request, gpu_table
+from planner.search.request import build_request
+from planner.search.space import build_classes
 
 #: The full space: a 70B LoRA job at 8K tokens (so context parallelism is in play), relaxable to
 #: QLoRA, over every GPU type, up to 1,024 GPUs, every layout.

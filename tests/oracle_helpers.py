@@ -6,8 +6,8 @@ from __future__ import annotations
 from planner.scenario.resolve import resolve
 from planner.search.candidates import enumerate_all, search
 from planner.search.checker import check_plan
+from planner.search.request import build_request
 from planner.search.results import assemble
-from planner.search.space import build_request
 
 
 def assert_search_matches_oracle(raw: dict) -> None:

@@ -8,7 +8,8 @@ from planner import catalog
 from planner.memory.breakdown import CODES, OFFLOADS, decode, decode_class
 from planner.scenario import legality
 from planner.scenario.resolve import resolve
-from planner.search.space import build_classes, build_request
+from planner.search.request import build_request
+from planner.search.space import build_classes
 
 
 def _illegal(verdicts) -> bool:

@@ -27,7 +27,7 @@ from planner.scenario.resolve import resolve
 from planner.search import candidates
 from planner.search.answer import checked, plan_raw
 from planner.search.candidates import search
-from planner.search.space import build_request
+from planner.search.request import build_request
 
 runner = CliRunner()
 

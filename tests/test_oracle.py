@@ -14,8 +14,8 @@ from oracle_helpers import assert_search_matches_oracle
 from planner.scenario.resolve import resolve
 from planner.search.candidates import enumerate_all, search
 from planner.search.checker import check_plan
+from planner.search.request import build_request
 from planner.search.results import assemble
-from planner.search.space import build_request
 
 SMALL_GPUS = ["rtx-4090", "rtx-3090", "a100-40gb", "a100-80gb", "h100", "l4", "t4", "v100-16gb", "l40s"]
 MODELS = [

@@ -330,7 +330,8 @@ def test_plans_that_do_not_fit_reach_cpsat_and_it_rejects_them():
     cheaper per hour than anything that fits), and CP-SAT's memory constraints turn them down."""
     from planner.scenario.resolve import resolve
     from planner.search.candidates import decision_space, plan_ranks, search
-    from planner.search.space import build_request, gpu_table
+    from planner.search.evaluate import gpu_table
+    from planner.search.request import build_request
 
     raw = {"profile": "detailed", "model": "llama-3.1-8b",
            "workload": {"method": "full", "seq_len": 2048, "tokens": 1e8},

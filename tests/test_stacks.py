@@ -97,7 +97,8 @@ def test_a_combination_is_searchable_iff_some_stack_runs_it(method, tp, pp, zero
                       "attention": "flash"},
            "search": {"max_gpus": 16}, "top": 1}
     from planner.scenario.resolve import resolve
-    from planner.search.space import build_classes, build_request
+    from planner.search.request import build_request
+    from planner.search.space import build_classes
 
     try:
         cls = build_classes(build_request(resolve(raw)))
@@ -227,14 +228,14 @@ def test_a_plan_is_estimated_and_checked_with_its_stack_s_recipe(monkeypatch):
     checker agrees. A loss the scenario sets wins over the stack's."""
     import planner
     from planner.catalog import stacks as stack_catalog
-    from planner.search import space
+    from planner.search import request as search_request
     from planner.search.checker import check_plan
 
     base = stack_catalog.get_stack("hf-fsdp")
     fused = base.model_copy(update={"id": "hf-fsdp-compiled-loss", "loss": "compiled"})
     every = (*stack_catalog.stacks(), fused)
     monkeypatch.setattr(stack_catalog, "stacks", lambda: every)
-    monkeypatch.setattr(space, "stacks", lambda: every)
+    monkeypatch.setattr(search_request, "stacks", lambda: every)
 
     raw = {"model": "llama-3.1-8b", "workload": {"method": "full", "seq_len": 4096, "micro_batch": 4,
                                                  "global_batch": 64, "tokens": 1.0e8},

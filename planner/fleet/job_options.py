@@ -27,8 +27,10 @@ from planner.scenario.files import deep_merge
 from planner.scenario.resolve import resolve
 from planner.search.candidates import Evaluated, SearchOutcome, feasible, lower_bounds
 from planner.search.cpsat import time_ms
+from planner.search.evaluate import evaluate, gpu_table
 from planner.search.lattice import build_lattice, fitting_start
-from planner.search.space import SearchRequest, build_classes, build_request, evaluate, gpu_table
+from planner.search.request import SearchRequest, build_request
+from planner.search.space import build_classes
 
 #: Classes evaluated per (type, count) and round of the best-first loop.
 ROUND_SIZE = 32

@@ -11,10 +11,12 @@ import numpy as np
 from planner.scenario.resolve import resolve
 from planner.search.candidates import concat_evaluated, evaluate_windows, search
 from planner.search.checker import check_plan
+from planner.search.evaluate import gpu_table
 from planner.search.explain import document_steps, explain
 from planner.search.lattice import build_lattice, fitting_windows
+from planner.search.request import SearchRequest, build_request
 from planner.search.results import Plan, PlanResult, assemble
-from planner.search.space import SearchRequest, build_classes, build_request, gpu_table
+from planner.search.space import build_classes
 
 #: Most points a Pareto front reports (evenly spread along it when it is longer).
 MAX_PARETO_POINTS = 50

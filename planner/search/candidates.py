@@ -38,13 +38,8 @@ from planner.search.cpsat import (
     time_ms,
     top_k,
 )
-from planner.search.lattice import Lattice, build_lattice, degree_windows, fitting_windows
-from planner.search.space import (
-    CLASS_KEYS,
-    Classes,
+from planner.search.evaluate import (
     GpuTable,
-    SearchRequest,
-    build_classes,
     evaluate,
     gpu_table,
     grad_accum_of,
@@ -55,6 +50,9 @@ from planner.search.space import (
     perf_rows,
     step_args,
 )
+from planner.search.lattice import Lattice, build_lattice, degree_windows, fitting_windows
+from planner.search.request import CLASS_KEYS, SearchRequest
+from planner.search.space import Classes, build_classes
 
 #: Columns evaluated per batch: the first batch is small (the bound often stops the search
 #: after it), later ones double up to the largest, which bounds the arrays' size.

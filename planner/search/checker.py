@@ -25,8 +25,8 @@ from planner.perf.arguments import step_arguments
 from planner.perf.timing import GpuPerf, job_time_s, model_flops, step_time_s
 from planner.scenario import legality
 from planner.scenario.resolve import resolve, uneven_pp_allowed
+from planner.search.request import METHOD_LADDER, MIN_RELAXED_SEQ_LEN
 from planner.search.results import Plan, plan_scenario
-from planner.search.space import METHOD_LADDER, MIN_RELAXED_SEQ_LEN
 
 #: Relative tolerance when comparing a plan's reported time and cost with the recomputation.
 REL_TOL = 1e-9

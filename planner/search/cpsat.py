@@ -3,7 +3,7 @@ evaluated), memory as one row per phase, and the proof that the chosen plans are
 
 What is decided where: the lattice (planner.search.lattice) generates each plan's layout and
 data-parallel degree, so that its GPU count (within max_gpus and its type's fleet) and its global
-batch hold by construction; numpy (planner.search.space) computes every plan's memory, host
+batch hold by construction; numpy (planner.search.evaluate) computes every plan's memory, host
 bytes, time and cost; the best-first search (planner.search.candidates) bounds the region; CP-SAT
 picks among the region's plans under memory, host-RAM, budget, deadline and price rows and proves
 the pick optimal. What the lattice guarantees is checked once on the tables when the model is

@@ -23,17 +23,11 @@ from planner.memory.estimate import estimate_resolved
 from planner.scenario.files import deep_merge
 from planner.scenario.resolve import resolve
 from planner.search.candidates import SearchOutcome
+from planner.search.evaluate import gpu_table, grad_accum_of, memory_total
 from planner.search.lattice import build_lattice
+from planner.search.request import METHOD_LADDER, MIN_RELAXED_SEQ_LEN, SearchRequest
 from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS
-from planner.search.space import (
-    METHOD_LADDER,
-    MIN_RELAXED_SEQ_LEN,
-    SearchRequest,
-    build_classes,
-    gpu_table,
-    grad_accum_of,
-    memory_total,
-)
+from planner.search.space import build_classes
 
 
 def closest_layout(req: SearchRequest) -> dict[str, Any] | None:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.core.arrays import unique_rows
-from planner.search.space import Classes, GpuTable, SearchRequest, grad_accum_of, memory_total
+from planner.search.evaluate import GpuTable, grad_accum_of, memory_total
+from planner.search.request import SearchRequest
+from planner.search.space import Classes
 
 #: Data-parallel degrees evaluated together as one unit of work.
 WINDOW = 64

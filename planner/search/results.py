@@ -19,7 +19,7 @@ from planner.memory.estimate import Estimate, estimate_resolved
 from planner.scenario.files import deep_merge
 from planner.scenario.resolve import resolve
 from planner.search.candidates import SearchOutcome
-from planner.search.space import SearchRequest
+from planner.search.request import SearchRequest
 
 
 class Band(BaseModel):

@@ -1,0 +1,200 @@
+"""Every metric of the search's columns (a class at a data-parallel degree): memory per phase of a
+step from the profile's own formulas, host bytes, GPUs and nodes, time and cost from the time
+model, and the constraint flags, on numpy arrays (the same formulas as planner estimate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.core.arrays import unique_rows
+from planner.memory.breakdown import (
+    STACK_MEMORY_RECIPE,
+    STACK_WORKLOAD_RECIPE,
+)
+from planner.memory.estimate import usable_bytes
+from planner.memory.profiles import memory_components
+from planner.perf.arguments import step_arguments
+from planner.perf.timing import (
+    GpuPerf,
+    billed_gpus,
+    job_cost_usd,
+    job_time_s,
+    model_flops,
+    step_time_s,
+)
+from planner.search.request import CLASS_KEYS, SearchRequest, gpu_limit
+
+
+@dataclass
+class GpuTable:
+    """Per GPU type arrays (indexed by the class's ``gpu``)."""
+
+    usable_bytes: np.ndarray
+    host_bytes_per_node: np.ndarray  # inf where unknown
+    gpus_per_node: np.ndarray
+    whole_node: np.ndarray
+    limit: np.ndarray
+    perf: GpuPerf
+    perf_low: GpuPerf  # utilisation at the catalog's low prior
+    perf_high: GpuPerf
+
+
+def gpu_table(req: SearchRequest) -> GpuTable:
+    reserve = req.rs.overrides.reserve
+
+    def perf(which: str) -> GpuPerf:
+        rows = []
+        for g in req.gpus:
+            util = {"mid": req.utilization, "low": g.utilization_low, "high": g.utilization_high}[which]
+            rows.append(GpuPerf.of(g, util))
+        return GpuPerf(*(np.array([getattr(r, f) for r in rows], dtype=float)
+                         for f in GpuPerf.__dataclass_fields__))
+
+    return GpuTable(
+        usable_bytes=np.array([usable_bytes(g.memory_bytes, req.rs.profile, reserve) for g in req.gpus], dtype=np.int64),
+        host_bytes_per_node=np.array([g.host_ram_budget_bytes for g in req.gpus]),
+        gpus_per_node=np.array([g.gpus_per_node for g in req.gpus], dtype=np.int64),
+        whole_node=np.array([g.whole_node_only for g in req.gpus]),
+        limit=np.array([gpu_limit(req, g) for g in req.gpus], dtype=np.int64),
+        perf=perf("mid"), perf_low=perf("low"), perf_high=perf("high"),
+    )
+
+
+def perf_rows(perf: GpuPerf, gpu_idx: np.ndarray) -> GpuPerf:
+    return GpuPerf(*(np.asarray(getattr(perf, f))[gpu_idx] for f in GpuPerf.__dataclass_fields__))
+
+
+def grad_accum_of(req: SearchRequest, micro_batch: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Gradient-accumulation steps: global_batch / (micro_batch · dp), or the scenario's value."""
+    if req.global_batch:
+        return req.global_batch // (micro_batch * dp)
+    return np.full(np.shape(dp), req.grad_accum, dtype=np.int64)
+
+
+def memory_total(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> tuple:
+    """(bytes per GPU a plan must fit, host bytes per GPU), exactly as ``planner estimate`` sums them."""
+    mem = memory_of(req, c, dp, ga)
+    return mem["total"], mem["host"]
+
+
+def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: np.ndarray) -> dict[str, Any]:
+    """``total`` and ``host`` bytes per GPU, and ``phases``: the bytes each phase of a step must
+    fit (the search's one memory constraint per phase; the largest is ``total``).
+
+    The seed profile is evaluated on the arrays directly. Other profiles evaluate each distinct
+    layout once per search (the GPU type does not change memory, so rows repeat across types and
+    across the bisection's probes): results are kept in ``req.memory_cache``."""
+    x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
+    x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
+    # the stack's recipe where memory depends on it
+    for key in (*STACK_MEMORY_RECIPE, *STACK_WORKLOAD_RECIPE):
+        if req.stack_sets(key):
+            x[key] = req.stack_recipe(key, c["stack"])
+
+    def run(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        return memory_components(req.rs.profile, req.model, req.rs.overrides,
+                                 base=(req.rs.workload, req.rs.layout), **arrays)
+
+    if req.rs.profile == "seed":
+        comps = run(x)
+        shape = np.shape(dp)
+        return {"total": np.broadcast_to(comps["total"], shape), "host": np.broadcast_to(comps["host"], shape),
+                "phases": {k: np.broadcast_to(v, shape) for k, v in comps["phases"].items()}}
+    keys = sorted(x)
+    stacked = np.stack([np.broadcast_to(np.asarray(x[k], dtype=np.int64), np.shape(dp)) for k in keys], axis=1)
+    uniq, inverse = unique_rows(stacked)
+    rows = [tuple(r) for r in uniq.tolist()]
+    cache = req.memory_cache
+    missing = [i for i, r in enumerate(rows) if r not in cache]
+    if missing:
+        comps = run({k: uniq[missing, j] for j, k in enumerate(keys)})
+        for n, i in enumerate(missing):
+            cache[rows[i]] = (int(comps["total"][n]), int(comps["host"][n]),
+                              {k: int(v[n]) for k, v in comps["phases"].items() if v[n] > 0})
+    hits = [cache[r] for r in rows]
+    inverse = inverse.reshape(-1)
+    names = sorted({name for h in hits for name in h[2]})
+    return {"total": np.array([h[0] for h in hits], dtype=np.int64)[inverse],
+            "host": np.array([h[1] for h in hits], dtype=np.int64)[inverse],
+            "phases": {n: np.array([h[2].get(n, 0) for h in hits], dtype=np.int64)[inverse] for n in names}}
+
+
+def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_accum: Any,
+              offload: Any = None, zero: Any = None, intra_only: bool = False) -> dict[str, Any]:
+    """The time model's arguments for columns ``c`` (planner.perf.arguments.step_arguments), for
+    the search and its best-first bound. ``offload``/``zero`` replace the columns' own (the
+    bound takes none); ``intra_only`` prices every group at the in-node link."""
+    return step_arguments(
+        req.rs, method=c["method"], checkpointing=c["checkpointing"],
+        offload=c["offload"] if offload is None else offload, zero=c["zero"] if zero is None else zero,
+        seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
+        cp=c["cp"], ep=c["ep"], dp=dp, attention=c["attention"], fused=req.fused(c["stack"]),
+        intra_only=intra_only)
+
+
+def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
+             *, known_to_fit: bool = False, host_upper: np.ndarray | None = None,
+             memory: bool = True) -> dict[str, np.ndarray]:
+    """Every metric and constraint flag of columns (classes ``c`` at data-parallel degree ``dp``).
+
+    ``known_to_fit``: the caller has established that every column fits in memory (the search
+    starts each class at its smallest fitting degree); profiles without an array form then skip
+    the per-column memory (marked −1, filled in for the few columns that become candidates) and
+    take the offloaded host bytes from ``host_upper`` (their value at a smaller degree: host
+    bytes per GPU never rise with dp), computing them exactly only where that bound fails the
+    node's host RAM. ``memory=False`` skips memory altogether (−1; the flags say nothing fits)."""
+    g = c["gpu"]
+    ga = grad_accum_of(req, c["micro_batch"], dp)
+    mp = c["tp"] * c["pp"] * c["cp"]
+    gpus = dp * mp
+    node = table.gpus_per_node[g]
+    billed = billed_gpus(gpus, node, table.whole_node[g])
+    host_exact = True
+    if not memory:  # the caller fills memory in for the columns it keeps (planner.search.candidates)
+        mem = host = np.full(np.shape(dp), -1, dtype=np.int64)
+    elif known_to_fit and req.rs.profile != "seed":
+        mem = np.full(np.shape(dp), -1, dtype=np.int64)
+        host = np.zeros(np.shape(dp), dtype=np.int64) if host_upper is None else host_upper.copy()
+        host_exact = False
+        # The bound times a full node is within the node's RAM: every column passes as it is.
+        over = np.flatnonzero(host * node > table.host_bytes_per_node[g])
+        if len(over):
+            host[over] = memory_total(req, {k: v[over] for k, v in c.items()}, dp[over], ga[over])[1]
+    else:
+        mem, host = memory_total(req, c, dp, ga)
+    mf = model_flops(req.model)
+    x = step_args(req, c, dp=dp, grad_accum=ga)
+    out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
+           "host_bytes": host if host_exact else np.full(np.shape(dp), -1, dtype=np.int64)}
+    sequences = x["micro_batch"]  # per micro-batch, as the time model counts them (a DPO pair: 2)
+    tokens_per_step = sequences * dp * ga * c["seq_len"]
+    for label, perf in (("", table.perf), ("_slow", table.perf_low), ("_fast", table.perf_high)):
+        rows = perf_rows(perf, g)
+        step = step_time_s(mf, rows, **x)
+        out["step_s" + label] = step
+        if req.tokens is not None:
+            t = job_time_s(step, tokens=req.tokens, seq_len=c["seq_len"], micro_batch=sequences,
+                           dp=dp, grad_accum=ga)
+            out["time_s" + label] = t
+            out["cost_usd" + label] = job_cost_usd(t, gpus=billed, price_usd_per_hour=rows.price_usd_per_hour)
+    out["tokens_per_s"] = tokens_per_step / out["step_s"]
+    out["hourly_usd"] = billed * perf_rows(table.perf, g).price_usd_per_hour
+    out["fits"], out["host_ok"] = memory_flags(table, g, gpus, mem, host)
+    out["ga_ok"] = ga >= 1
+    return out
+
+
+def host_bytes_per_node(table: GpuTable, g: np.ndarray, gpus: np.ndarray, host: np.ndarray) -> np.ndarray:
+    """Offloaded bytes of the GPUs a plan puts on one node (each GPU's ``host`` bytes)."""
+    return host * np.minimum(gpus, table.gpus_per_node[g])
+
+
+def memory_flags(table: GpuTable, g: np.ndarray, gpus: np.ndarray, mem: np.ndarray,
+                 host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fits on the card, offloaded bytes of a node's GPUs fit its host RAM) of each column."""
+    return (mem <= table.usable_bytes[g],
+            host_bytes_per_node(table, g, gpus, host) <= table.host_bytes_per_node[g])
