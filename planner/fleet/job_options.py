@@ -25,7 +25,8 @@ from planner.core.errors import InputError
 from planner.fleet.portfolio import JobRun
 from planner.scenario.files import deep_merge
 from planner.scenario.resolve import resolve
-from planner.search.candidates import Evaluated, SearchOutcome, feasible, lower_bounds
+from planner.search.candidates import SearchOutcome
+from planner.search.columns import Evaluated, feasible, lower_bounds
 from planner.search.cpsat import time_ms
 from planner.search.evaluate import evaluate, gpu_table
 from planner.search.lattice import build_lattice, fitting_start

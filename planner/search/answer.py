@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from planner.scenario.resolve import resolve
-from planner.search.candidates import concat_evaluated, evaluate_windows, search
+from planner.search.candidates import search
 from planner.search.checker import check_plan
+from planner.search.columns import concat_evaluated, evaluate_windows
 from planner.search.evaluate import gpu_table
 from planner.search.explain import document_steps, explain
 from planner.search.lattice import build_lattice, fitting_windows
@@ -114,6 +115,6 @@ def _front(e):
     best_so_far = np.minimum.accumulate(c[order])
     prev = np.concatenate([[np.inf], best_so_far[:-1]])
     on = order[c[order] < prev]
-    from planner.search.candidates import Evaluated
+    from planner.search.columns import Evaluated
 
     return Evaluated(e.cls_index[on], {k: v[on] for k, v in e.ev.items()}, e.key[on], e.group[on], e.rejected)
