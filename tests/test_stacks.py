@@ -126,7 +126,7 @@ def test_a_plan_s_memory_is_its_stack_s_recipe():
     assert got.plans, got.explanation
     plan = got.plans[0]
     assert check_plan(raw, plan) == []
-    version = get_stack(plan.stack).fsdp_version
+    version = get_stack(plan.stack).recipe.fsdp_version
     pinned = {v: planner.estimate({**{k: w for k, w in raw.items() if k != "name"},
                                    "layout": {**raw["layout"], "fsdp_version": v}}) for v in (1, 2)}
     assert plan.memory["total_bytes"] == pinned[version].total_bytes
@@ -193,7 +193,7 @@ def test_a_stack_with_fused_kernels_is_timed_with_them():
             for name in ("torchtitan", "megatron")}
     titan, mega = runs["torchtitan"].plans[0], runs["megatron"].plans[0]
     assert (titan.stack, mega.stack) == ("torchtitan", "megatron")
-    assert get_stack("megatron").fused_kernels and not get_stack("torchtitan").fused_kernels
+    assert get_stack("megatron").recipe.fused_kernels and not get_stack("torchtitan").recipe.fused_kernels
     assert mega.memory["total_bytes"] == titan.memory["total_bytes"]
     assert mega.time_s < titan.time_s
     for name, result in runs.items():
@@ -232,7 +232,8 @@ def test_a_plan_is_estimated_and_checked_with_its_stack_s_recipe(monkeypatch):
     from planner.search.checker import check_plan
 
     base = stack_catalog.get_stack("hf-fsdp")
-    fused = base.model_copy(update={"id": "hf-fsdp-compiled-loss", "loss": "compiled"})
+    fused = base.model_copy(update={"id": "hf-fsdp-compiled-loss",
+                                    "recipe": base.recipe.model_copy(update={"loss": "compiled"})})
     every = (*stack_catalog.stacks(), fused)
     monkeypatch.setattr(stack_catalog, "stacks", lambda: every)
     monkeypatch.setattr(search_request, "stacks", lambda: every)

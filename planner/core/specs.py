@@ -493,6 +493,31 @@ class Overrides(StrictModel):
     reserve: Annotated[float | None, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = None
 
 
+class StackRecipe(StrictModel):
+    """A stack's defaults where memory and time depend on them (``catalogs/stacks.yaml``,
+    ``recipe:``). Each is a key of the scenario's of the same name (``Layout`` for the sharding
+    keys, ``Workload`` for the loss, kernels and compile): a plan naming the stack is estimated
+    and timed with them unless the scenario sets its own."""
+
+    #: How its ZeRO-3/FSDP frees gathered parameters (``Layout.fsdp_version``: 1 for FSDP1 and
+    #: DeepSpeed's record_stream frees, 2 for FSDP2).
+    fsdp_version: Literal[1, 2] = 1
+    #: Who implements its ZeRO stages (``Layout.zero_impl``): DeepSpeed copies its gradient
+    #: partition to FP32 at the step, and at stage 3 keeps a flat gradient partition.
+    zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
+    #: Its training loop under FSDP accumulates gradients unsharded between optimizer steps
+    #: (``Layout.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
+    #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).
+    unsharded_grad_accumulation: bool = False
+    #: Element-wise work fused into fewer kernels (Transformer Engine in Megatron-Core; the time
+    #: model's ``fused_elementwise_share``). Time only: no scenario key of its own.
+    fused_kernels: bool = False
+    #: The loss's implementation, the norm and activation kernels, torch.compile (``Workload``).
+    loss: Loss = "standard"
+    kernels: Kernels = "standard"
+    compile: bool = False
+
+
 class StackSpec(StrictModel):
     """A training stack (framework and launcher) and what it can run, each fact with its source
     (``catalogs/stacks.yaml``). The search names, for every plan, a stack that runs all of it."""
@@ -517,28 +542,11 @@ class StackSpec(StrictModel):
     cp: bool = False
     ep: bool = False
     sp: bool = False
-    #: Its recipe where memory depends on it: how its ZeRO-3/FSDP frees gathered parameters
-    #: (``Layout.fsdp_version``: 1 for FSDP1 and DeepSpeed's record_stream frees, 2 for FSDP2).
-    fsdp_version: Literal[1, 2] = 1
-    #: Who implements its ZeRO stages (``Layout.zero_impl``): DeepSpeed copies its gradient
-    #: partition to FP32 at the step, and at stage 3 keeps a flat gradient partition.
-    zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
     #: It trains whole modules beside LoRA adapters (``Workload.modules_to_save``: PEFT's
     #: ``modules_to_save``, axolotl's ``lora_modules_to_save``).
     modules_to_save: bool = False
-    #: Its training loop under FSDP accumulates gradients unsharded between optimizer steps
-    #: (``Layout.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
-    #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).
-    unsharded_grad_accumulation: bool = False
-    #: Its recipe where time depends on it: element-wise work fused into fewer kernels
-    #: (Transformer Engine in Megatron-Core; the time model's ``fused_elementwise_share``).
-    fused_kernels: bool = False
-    #: Its recipe's defaults where memory and time depend on them (``Workload`` fields of the same
-    #: name): the loss's implementation, the norm and activation kernels, torch.compile. A plan
-    #: naming the stack is estimated and timed with them unless the scenario sets its own.
-    loss: Loss = "standard"
-    kernels: Kernels = "standard"
-    compile: bool = False
+    #: What its training loop does by default where memory and time depend on it.
+    recipe: StackRecipe = StackRecipe()
     sources: list[dict[str, str]] = []
     notes: str | None = None
 

@@ -87,7 +87,7 @@ class SearchRequest:
     def stack_recipe(self, name: str, stack: np.ndarray) -> np.ndarray:
         """A recipe field of each row's stack (``fsdp_version``, ``fused_kernels``; a coded one such
         as ``zero_impl`` as its code), by stack index."""
-        values = [getattr(st, name) for st in self.stacks]
+        values = [getattr(st.recipe, name) for st in self.stacks]
         if name in CODES:
             values = [CODES[name].index(v) for v in values]
         return np.array(values, dtype=np.int64)[stack]

@@ -129,10 +129,10 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
     for key in STACK_MEMORY_RECIPE:  # the stack's recipe
         if "stack" in fields and key not in raw.get("layout", {}):
-            lay[key] = getattr(get_stack(fields["stack"]), key)
+            lay[key] = getattr(get_stack(fields["stack"]).recipe, key)
     for key in STACK_WORKLOAD_RECIPE:
         if "stack" in fields and key not in raw.get("workload", {}) and raw.get("profile") != "seed":
-            wl[key] = getattr(get_stack(fields["stack"]), key)
+            wl[key] = getattr(get_stack(fields["stack"]).recipe, key)
     out = deep_merge(out, {"workload": wl, "layout": lay})
     if out["workload"].get("global_batch") is None:
         out["workload"].pop("global_batch", None)
