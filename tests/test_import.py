@@ -217,7 +217,7 @@ def test_bad_configs_are_one_line_each(tmp_path, content, field):
 # --- reads whole real files: tests/test_import_corpus.py)
 
 def _found(tmp_path, name, data, header: str = ""):
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
     path = tmp_path / name
     text = json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data)
     path.write_text(header + text)
@@ -348,7 +348,7 @@ def test_relative_deepspeed_path_is_read_from_the_working_directory(tmp_path, mo
     (tmp_path / "cfg" / "ds").mkdir(parents=True)
     (tmp_path / "cfg" / "ds" / "z.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
     monkeypatch.chdir(tmp_path)
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
     for name, data in (("ax.yaml", {**AXOLOTL, "deepspeed": "ds/z.json"}),
                        ("args.json", {"output_dir": "x", "deepspeed": "ds/z.json"}),
                        ("acc.yaml", {"distributed_type": "DEEPSPEED", "deepspeed_config": {
@@ -498,7 +498,7 @@ def test_a_count_written_as_a_float_or_a_string_is_read_as_the_tool_reads_it(tmp
     cfg.write_text(f"base_model: meta-llama/Llama-3.1-8B\nsequence_len: {value}\nmicro_batch_size: 2\n"
                    "adapter: lora\nlora_r: 16\n")
     _estimate("--config", str(cfg), "--gpu", "h100")  # answers (exit 0 or 1), not exit 2
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
 
     assert read_configs([cfg]).values["seq_len"] == seq
 
@@ -516,7 +516,7 @@ def test_deepspeed_auto_is_left_to_the_trainer_and_a_float_count_is_read(tmp_pat
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 4.0,'
                    ' "zero_optimization": {"stage": 2}}')
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
 
     found = read_configs([cfg])
     assert found.values.get("grad_accum") == 4 and "micro_batch" not in found.values and not found.problems
