@@ -10,7 +10,7 @@ from conftest import ROOT, one_line
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-from planner.launch.export import export_resolved
+from planner.launch.exporters import export_resolved
 from planner.scenario.resolve import resolve
 
 runner = CliRunner()

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import planner
 from planner.cli.main import app
-from planner.launch.export import export_resolved, write_bundle
+from planner.launch.exporters import export_resolved, write_bundle
 from planner.scenario.resolve import resolve
 
 runner = CliRunner()

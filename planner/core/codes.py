@@ -39,3 +39,7 @@ FSDP_STRATEGY_STAGE = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "
 FSDP_HYBRID = frozenset({"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5"})
 #: The strategy an exported FSDP config names for a ZeRO stage.
 FSDP_STRATEGY_OF_STAGE = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+
+#: PEFT module names of the targets planner counts (Llama naming, as the catalog's models use).
+PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
+                "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}

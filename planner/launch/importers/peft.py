@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from planner.launch.common import PEFT_MODULES
+from planner.core.codes import PEFT_MODULES
 from planner.launch.importers.common import comma_list, count, is_true
 from planner.launch.importers.found import Found
 

@@ -8,7 +8,7 @@ import shlex
 import yaml
 
 from planner.core.codes import FSDP_STRATEGY_OF_STAGE
-from planner.launch.common import Bundle, Ctx
+from planner.launch.exporters.common import Bundle, Ctx
 
 #: planner GPU id -> SkyPilot accelerator name (only names SkyPilot's catalog uses).
 SKYPILOT_ACCELERATORS = {

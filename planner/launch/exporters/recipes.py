@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from planner.launch.common import PEFT_MODULES, Bundle, Ctx
+from planner.core.codes import PEFT_MODULES
+from planner.launch.exporters.common import Bundle, Ctx
 
 
 def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
