@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.core.codes import FSDP_HYBRID, FSDP_STRATEGY_STAGE
+from planner.core.codes import DS_NO_OFFLOAD, DS_OFFLOAD_BLOCKS, FSDP_HYBRID, FSDP_STRATEGY_STAGE
 from planner.launch.importers.common import config_path, count, is_int, is_true
 from planner.launch.importers.deepspeed import read_deepspeed
 from planner.launch.importers.found import Found
@@ -59,10 +59,10 @@ def read_accelerate(cfg: dict, f: Found, where: str, base: Path, load) -> None:
         if dc.get("deepspeed_config_file"):
             load(config_path(dc["deepspeed_config_file"], base, f, where + ".deepspeed_config"), f, "deepspeed")
         else:
+            # accelerate names each offload block's device <block>_device
             read_deepspeed({"zero_optimization": {
                 "stage": dc.get("zero_stage", 0),
-                "offload_optimizer": {"device": dc.get("offload_optimizer_device", "none")},
-                "offload_param": {"device": dc.get("offload_param_device", "none")}},
+                **{block: {"device": dc.get(f"{block}_device", DS_NO_OFFLOAD)} for block in DS_OFFLOAD_BLOCKS}},
                 "gradient_accumulation_steps": dc.get("gradient_accumulation_steps"),
                 "bf16": {"enabled": mp == "bf16"}, "fp16": {"enabled": mp == "fp16"}}, f, where + ".deepspeed_config")
     else:

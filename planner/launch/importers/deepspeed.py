@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.core.codes import (
+    DS_NO_OFFLOAD,
+    DS_OFFLOAD_BLOCKS,
+    DS_OFFLOAD_DEVICES,
+    DS_OFFLOAD_MODE_OF,
+    DS_OFFLOAD_NVME,
+    DS_ZERO_STAGE_WORDS,
+)
 from planner.launch.importers.common import bad_optimizer, count, is_int, read_precision
 from planner.launch.importers.found import Found
 
@@ -48,7 +56,7 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
     stage = zero.get("stage", 0)
     if is_int(stage):
         f.set("zero", stage, where + ".zero_optimization.stage")
-        if stage in (1, 2, 3):
+        if stage in DS_ZERO_STAGE_WORDS:
             f.set("zero_impl", "deepspeed", where + ".zero_optimization.stage")
         if "stage" not in zero:
             f.notes.append(f"{where}.zero_optimization.stage: not set; DeepSpeed's default 0 applies")
@@ -98,25 +106,21 @@ def _read_ds_precision(cfg: dict, f: Found, where: str) -> None:
 
 def _read_ds_offload(zero: dict, stage: Any, f: Found, where: str) -> None:
     """ZeRO's optimizer and parameter offload (CPU or NVMe) as one of the planner's offload modes."""
-    dev_opt = str((zero.get("offload_optimizer") or {}).get("device", "none")).lower()
-    dev_par = str((zero.get("offload_param") or {}).get("device", "none")).lower()
-    off_opt, off_par = dev_opt in ("cpu", "nvme"), dev_par in ("cpu", "nvme")
+    dev_opt, dev_par = (str((zero.get(block) or {}).get("device", DS_NO_OFFLOAD)).lower()
+                        for block in DS_OFFLOAD_BLOCKS)
+    off_opt, off_par = dev_opt in DS_OFFLOAD_DEVICES, dev_par in DS_OFFLOAD_DEVICES
     if off_par and stage != 3:
         f.notes.append(f"{where}.zero_optimization.offload_param: applies to ZeRO-3 only; stage "
                        f"{stage} keeps the parameters on the GPU")
         off_par = False
-    if off_opt and off_par:
-        offload = "optimizer+params"
-    elif off_opt:
-        offload = "optimizer"
-    else:
+    offload = DS_OFFLOAD_MODE_OF.get((off_opt, off_par))
+    if offload is None:
         offload = "none"
-        if off_par:
-            f.warn(where + ".zero_optimization.offload_param", "parameters offloaded with the optimizer "
-                   "states left on the GPU: the planner has no parameter-only offload; read as no "
-                   "offload (its figure counts the parameter shard on the GPU, so errs high)")
+        f.warn(where + ".zero_optimization.offload_param", "parameters offloaded with the optimizer "
+               "states left on the GPU: the planner has no parameter-only offload; read as no "
+               "offload (its figure counts the parameter shard on the GPU, so errs high)")
     f.set("offload", offload, where + ".zero_optimization.offload_*")
-    if "nvme" in (dev_opt, dev_par) and offload != "none":
+    if DS_OFFLOAD_NVME in (dev_opt, dev_par) and offload != "none":
         f.notes.append(f"{where}.zero_optimization: NVMe offload read as host offload (off the GPU "
                        "either way; host RAM figures overstate it)")
     ratio = (zero.get("offload_optimizer") or {}).get("ratio")
