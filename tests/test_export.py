@@ -10,7 +10,7 @@ from conftest import ROOT, one_line
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-from planner.launch.export import export_resolved
+from planner.launch.exporters import export_resolved
 from planner.scenario.resolve import resolve
 
 runner = CliRunner()
@@ -187,7 +187,7 @@ def test_nothing_undecided_is_invented_and_the_gaps_are_listed():
 def test_a_fused_optimizer_step_is_exported_as_the_fused_adamw():
     """A plan whose AdamW steps in one fused kernel says so to the Trainer, and reading the
     exported arguments back gives the same step."""
-    from planner.launch.readers import HF_OPTIM_STEP
+    from planner.launch.importers.hf_trainer import HF_OPTIM_STEP
 
     fused = {**FULL_16, "workload": {**FULL_16["workload"], "optimizer_step": "fused"}}
     assert json.loads(_export(fused).files["training_args.json"])["optim"] == "adamw_torch_fused"

@@ -10,8 +10,17 @@ from typer.testing import CliRunner
 
 import planner
 from planner.cli.main import app
-from planner.launch.export import export_resolved, write_bundle
+from planner.core.codes import (
+    DS_OFFLOAD_BLOCKS,
+    DS_OFFLOAD_DEVICES,
+    DS_OFFLOAD_MODES,
+    DS_ZERO_STAGE_WORDS,
+    OFFLOADS,
+)
+from planner.launch.exporters import export_resolved, write_bundle
+from planner.launch.importers import read_configs
 from planner.scenario.resolve import resolve
+from planner.validate.sharding import zero_stage_of
 
 runner = CliRunner()
 
@@ -217,7 +226,7 @@ def test_bad_configs_are_one_line_each(tmp_path, content, field):
 # --- reads whole real files: tests/test_import_corpus.py)
 
 def _found(tmp_path, name, data, header: str = ""):
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
     path = tmp_path / name
     text = json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data)
     path.write_text(header + text)
@@ -348,7 +357,7 @@ def test_relative_deepspeed_path_is_read_from_the_working_directory(tmp_path, mo
     (tmp_path / "cfg" / "ds").mkdir(parents=True)
     (tmp_path / "cfg" / "ds" / "z.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
     monkeypatch.chdir(tmp_path)
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
     for name, data in (("ax.yaml", {**AXOLOTL, "deepspeed": "ds/z.json"}),
                        ("args.json", {"output_dir": "x", "deepspeed": "ds/z.json"}),
                        ("acc.yaml", {"distributed_type": "DEEPSPEED", "deepspeed_config": {
@@ -446,6 +455,47 @@ def test_a_deepspeed_zero_config_is_deepspeed_s_zero(tmp_path):
     assert "zero_impl" not in _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 0}}).values
 
 
+#: Every ZeRO stage and offload mode a plan can have (offload needs ZeRO; parameters, ZeRO-3).
+DS_LAYOUTS = [(zero, offload) for zero in range(4) for offload in OFFLOADS
+              if offload == "none" or (zero > 0 and (offload == "optimizer" or zero == 3))]
+
+
+@pytest.mark.parametrize(("zero", "offload"), DS_LAYOUTS)
+def test_deepspeed_stage_and_offload_are_read_back_as_exported(zero, offload, tmp_path, monkeypatch):
+    """The DeepSpeed exporter and the readers share core.codes' ZeRO table: each stage and offload
+    mode written into ds_config.json is read back as itself, from the JSON and from the accelerate
+    config that names it; and the stage's words are the ones a data file's sharding cell is read by."""
+    raw = {"name": "ds", "profile": "seed", "model": "llama-3.1-8b",
+           "workload": {"method": "full", "micro_batch": 1, "grad_accum": 1, "seq_len": 1024},
+           "layout": {"gpu": "h100", "gpus": 8, "zero": zero, "offload": offload}}
+    bundle = export_resolved(resolve(raw), ("deepspeed", "accelerate"), backend="deepspeed")
+    write_bundle(bundle, tmp_path)
+    monkeypatch.chdir(tmp_path)  # accelerate's config names ds_config.json from where it runs
+    for name in ("ds_config.json", "accelerate_config.yaml"):
+        f = read_configs([tmp_path / name])
+        assert (f.values["zero"], f.values["offload"]) == (zero, offload), (name, f.where)
+        assert (f.values.get("zero_impl") == "deepspeed") is (zero > 0)
+    written = json.loads(bundle.files["ds_config.json"])["zero_optimization"]
+    assert written["stage"] == zero
+    for block, offloads in zip(DS_OFFLOAD_BLOCKS, DS_OFFLOAD_MODES[offload]):
+        assert (written.get(block, {}).get("device") in DS_OFFLOAD_DEVICES) is offloads
+    for word in DS_ZERO_STAGE_WORDS.get(zero, ()):
+        assert zero_stage_of(word) == zero_stage_of(f"DeepSpeed {word.upper()}") == zero
+
+
+def test_the_zero_table_covers_every_stage_offload_and_device(tmp_path):
+    """Every offload mode is in the table, and each offload device word, in a DeepSpeed JSON or in
+    accelerate's inline DeepSpeed settings, reads as the mode whose blocks it is set on."""
+    assert set(DS_OFFLOAD_MODES) == set(OFFLOADS) and {0, *DS_ZERO_STAGE_WORDS} == {zero for zero, _ in DS_LAYOUTS}
+    for device in (*DS_OFFLOAD_DEVICES, DS_OFFLOAD_DEVICES[0].upper()):
+        for offload, blocks in DS_OFFLOAD_MODES.items():
+            on = [block for block, offloads in zip(DS_OFFLOAD_BLOCKS, blocks) if offloads]
+            ds = _found(tmp_path, "ds.json", {"zero_optimization": {"stage": 3, **{b: {"device": device} for b in on}}})
+            acc = _found(tmp_path, "acc.yaml", {"distributed_type": "DEEPSPEED", "num_processes": 8, "deepspeed_config": {
+                "zero_stage": 3, **{f"{b}_device": device for b in on}}})
+            assert ds.values["offload"] == acc.values["offload"] == offload, (device, offload)
+
+
 def test_fused_kernels_are_read(tmp_path):
     """Liger's RMSNorm (axolotl ``liger_rms_norm``, LLaMA-Factory ``enable_liger_kernel``) is the
     fused RMSNorm; LLaMA-Factory's ``use_unsloth`` runs Unsloth's kernels instead."""
@@ -498,7 +548,7 @@ def test_a_count_written_as_a_float_or_a_string_is_read_as_the_tool_reads_it(tmp
     cfg.write_text(f"base_model: meta-llama/Llama-3.1-8B\nsequence_len: {value}\nmicro_batch_size: 2\n"
                    "adapter: lora\nlora_r: 16\n")
     _estimate("--config", str(cfg), "--gpu", "h100")  # answers (exit 0 or 1), not exit 2
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
 
     assert read_configs([cfg]).values["seq_len"] == seq
 
@@ -516,7 +566,7 @@ def test_deepspeed_auto_is_left_to_the_trainer_and_a_float_count_is_read(tmp_pat
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 4.0,'
                    ' "zero_optimization": {"stage": 2}}')
-    from planner.launch.importing import read_configs
+    from planner.launch.importers import read_configs
 
     found = read_configs([cfg])
     assert found.values.get("grad_accum") == 4 and "micro_batch" not in found.values and not found.problems

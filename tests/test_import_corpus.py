@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.launch.importing import read_configs
-from planner.launch.readers import _leaves
+from planner.launch.importers import read_configs
+from planner.launch.importers.found import _leaves
 
 ROOT = Path(__file__).parent / "fixtures" / "configs"
 INDEX = yaml.safe_load((ROOT / "INDEX.yaml").read_text(encoding="utf-8"))

@@ -164,7 +164,7 @@ def test_export_bundle_is_the_cli_bundle(client):
     import io
     import zipfile
 
-    from planner.launch.export import export_resolved
+    from planner.launch.exporters import export_resolved
 
     plan = client.post("/api/plan", json=PLAN).json()["plans"][0]
     r = client.post("/api/export", json={"scenario": plan["pinned_scenario"], "stack": plan["stack"]})

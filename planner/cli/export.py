@@ -1,4 +1,4 @@
-"""``planner export``: the command (parse, call :mod:`planner.launch.export`, render)."""
+"""``planner export``: the command (parse, call :mod:`planner.launch.exporters`, render)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from planner.core.errors import InputError
-from planner.launch.common import BACKENDS, FORMATS
+from planner.launch.exporters import BACKENDS, FORMATS
 
 
 def export(
@@ -27,7 +27,7 @@ def export(
     """Write the configs that run a plan: DeepSpeed, accelerate, torchrun, HF Trainer + PEFT +
     bitsandbytes, torchtune, Megatron-LM, SkyPilot; and PLAN.md with what you must fill in."""
     from planner.cli.app import fail as _fail
-    from planner.launch.export import export_plan, write_bundle
+    from planner.launch.exporters import export_plan, write_bundle
 
     chosen = FORMATS if formats is None else tuple(f.strip() for f in formats.split(",") if f.strip())
     try:

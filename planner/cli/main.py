@@ -25,8 +25,7 @@ from planner.cli.export import export as _export
 from planner.cli.serve import register as _register_serve
 from planner.core.errors import InputError
 from planner.core.units import format_bytes, mib_to_bytes
-from planner.launch.checks import annotate
-from planner.launch.importing import CONFIG_HELP, merge_configs
+from planner.launch.importers import CONFIG_HELP, annotate, merge_configs
 from planner.memory.estimate import estimate_resolved
 from planner.report.terminal import print_estimate, print_plans, to_json
 from planner.scenario.files import deep_merge, read_scenario_file, scenario_from_flags

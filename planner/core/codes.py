@@ -1,5 +1,9 @@
 """Codes of the scenario's categorical choices for the array form of the formulas (index = code):
-the schema's own value lists, once, so that a code and a name can never disagree."""
+the schema's own value lists, once, so that a code and a name can never disagree.
+
+And the words training tools use for those choices (FSDP's sharding strategies, DeepSpeed's ZeRO
+stages and offload blocks, PEFT's module names): one table each, which the config readers and the
+data-file readers read and the exporters write."""
 
 from __future__ import annotations
 
@@ -39,3 +43,23 @@ FSDP_STRATEGY_STAGE = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "
 FSDP_HYBRID = frozenset({"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "4", "5"})
 #: The strategy an exported FSDP config names for a ZeRO stage.
 FSDP_STRATEGY_OF_STAGE = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+
+#: DeepSpeed's ZeRO stages: ``zero_optimization.stage`` is the planner's ZeRO stage, the same number
+#: (0 plain data parallel); free text names a stage by these words, squeezed (``ZeRO-3``, ``stage 3``).
+#: The one table of DeepSpeed's stage words.
+DS_ZERO_STAGE_WORDS = {1: ("zero1", "stage1"), 2: ("zero2", "stage2"), 3: ("zero3", "stage3")}
+#: ZeRO's offload blocks in ``zero_optimization``: the optimizer states', and the parameters' (ZeRO-3
+#: only). A block's ``device`` among the offload devices moves them off the GPU (an exported config
+#: names the CPU); ``DS_NO_OFFLOAD``, DeepSpeed's default, keeps them on it.
+DS_OFFLOAD_BLOCKS = ("offload_optimizer", "offload_param")
+DS_OFFLOAD_CPU, DS_OFFLOAD_NVME = "cpu", "nvme"
+DS_OFFLOAD_DEVICES = (DS_OFFLOAD_CPU, DS_OFFLOAD_NVME)
+DS_NO_OFFLOAD = "none"
+#: The planner's offload modes as the blocks that offload: (optimizer states, parameters).
+DS_OFFLOAD_MODES = {"none": (False, False), "optimizer": (True, False), "optimizer+params": (True, True)}
+#: The offload mode of the blocks that offload; parameters alone are no mode of the planner's.
+DS_OFFLOAD_MODE_OF = {blocks: mode for mode, blocks in DS_OFFLOAD_MODES.items()}
+
+#: PEFT module names of the targets planner counts (Llama naming, as the catalog's models use).
+PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
+                "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}

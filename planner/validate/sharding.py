@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from planner.core.codes import FSDP_STRATEGY_STAGE
+from planner.core.codes import DS_ZERO_STAGE_WORDS, FSDP_STRATEGY_STAGE
 
 
 def _squeezed(text: str) -> str:
@@ -12,6 +12,11 @@ def _squeezed(text: str) -> str:
 
 #: FSDP's strategy names as they appear squeezed in a cell (planner.core.codes), with their stage.
 STRATEGY_WORDS = {_squeezed(name): stage for name, stage in FSDP_STRATEGY_STAGE.items() if not name.isdigit()}
+
+
+def _names_stage(squeezed: str, stage: int) -> bool:
+    """The squeezed text names DeepSpeed's ZeRO ``stage`` (planner.core.codes)."""
+    return any(word in squeezed for word in DS_ZERO_STAGE_WORDS[stage])
 
 
 def zero_stage_of(text: str) -> int:
@@ -23,10 +28,10 @@ def zero_stage_of(text: str) -> int:
     for name in sorted(STRATEGY_WORDS, key=len, reverse=True):  # FSDP's strategy names, longest first
         if name in t:
             return STRATEGY_WORDS[name]
-    if "zero2" in t or "stage2" in t:
+    if _names_stage(t, 2):
         return 2
-    if "fsdp" in t or "zero3" in t or "stage3" in t:
+    if "fsdp" in t or _names_stage(t, 3):
         return 3
-    if "zero1" in t or "stage1" in t or "distributedoptimizer" in t or "distopt" in t:
+    if _names_stage(t, 1) or "distributedoptimizer" in t or "distopt" in t:
         return 1
     return 0

@@ -229,7 +229,7 @@ def create_app(limits: Limits = Limits()) -> FastAPI:
         import io
         import zipfile
 
-        from planner.launch.export import export_resolved
+        from planner.launch.exporters import export_resolved
         from planner.scenario.resolve import resolve
 
         body = await body_of(request, "plan to export")

@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from planner.launch.export import export_resolved
+from planner.launch.exporters import export_resolved
 from planner.scenario.resolve import resolve
 
 #: Pinned plans: (scenario, what it exercises).

@@ -8,8 +8,8 @@ from typing import Any
 from planner.core.errors import InputError
 from planner.core.outputs import atomic_write_text
 from planner.core.textfiles import parse_yaml, read_text_bounded
-from planner.launch.common import BACKENDS, FORMATS, Bundle, Ctx
-from planner.launch.frameworks import (
+from planner.launch.exporters.common import BACKENDS, FORMATS, Bundle, Ctx
+from planner.launch.exporters.frameworks import (
     accelerate_config,
     deepspeed_config,
     dump_json,
@@ -17,7 +17,7 @@ from planner.launch.frameworks import (
     skypilot_task,
     torchrun_command,
 )
-from planner.launch.recipes import hf_files, megatron_args, torchtune_override
+from planner.launch.exporters.recipes import hf_files, megatron_args, torchtune_override
 from planner.scenario.files import read_scenario_file
 from planner.scenario.resolve import ResolvedScenario, resolve
 

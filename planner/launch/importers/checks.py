@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner import catalog
 from planner.core.units import BYTES_PER_GIB as GIB
-from planner.launch.readers import Found
+from planner.launch.importers.found import Found
 from planner.memory.estimate import Estimate
 
 

@@ -7,8 +7,8 @@ import shlex
 
 import yaml
 
-from planner.core.codes import FSDP_STRATEGY_OF_STAGE
-from planner.launch.common import Bundle, Ctx
+from planner.core.codes import DS_OFFLOAD_BLOCKS, DS_OFFLOAD_CPU, DS_OFFLOAD_MODES, FSDP_STRATEGY_OF_STAGE
+from planner.launch.exporters.common import Bundle, Ctx
 
 #: planner GPU id -> SkyPilot accelerator name (only names SkyPilot's catalog uses).
 SKYPILOT_ACCELERATORS = {
@@ -48,10 +48,9 @@ def deepspeed_config(ctx: Ctx, out: Bundle) -> dict | None:
         cfg["fp16"] = {"enabled": True, "loss_scale": 0}
         out.note(fmt, "FP16 with dynamic loss scaling (loss_scale 0)")
     zero: dict = {"stage": lay.zero}
-    if lay.offload != "none":
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if lay.offload == "optimizer+params":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    for block, offloads in zip(DS_OFFLOAD_BLOCKS, DS_OFFLOAD_MODES[lay.offload]):
+        if offloads:
+            zero[block] = {"device": DS_OFFLOAD_CPU, "pin_memory": True}
     cfg["zero_optimization"] = zero
     if lay.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": lay.tp}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from planner.launch.common import PEFT_MODULES, Bundle, Ctx
+from planner.core.codes import FSDP_STRATEGY_OF_STAGE, PEFT_MODULES
+from planner.launch.exporters.common import Bundle, Ctx
 
 
 def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
@@ -41,8 +42,9 @@ def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
             return {}
         args["deepspeed"] = ds_file
     elif ctx.backend == "fsdp":
-        # the same sharding as accelerate_config.yaml; `accelerate launch` with it, or torchrun
-        args["fsdp"] = " ".join([{2: "shard_grad_op", 3: "full_shard"}[lay.zero], "auto_wrap",
+        # the same sharding as accelerate_config.yaml (the Trainer's option is the strategy's name,
+        # lower-case); `accelerate launch` with it, or torchrun
+        args["fsdp"] = " ".join([FSDP_STRATEGY_OF_STAGE[lay.zero].lower(), "auto_wrap",
                                  *(["offload"] if lay.offload != "none" else [])])
         if lay.checkpointing == "full":  # FSDP's own; the Trainer refuses both at once
             args["gradient_checkpointing"] = False

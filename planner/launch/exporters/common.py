@@ -18,10 +18,6 @@ ALWAYS_FILL_IN = (
     "where checkpoints and logs are written",
 )
 
-#: PEFT module names of the targets planner counts (Llama naming, as the catalog's models use).
-PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
-                "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
-
 
 @dataclass
 class Bundle:
