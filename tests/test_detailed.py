@@ -13,6 +13,7 @@ import planner
 from planner.core.arch import exact_lora_params
 from planner.core.specs import ModelSpec
 from planner.memory import activations as act
+from planner.memory.inventory import LayerRecipe
 from planner.memory.model_states import NF4_BYTES, NF4_DQ_BYTES
 
 TINY = ModelSpec(layers=4, hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=688, vocab=1000)
@@ -20,7 +21,7 @@ ALL = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
 
 
 def _rec(e, attention, lora=False, c=None, first=False, dropout=False):
-    return act.LayerRecipe(e=e, attention=attention, trainable_base=not lora,
+    return LayerRecipe(e=e, attention=attention, trainable_base=not lora,
                            lora_targets=ALL if lora else frozenset(), c=c or e,
                            lora_rank=8 if lora else 0, lora_dropout=dropout, mask_bytes=c or e,
                            input_requires_grad=not first)
@@ -167,7 +168,7 @@ def test_litgpt_lora_layer_matches_cpu_measurement():
     zero-padded q/v update, the CPU dropout mask is bf16 (2 bytes; bool on CUDA)."""
     model = ModelSpec(layers=3, hidden=128, heads=4, kv_heads=4, ffn=344, vocab=512,
                       fused_qkv=True, impl="litgpt", norm_upcast=False)
-    rec = act.LayerRecipe(e=2, attention="flash", trainable_base=False,
+    rec = LayerRecipe(e=2, attention="flash", trainable_base=False,
                           lora_targets=frozenset({"q", "v"}), c=2, lora_rank=4, lora_dropout=True,
                           mask_bytes=2)
     inv = act.layer_saved(model, rec, 2, 64)
@@ -186,7 +187,7 @@ def test_litgpt_gqa_expands_kv_and_all_qkv_lora_pads_nothing():
     LoRA on all of q, k and v is added without zero padding."""
     model = ModelSpec(layers=2, hidden=256, heads=8, kv_heads=2, ffn=688, vocab=1000,
                       fused_qkv=True, impl="litgpt")
-    rec = act.LayerRecipe(e=2, attention="flash", trainable_base=False,
+    rec = LayerRecipe(e=2, attention="flash", trainable_base=False,
                           lora_targets=frozenset({"q", "k", "v"}), c=2, lora_rank=8)
     inv = act.layer_saved(model, rec, 2, 128)
     assert inv.split["attn.k_expanded"] == inv.split["attn.v_expanded"] == 256 * 2 * 256
@@ -275,7 +276,7 @@ def test_soft_capped_attention_is_eager_in_litgpt_and_keeps_its_tanh():
 
     gemma = get_model("gemma-2-2b")
     litgpt = gemma.model_copy(update={"impl": "litgpt", "fused_qkv": True, "tied_embeddings": False})
-    rec = act.LayerRecipe(e=2, attention="flash")
+    rec = LayerRecipe(e=2, attention="flash")
     b, s = 1, 512
     layer = act.layer_saved(litgpt, rec, b, s)
     scores = b * gemma.heads * s * s

@@ -499,7 +499,7 @@ def test_a_phase_that_gathers_nothing_fragments_like_any_other():
 # --- Unsloth's kernels and the logit-free losses ----------------------------------------------
 
 def _llama_recipe(**kw):
-    from planner.memory.activations import LayerRecipe
+    from planner.memory.inventory import LayerRecipe
     return LayerRecipe(e=2, lora_targets=frozenset({"q", "k", "v", "o", "gate", "up", "down"}),
                        trainable_base=False, c=4, lora_rank=16, **kw)
 
@@ -651,12 +651,13 @@ def test_a_fused_rmsnorm_keeps_its_input_and_rsqrt_only():
     trainable weight): 2·(4h + e·h) − 2·e·h fewer bytes per token and layer in full fine-tuning."""
     from planner import catalog
     from planner.memory import activations as act
+    from planner.memory.inventory import LayerRecipe
 
     m = catalog.get_model("llama-2-13b")
-    rec = act.LayerRecipe(e=2, trainable_base=True)
+    rec = LayerRecipe(e=2, trainable_base=True)
     tokens, h = 2 * 4096, m.hidden
     plain = act.layer_saved(m, rec, 2, 4096).total()
-    fused = act.layer_saved(m, act.LayerRecipe(e=2, trainable_base=True, fused_norm=True), 2, 4096).total()
+    fused = act.layer_saved(m, LayerRecipe(e=2, trainable_base=True, fused_norm=True), 2, 4096).total()
     assert plain - fused == pytest.approx(tokens * 2 * 4 * h)
 
 

@@ -18,6 +18,7 @@ from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import zero_degree
 from planner.memory import activations as act
+from planner.memory.inventory import FP32, LayerRecipe
 from planner.memory.model_states import (
     StateParts,
     adapter_shapes,
@@ -105,10 +106,10 @@ class Peak:
     phase_needed: dict[str, float] | None = None
 
 
-def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool) -> act.LayerRecipe:
+def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool) -> LayerRecipe:
     e = compute_bytes(wl.precision)
     lora = wl.method in ("lora", "qlora")
-    return act.LayerRecipe(
+    return LayerRecipe(
         e=e,
         attention=layout.attention,
         trainable_base=wl.method == "full",
@@ -131,7 +132,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         lora_shares_input=bnb_base(wl),
         fp32_stream=bnb_prepared(wl) and (fp32_embeddings(wl) or not _norm_keeps_dtype(model)),
         fp32_embeddings=fp32_embeddings(wl),
-        clamp_bytes=(act.FP32 if fp32_embeddings(wl) else e) if model.eager_mask_clamp else 0,
+        clamp_bytes=(FP32 if fp32_embeddings(wl) else e) if model.eager_mask_clamp else 0,
         moe_loop=wl.moe_experts == "loop",
     )
 

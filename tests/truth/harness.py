@@ -163,13 +163,14 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
               kbit_prep: str = "none", shares_input: bool = False, clamp: bool = False) -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner.memory import activations as act
+    from planner.memory.inventory import LayerRecipe
 
     spec = spec_of(shape)
     e = 4 if dtype == torch.float32 else 2
     c = (4 if adapter_fp32 else e) if lora else e
 
-    def rec(first: bool) -> act.LayerRecipe:
-        return act.LayerRecipe(
+    def rec(first: bool) -> LayerRecipe:
+        return LayerRecipe(
             e=e, attention="eager" if attention == "eager" else "flash", trainable_base=not lora,
             lora_targets=frozenset(targets) if lora else frozenset(), c=c,
             lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
