@@ -14,6 +14,7 @@ from planner.core.arch import exact_lora_params
 from planner.core.specs import ModelSpec
 from planner.memory import activations as act
 from planner.memory.inventory import LayerRecipe
+from planner.memory.logits import loss_bytes
 from planner.memory.model_states import NF4_BYTES, NF4_DQ_BYTES
 
 TINY = ModelSpec(layers=4, hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=688, vocab=1000)
@@ -56,7 +57,7 @@ def test_checkpoint_head_and_shared_match_cpu_measurements():
     bf16, fp32 = _rec(2, "flash"), _rec(4, "flash")
     assert act.checkpoint_saved(TINY, bf16, 2, 128).total() == 131_072
     assert act.checkpoint_saved(TINY, fp32, 2, 128).total() == 262_144
-    loss_saved, _, _ = act.loss_bytes(TINY, 2, 256, "standard")
+    loss_saved, _, _ = loss_bytes(TINY, 2, 256, "standard")
     head = act.head_saved(TINY, bf16, 2, 128, lm_head_trainable=True, embedding_trainable=False)
     assert head + loss_saved + 4 == 1_551_364
     lora_head = act.head_saved(TINY, _rec(2, "flash", True, 4), 2, 128, lm_head_trainable=False,

@@ -304,8 +304,8 @@ def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
     holds FP32 K and V of every layer beside the saved tensors until the loss's forward is done:
     a phase of its own. Under checkpointing Hugging Face turns the cache off: nothing changes."""
     from planner.core.specs import ModelSpec
-    from planner.memory import activations as act
     from planner.memory.detailed import detailed_peak
+    from planner.memory.logits import eval_loss_bytes
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     base = {"method": "qlora", "precision": "fp16", "micro_batch": 1, "seq_len": 1024,
@@ -319,7 +319,7 @@ def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
     plain, kept = peak("none"), peak("none", keeps_kv_cache=True)
     assert "end of forward" not in plain.phase_needed and kept.phase == "end of forward"
     cache = 32 * 2 * 1024 * 4096 * 4  # FP32 K and V, 32 layers
-    loss_forward = act.eval_loss_bytes(model, 2, 1024, "standard")
+    loss_forward = eval_loss_bytes(model, 2, 1024, "standard")
     assert kept.parts["activations"] - plain.parts["activations"] == pytest.approx(cache)
     assert kept.parts["logits"] == pytest.approx(loss_forward)
     assert peak("full", keeps_kv_cache=True).allocated == peak("full").allocated
@@ -534,7 +534,7 @@ def test_logit_free_losses_do_not_grow_with_the_vocabulary():
     the hidden states' gradient; no tensor is vocabulary-wide. Unsloth's 2025 fused loss runs
     loss and gradient in the forward with the logits in the compute dtype and FP32 at once."""
     from planner import catalog
-    from planner.memory.activations import loss_bytes
+    from planner.memory.logits import loss_bytes
 
     m = catalog.get_model("llama-3.1-8b")
     big = m.model_copy(update={"vocab": 4 * m.vocab})
@@ -771,7 +771,7 @@ def test_an_evaluation_pass_at_the_trainers_default_batch_is_its_own_phase():
     trains on one RTX 4090 at batch 1 dies at its first evaluation. At an evaluation batch of 1
     the training step stays the peak."""
     from planner import catalog
-    from planner.memory import activations as act
+    from planner.memory.logits import eval_loss_bytes
 
     raw = {"model": "qwen2-7b", "workload": {"method": "lora", "seq_len": 2048, "micro_batch": 1},
            "layout": {"gpu": "rtx-4090", "gpus": 1, "checkpointing": "full"}}
@@ -782,7 +782,7 @@ def test_an_evaluation_pass_at_the_trainers_default_batch_is_its_own_phase():
     plain, one, eight = est(), est(eval_micro_batch=1), est(eval_micro_batch=8)
     assert plain.fits and one.total_bytes == plain.total_bytes
     assert not eight.fits and "peak phase: evaluation" in eight.assumptions
-    logits = act.eval_loss_bytes(catalog.get_model("qwen2-7b"), 2, 8 * 2048, "standard")
+    logits = eval_loss_bytes(catalog.get_model("qwen2-7b"), 2, 8 * 2048, "standard")
     assert logits == pytest.approx((2 + 4 + 4) * 152_064 * 8 * 2048)
     assert eight.total_bytes > plain.components["weights"] + logits
     # no gradients at rest between steps under FSDP; DeepSpeed ZeRO-3 keeps its flat partition

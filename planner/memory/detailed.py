@@ -19,6 +19,7 @@ from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import zero_degree
 from planner.memory import activations as act
 from planner.memory.inventory import FP32, LayerRecipe
+from planner.memory.logits import eval_loss_bytes, loss_bytes
 from planner.memory.model_states import (
     StateParts,
     adapter_shapes,
@@ -211,7 +212,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         # litgpt's loop holds the previous step's outputs, so their graph with every input
         # bitsandbytes kept on its contexts lives until this step's forward returns.
         carried = on_context if model.impl == "litgpt" else 0.0
-        loss_saved, loss_peak, loss_held = act.loss_bytes(
+        loss_saved, loss_peak, loss_held = loss_bytes(
             model, rec.e, b * s, wl.loss_impl, tp, compiled=wl.compile, batch=b,
             first_step=wl.peak_at_first_step, carried=carried,
             head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
@@ -221,7 +222,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
     if wl.keeps_kv_cache and layout.checkpointing == "none":
         kv_cache = n_layers * act.kv_cache_bytes(model, rec, b, s).total(tp, sp) * in_flight
         if last_stage:
-            loss_forward = act.eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, tp)
+            loss_forward = eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, tp)
     return {"saved": saved, "working": working, "working_end": working_end,
             "loss_saved": loss_saved,
             "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host,
@@ -573,7 +574,7 @@ def eval_terms(model: ModelSpec, wl: Workload, layout: Layout, *, last_stage: bo
     b, s = wl.eval_micro_batch, wl.seq_len // layout.cp
     rec = _recipe(model, wl, layout, first_layer=False)
     working = act.layer_saved(model, rec, b, s).total(layout.tp, layout.sp)
-    logits = act.eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, layout.tp) if last_stage else 0.0
+    logits = eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, layout.tp) if last_stage else 0.0
     return {"working": working, "logits": logits}
 
 

@@ -164,6 +164,7 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner.memory import activations as act
     from planner.memory.inventory import LayerRecipe
+    from planner.memory.logits import loss_bytes
 
     spec = spec_of(shape)
     e = 4 if dtype == torch.float32 else 2
@@ -186,7 +187,7 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
     else:
         layers = [act.layer_saved(spec, rec(i == 0), b, s).total() for i in range(shape.layers)]
         shared = act.shared_saved(spec, rec(False), b, s)
-    loss_saved, _, _ = act.loss_bytes(spec, e, b * s, "standard")
+    loss_saved, _, _ = loss_bytes(spec, e, b * s, "standard")
     outside = (act.head_saved(spec, rec(False), b, s, lm_head_trainable=not lora,
                               embedding_trainable=not lora) + loss_saved + NLL_TOTAL_WEIGHT_BYTES)
     return {"layers": layers, "shared": shared, "outside": outside}
