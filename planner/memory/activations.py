@@ -9,6 +9,12 @@ counted once even when several ops save it (q/k/v share their input, gate/up the
 Symbols: b micro-batch, s sequence length per GPU (after context parallelism), h hidden, h_q =
 heads·head_dim, h_kv = kv_heads·head_dim, f FFN width, a heads, e bytes of the compute dtype,
 c bytes of the LoRA adapters, r LoRA rank, V vocabulary.
+
+Here: a decoder layer's saved tensors (norms, linear inputs, MLP and MoE, Unsloth's kernels), what
+selective and full checkpointing keep instead, the gradients alive during a layer's backward,
+the tensors shared by every layer, a returned KV cache and what the head saves. Elsewhere: the
+recipe and the inventory (:mod:`planner.memory.inventory`), the attention kernels
+(:mod:`planner.memory.attention`), the logits and the loss (:mod:`planner.memory.logits`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ from dataclasses import replace
 from planner.core.arch import lora_module_shapes
 from planner.core.memo import by_spec
 from planner.core.specs import ModelSpec
+from planner.memory.attention import (
+    attention_is_eager,
+    attention_kernel,
+    eager_scores_backward_bytes,
+    litgpt_attention,
+    litgpt_qkv_lora,
+)
 from planner.memory.inventory import (
     FP8_BYTES,
     FP32,
@@ -158,13 +171,6 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
     return fc_rg or trainable or "down" in t
 
 
-def attention_is_eager(model: ModelSpec, rec: LayerRecipe) -> bool:
-    """Eager attention: asked for, or forced where litgpt soft-caps the scores ("with
-    softcapping we cannot use SDPA": litgpt ``model.py`` builds the scores, tanh, mask and an FP32
-    softmax itself). Hugging Face runs soft-capped attention in FlashAttention-2 (``softcap``)."""
-    return rec.attention == "eager" or (model.impl == "litgpt" and model.attention_softcap)
-
-
 @by_spec
 def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """Storages one decoder layer saves for backward (no checkpointing).
@@ -211,7 +217,7 @@ def _unsloth_layer(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: i
     h, e = model.hidden, rec.e
     _norm(inv, "norm1", True, False, h, replace(rec, fused=True), "rmsnorm", tokens, model)
     inv.add("norm1.out", tokens * e * h, split=False)
-    _attention_kernel(inv, model, rec, tokens, 0, eager=False)
+    attention_kernel(inv, model, rec, tokens, 0, eager=False)
     _norm(inv, "norm2", True, False, h, replace(rec, fused=True), "rmsnorm", tokens, model)
     inv.add("norm2.out", tokens * e * h, split=False)
     inv.add("mlp.gate_out", tokens * e * model.ffn)
@@ -241,47 +247,15 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
             _norm(inv, f"{m}_norm", out1_rg or m in t, rec.trainable_base, n_heads * d, rec,
                   "rmsnorm", tokens, model, groups=n_heads, split=True)
     if model.impl == "litgpt" and model.fused_qkv:
-        _litgpt_qkv_lora(inv, model, rec, tokens)
+        litgpt_qkv_lora(inv, model, rec, tokens)
     eager = attention_is_eager(model, rec)
     if qkv_rg and model.impl == "litgpt" and not eager:
-        _litgpt_attention(inv, model, rec, tokens, s)
+        litgpt_attention(inv, model, rec, tokens, s)
     elif qkv_rg:
-        _attention_kernel(inv, model, rec, tokens, s, eager=eager)
+        attention_kernel(inv, model, rec, tokens, s, eager=eager)
     name_o = "attn.out" if not eager else "attn.out_contiguous"
     _linear_inputs(inv, name_o, h_q, ["o"], rec, tokens, split_input=True)
     return rg_in or qkv_rg or rec.trainable_base or "o" in t
-
-
-def _attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int, s: int,
-                      *, eager: bool) -> None:
-    """What Hugging Face attention keeps: eager, a contiguous q, K and V repeated to all heads,
-    the FP32 softmax and its e-byte copy when e ≠ 4 (and a soft-cap's tanh output, or the masked
-    scores a ``torch.max`` clamp keeps: :attr:`LayerRecipe.clamp_bytes`); flash/SDPA,
-    q, k, v after RoPE, the output and the FP32 log-sum-exp (see :func:`layer_saved`)."""
-    e = rec.e
-    a, d = model.heads, model.head_dim_eff
-    h_q, h_kv = a * d, model.kv_heads_eff * d
-    if eager:
-        inv.add("attn.q", tokens * e * h_q)
-        inv.add("attn.k_repeated", tokens * e * h_q)
-        inv.add("attn.v_repeated", tokens * e * h_q)
-        if model.attention_softcap:  # tanh(scores / cap) keeps its output
-            inv.add("attn.softcap_tanh", tokens * e * a * s)
-        if rec.clamp_bytes:  # torch.max(scores + mask, finfo.min) keeps both its inputs
-            inv.add("attn.clamped_scores", tokens * rec.clamp_bytes * a * s)
-            inv.add("attn.clamp_floor", FP32, split=False)  # the 0-d FP32 finfo.min tensor
-        if softmax_in_fp32(model, rec):
-            inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
-            if e != FP32:
-                inv.add("attn.softmax_copy", tokens * e * a * s)
-        else:  # the softmax in the compute dtype keeps its output, which the value matmul reads
-            inv.add("attn.softmax", tokens * e * a * s)
-    else:
-        inv.add("attn.q", tokens * e * h_q)
-        inv.add("attn.k", tokens * e * h_kv)
-        inv.add("attn.v", tokens * e * h_kv)
-        inv.add("attn.out", tokens * e * h_q)
-        inv.add("attn.lse", tokens * FP32 * a)
 
 
 def _mlp_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
@@ -318,53 +292,6 @@ def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -
         d_in = shapes[group[0]][0] if group[0] not in qkv or qkv_input_rg else 0
         d_out = sum(shapes[m][1] for m in group)
         inv.add(f"{group[0]}.lora_weight_casts", rec.lora_rank * (d_in + d_out) * rec.e)
-
-
-def _litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
-    """litgpt's ``LoRAQKVLinear`` adapts a subset of q, k, v of the fused projection by
-    zero-padding the low-rank update to the fused width: ``index_copy`` keeps its source, the
-    update of the enabled parts (c bytes each). Nothing extra when q, k and v are all adapted
-    (``zero_pad`` returns its input). Source: litgpt ``lora.py`` ``zero_pad`` (``index_copy``;
-    its derivative ``grad.index_select(dim, index).expand_as(source)`` keeps ``source``)."""
-    t = rec.lora_targets
-    enabled = [p for p in ("q", "k", "v") if p in t]
-    if not enabled or len(enabled) == 3:
-        return
-    d = model.head_dim_eff
-    width = {"q": model.heads * d, "k": model.kv_heads_eff * d, "v": model.kv_heads_eff * d}
-    inv.add("qkv.lora_zero_pad_source", tokens * rec.c * sum(width[p] for p in enabled))
-    # lora_A has r rows per enabled part, so its output is r·parts wide; the int64 index of
-    # the padded columns is built once per forward (8 bytes per column, no token dimension).
-    inv.split["qkv.lora_a_out"] = tokens * rec.c * rec.lora_rank * len(enabled)
-    inv.add("qkv.lora_index", 8 * sum(width[p] for p in enabled))
-
-
-def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
-                      s: int) -> None:
-    """What SDPA keeps in litgpt's ``CausalSelfAttention``: q and k after RoPE (new tensors);
-    with grouped or multi-query attention k and v are expanded and reshaped to all heads
-    (copies: e·h_q each); with as many KV heads as heads, v is a view of the fused QKV output,
-    so SDPA's saved v keeps that whole output alive (e·(h_q + 2·h_kv)). Plus the output and the
-    FP32 log-sum-exp. Source: litgpt ``model.py`` (``qkv.split`` / ``expand`` / ``reshape``)."""
-    e, d = rec.e, model.head_dim_eff
-    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
-    if model.mqa_sdpa_math and model.kv_heads_eff == 1:
-        # SDPA's math path (``_scaled_dot_product_attention_math``): the scaled q, K and V
-        # broadcast to every head by ``matmul`` (copies ``bmm`` saves) and the softmax output.
-        inv.add("attn.q_scaled", tokens * e * h_q)
-        inv.add("attn.k_broadcast", tokens * e * h_q)
-        inv.add("attn.v_broadcast", tokens * e * h_q)
-        inv.add("attn.probs", tokens * e * model.heads * s)
-        return
-    inv.add("attn.q", tokens * e * h_q)
-    if model.kv_heads_eff == model.heads:
-        inv.add("attn.k", tokens * e * h_kv)
-        inv.add("attn.qkv_out", tokens * e * (h_q + 2 * h_kv))
-    else:
-        inv.add("attn.k_expanded", tokens * e * h_q)
-        inv.add("attn.v_expanded", tokens * e * h_q)
-    inv.add("attn.out", tokens * e * h_q)
-    inv.add("attn.lse", tokens * FP32 * model.heads)
 
 
 def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens: int) -> None:
@@ -425,29 +352,6 @@ def _moe_backward_ffn(model: ModelSpec, rec: LayerRecipe) -> float:
     if not rec.moe_loop:
         return moe.expert_ffn * moe.active
     return max(moe.expert_ffn * moe.active / moe.experts, moe.shared_ffn * moe.shared_experts)
-
-
-def softmax_in_fp32(model: ModelSpec, rec: LayerRecipe) -> bool:
-    """Eager attention's softmax runs in FP32 (cast back after): everywhere but transformers'
-    GPT-2 code in a one-dtype step (``ModelSpec.softmax_fp32``)."""
-    return model.softmax_fp32 or model.impl != "hf" or not rec.one_dtype
-
-
-def eager_scores_backward_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
-    """Bytes beyond a layer's saved tensors while eager attention's softmax runs backward (HF
-    ``eager_attention_forward``: FP32 softmax of the scores, cast to the compute dtype, times V).
-    The value matmul's backward makes the probabilities' gradient in the compute dtype and frees
-    the e-byte probabilities it saved; the cast's backward turns that gradient to FP32 (4 bytes
-    per score), and the softmax's backward makes the FP32 scores' gradient (4 more) beside it and
-    the saved FP32 probabilities. Per score: 8 − e, or 8 in FP32 (no copy, the gradient is FP32
-    already). Measured on the CPU over a whole decoder layer by ``tests/truth``."""
-    scores = b * model.heads * s * s
-    if not softmax_in_fp32(model, rec):
-        # in the compute dtype: the probabilities' gradient and the scores' gradient beside
-        # the saved probabilities, which are the matmul's input too
-        return scores * 2 * rec.e
-    copy = rec.e if rec.e != FP32 else 0
-    return scores * (2 * FP32 - copy)
 
 
 def _mlp_block_split_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
@@ -522,11 +426,6 @@ def kv_cache_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Invent
     inv.add("cache.k", tokens * n * h_kv)
     inv.add("cache.v", tokens * n * (h_q + 2 * h_kv if model.fused_qkv else h_kv))
     return inv
-
-
-def eager_mask_bytes(rec: LayerRecipe, b: int, s: int) -> float:
-    """Alive through the step but not saved: eager attention's causal mask (e·b·s²)."""
-    return rec.e * b * s * s if rec.attention == "eager" else 0.0
 
 
 @by_spec

@@ -18,6 +18,7 @@ from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import zero_degree
 from planner.memory import activations as act
+from planner.memory.attention import eager_mask_bytes
 from planner.memory.inventory import FP32, LayerRecipe
 from planner.memory.logits import eval_loss_bytes, loss_bytes
 from planner.memory.model_states import (
@@ -192,7 +193,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         resident = min(n_layers, OFFLOAD_RESIDENT_LAYERS) * per
         host, layers = layers - resident, resident
     in_flight = 1.0 if (last_stage and layout.pp > 1) else in_flight_micro_batches(layout, grad_accum)
-    saved = (layers + act.shared_saved(model, rec, b, s) + act.eager_mask_bytes(rec, b, s)) * in_flight
+    saved = (layers + act.shared_saved(model, rec, b, s) + eager_mask_bytes(rec, b, s)) * in_flight
     host *= in_flight
     loss_saved = loss_peak = loss_held = 0.0
     on_context = 0.0

@@ -153,7 +153,7 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
     V broadcast to every head (copies ``bmm`` keeps) and the softmax output, as modelled for
     litgpt before Oct 2023 (``mqa_sdpa_math``). FP32 here, which the CPU does not upcast."""
     from planner.core.specs import ModelSpec
-    from planner.memory import activations as act
+    from planner.memory.attention import litgpt_attention
     from planner.memory.inventory import Inventory, LayerRecipe
 
     b, a, s, d = 2, 8, 64, 16
@@ -170,7 +170,7 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
     spec = ModelSpec(layers=1, hidden=a * d, heads=a, kv_heads=1, head_dim=d, ffn=4 * a * d,
                      vocab=100, impl="litgpt", fused_qkv=True, mqa_sdpa_math=True)
     inv = Inventory()
-    act._litgpt_attention(inv, spec, LayerRecipe(e=4), b * s, s)
+    litgpt_attention(inv, spec, LayerRecipe(e=4), b * s, s)
     assert sum(saved.values()) == inv.total()
 
 
