@@ -257,7 +257,7 @@ def test_llm_int8_temporaries_follow_the_bitsandbytes_release():
     input and its col32 layout (2 bytes per input element) and int32, FP16 and cloned FP16
     results (8 bytes per output element); from 0.45 1 + 6 bytes."""
     from planner.core.specs import Layout, Workload
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import StateParts
 
     model = planner.catalog.get_model("llama-2-7b")

@@ -92,7 +92,7 @@ def test_deepspeed_fp16_step_checks_each_owned_gradient_part_first():
     inside the 525M-element head, so the check (11 × 251M) outweighs the FP32 gradient copy and
     the foreach temporary after it (8 × 251M). BF16 runs no such check."""
     from planner import catalog
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = catalog.get_model("llama-3.1-8b")
@@ -131,7 +131,7 @@ def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
 
 def test_offloaded_optimizer_has_no_gpu_step_temporaries():
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -148,7 +148,7 @@ def test_paged_adamw_has_no_list_wide_step_temporaries():
     torch's foreach copy of exp_avg_sq (Llama 2 70B full FT, FSDP over 16 A100s: the HF blog's
     run, whose script defaulted to it, fits only without that 17 GB copy)."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -167,7 +167,7 @@ def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
     stepped tensors are the units' flat shards (on torch 2.0 FlatParameter is not a plain
     Parameter, so torch falls back to this path), a layer's 202M parameters over the ranks."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -192,7 +192,7 @@ def test_one_tensor_step_of_adapters_and_fused_projections():
     trained whole. A fused-QKV model without a large vocabulary (an untied 1,000-word head): its
     fused q/k/v weight, 3h x h, outweighs the MLP's h x 2h."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     def temp(model: ModelSpec, **workload) -> float:
@@ -219,7 +219,7 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time():
     (3.4e9 elements each) holds the sub-group's gradient and foreach root, 2 x 4 GB, where FSDP
     steps its whole 3.4e9-element shard at once."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -376,7 +376,7 @@ def test_gather_buffers_are_the_root_and_two_layer_units():
     limiter keeps two layer units in flight (the one computing, the one prefetched)."""
     from planner.core.arch import param_counts
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256)
@@ -753,7 +753,7 @@ def test_a_trained_embedding_gives_the_first_lora_layer_an_input_that_needs_a_gr
     """Without checkpointing, LoRA's first layer sees the frozen embeddings' output, which needs no
     gradient; a trained embedding copy's output does, so that layer saves what the others save."""
     from planner import catalog
-    from planner.memory.detailed import _recipe
+    from planner.memory.stage_activations import _recipe
 
     model = catalog.get_model("llama-2-7b")
     wl = Workload(method="lora")

@@ -278,7 +278,7 @@ def test_a_moe_optimizer_step_holds_two_copies_of_the_fused_expert_weight(family
 
     from planner.catalog.hf_config import spec_from_hf_config
     from planner.core.specs import Layout, Workload
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     b, s, h, f, heads, kv = 2, 64, 256, 688, 4, 2
