@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.core.arch import lora_module_shapes
+from planner.core.arch import _attention_dims, _dims, lora_module_shapes
 from planner.core.memo import by_spec
 from planner.core.specs import ModelSpec
 from planner.memory.attention import (
@@ -220,8 +220,9 @@ def _unsloth_layer(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: i
     attention_kernel(inv, model, rec, tokens, 0, eager=False)
     _norm(inv, "norm2", True, False, h, replace(rec, fused=True), "rmsnorm", tokens, model)
     inv.add("norm2.out", tokens * e * h, split=False)
-    inv.add("mlp.gate_out", tokens * e * model.ffn)
-    inv.add("mlp.up_out", tokens * e * model.ffn)
+    (ffn,) = _dims(model, "ffn")
+    inv.add("mlp.gate_out", tokens * e * ffn)
+    inv.add("mlp.up_out", tokens * e * ffn)
 
 
 def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
@@ -229,7 +230,8 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     """The attention block's saved tensors (see :func:`layer_saved`): norm1, the inputs of q, k,
     v and o and what the attention kernel keeps. Returns: the block's output requires grad."""
     h, e = model.hidden, rec.e
-    h_q = model.heads * model.head_dim_eff
+    a, kv, d = _attention_dims(model)
+    h_q = a * d
     t = rec.lora_targets
     rg_in = rec.input_requires_grad
     _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, model.norm, tokens, model)
@@ -242,8 +244,7 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
         # RMSNorm over each head of q and of k (Qwen3, Gemma 3) before RoPE: what any norm
         # keeps, per head, for the projections' outputs that need a gradient (OLMo 2 normalises
         # the whole projection: one rsqrt per token, counted here per head).
-        d = model.head_dim_eff
-        for m, n_heads in (("q", model.heads), ("k", model.kv_heads_eff)):
+        for m, n_heads in (("q", a), ("k", kv)):
             _norm(inv, f"{m}_norm", out1_rg or m in t, rec.trainable_base, n_heads * d, rec,
                   "rmsnorm", tokens, model, groups=n_heads, split=True)
     if model.impl == "litgpt" and model.fused_qkv:
@@ -272,7 +273,8 @@ def _mlp_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
     mlp_rg_in = h1_rg or rec.trainable_base
     moe = model.moe
     if moe is None:
-        _mlp(inv, model, model.ffn, mlp_rg_in, rec, tokens)
+        (ffn,) = _dims(model, "ffn")
+        _mlp(inv, model, ffn, mlp_rg_in, rec, tokens)
     else:
         _moe(inv, model, mlp_rg_in, rec, tokens)
 
@@ -302,6 +304,7 @@ def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens
     transformers' expert loop ``index_add_`` keeps the weighted output too (e·h per routed token).
     Routing imbalance is not modelled: the mean load is assumed."""
     moe = model.moe
+    assert moe is not None  # called for a MoE model only (:func:`_mlp_block`)
     routed = tokens * moe.active
     inv.add("moe.router_logits", tokens * FP32 * moe.experts)
     if rec.trainable_base:
@@ -327,7 +330,7 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     order in which autograd frees them (each is released once consumed)."""
     inv = Inventory()
     tokens, e = b * s, FP32 if rec.fp32_stream else rec.e
-    f = model.ffn if model.moe is None else _moe_backward_ffn(model, rec)
+    f = _dims(model, "ffn")[0] if model.moe is None else _moe_backward_ffn(model, rec)
     # Unsloth's LoRA_MLP backward makes one f-wide gradient (dY·W_downᵀ) and writes the SwiGLU
     # product and the gate and up gradients into it and the saved e and g (``swiglu.py``).
     mlp_grads = 1 if unsloth_runs(model, rec) else (3 if model.gated_mlp else 2)
@@ -349,6 +352,7 @@ def _moe_backward_ffn(model: ModelSpec, rec: LayerRecipe) -> float:
     loop one expert's tokens at a time (``active / experts`` of them at the mean load), or the
     shared experts', run on every token, whichever is wider."""
     moe = model.moe
+    assert moe is not None  # called for a MoE model only (:func:`backward_temporaries`)
     if not rec.moe_loop:
         return moe.expert_ffn * moe.active
     return max(moe.expert_ffn * moe.active / moe.experts, moe.shared_ffn * moe.shared_experts)
@@ -372,10 +376,10 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
     selective recomputation)."""
     inv = Inventory()
     tokens, e = b * s, rec.e
-    h, d = model.hidden, model.head_dim_eff
-    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    h, (a, kv, d) = model.hidden, _attention_dims(model)
+    h_q, h_kv = a * d, kv * d
     inv.add("layer_input", tokens * e * h, split=False)
-    f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    f = _dims(model, "ffn")[0] if model.moe is None else model.moe.expert_ffn * model.moe.active
     mms = [("q", h_q), ("k", h_kv), ("v", h_kv), ("o", h)]
     mms += [("gate", f), ("up", f), ("down", h)] if model.gated_mlp else [("up", f), ("down", h)]
     for i, (name, width) in enumerate(mms):
@@ -383,7 +387,7 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
             inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
     inv.add("attn.out", tokens * e * h_q)
     if not attention_is_eager(model, rec):
-        inv.add("attn.lse", tokens * FP32 * model.heads)
+        inv.add("attn.lse", tokens * FP32 * a)
     return inv
 
 
@@ -401,7 +405,7 @@ def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
     """Tensors made once per forward and saved by every layer: the RoPE cos/sin tables
     (2·s·d·e, no batch dimension)."""
     e = FP32 if rec.fp32_embeddings else rec.e  # made in the embeddings' dtype
-    return 2 * s * model.head_dim_eff * e if model.position == "rope" else 0.0
+    return 2 * s * _attention_dims(model)[2] * e if model.position == "rope" else 0.0
 
 
 @by_spec
@@ -417,11 +421,12 @@ def kv_cache_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Invent
     inv = Inventory()
     if model.impl != "hf":
         return inv
-    grouped_eager = attention_is_eager(model, rec) and model.kv_heads_eff < model.heads
+    a, kv, d = _attention_dims(model)
+    grouped_eager = attention_is_eager(model, rec) and kv < a
     if not (rec.fp32_stream or grouped_eager):
         return inv
-    tokens, d = b * s, model.head_dim_eff
-    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    tokens = b * s
+    h_q, h_kv = a * d, kv * d
     n = FP32 if rec.fp32_stream else rec.e
     inv.add("cache.k", tokens * n * h_kv)
     inv.add("cache.v", tokens * n * (h_q + 2 * h_kv if model.fused_qkv else h_kv))
@@ -441,7 +446,8 @@ def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_tr
     if lm_head_trainable:
         inv.add("lm_head.input", tokens * rec.e * model.hidden, split=False)
     if rec.fp32_embeddings and rec.autocast:  # the FP32 lm_head's bf16 copy (input gradient)
-        inv.add("lm_head.weight_cast", model.vocab * model.hidden * rec.e)
+        (vocab,) = _dims(model, "vocab")
+        inv.add("lm_head.weight_cast", vocab * model.hidden * rec.e)
     n = inv.total() + 8 * tokens
     if embedding_trainable:
         n += 8 * tokens

@@ -10,6 +10,7 @@ beyond the saved tensors, and eager attention's causal mask. Symbols as in
 
 from __future__ import annotations
 
+from planner.core.arch import _attention_dims, _dims
 from planner.core.specs import ModelSpec
 from planner.memory.inventory import FP32, Inventory, LayerRecipe
 
@@ -35,8 +36,8 @@ def attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     q, k, v after RoPE, the output and the FP32 log-sum-exp (see
     :func:`planner.memory.activations.layer_saved`)."""
     e = rec.e
-    a, d = model.heads, model.head_dim_eff
-    h_q, h_kv = a * d, model.kv_heads_eff * d
+    a, kv, d = _attention_dims(model)
+    h_q, h_kv = a * d, kv * d
     if eager:
         inv.add("attn.q", tokens * e * h_q)
         inv.add("attn.k_repeated", tokens * e * h_q)
@@ -67,25 +68,25 @@ def litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     (copies: e·h_q each); with as many KV heads as heads, v is a view of the fused QKV output,
     so SDPA's saved v keeps that whole output alive (e·(h_q + 2·h_kv)). Plus the output and the
     FP32 log-sum-exp. Source: litgpt ``model.py`` (``qkv.split`` / ``expand`` / ``reshape``)."""
-    e, d = rec.e, model.head_dim_eff
-    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
-    if model.mqa_sdpa_math and model.kv_heads_eff == 1:
+    e, (a, kv, d) = rec.e, _attention_dims(model)
+    h_q, h_kv = a * d, kv * d
+    if model.mqa_sdpa_math and kv == 1:
         # SDPA's math path (``_scaled_dot_product_attention_math``): the scaled q, K and V
         # broadcast to every head by ``matmul`` (copies ``bmm`` saves) and the softmax output.
         inv.add("attn.q_scaled", tokens * e * h_q)
         inv.add("attn.k_broadcast", tokens * e * h_q)
         inv.add("attn.v_broadcast", tokens * e * h_q)
-        inv.add("attn.probs", tokens * e * model.heads * s)
+        inv.add("attn.probs", tokens * e * a * s)
         return
     inv.add("attn.q", tokens * e * h_q)
-    if model.kv_heads_eff == model.heads:
+    if kv == a:
         inv.add("attn.k", tokens * e * h_kv)
         inv.add("attn.qkv_out", tokens * e * (h_q + 2 * h_kv))
     else:
         inv.add("attn.k_expanded", tokens * e * h_q)
         inv.add("attn.v_expanded", tokens * e * h_q)
     inv.add("attn.out", tokens * e * h_q)
-    inv.add("attn.lse", tokens * FP32 * model.heads)
+    inv.add("attn.lse", tokens * FP32 * a)
 
 
 def litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
@@ -98,8 +99,8 @@ def litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: 
     enabled = [p for p in ("q", "k", "v") if p in t]
     if not enabled or len(enabled) == 3:
         return
-    d = model.head_dim_eff
-    width = {"q": model.heads * d, "k": model.kv_heads_eff * d, "v": model.kv_heads_eff * d}
+    a, kv, d = _attention_dims(model)
+    width = {"q": a * d, "k": kv * d, "v": kv * d}
     inv.add("qkv.lora_zero_pad_source", tokens * rec.c * sum(width[p] for p in enabled))
     # lora_A has r rows per enabled part, so its output is r·parts wide; the int64 index of
     # the padded columns is built once per forward (8 bytes per column, no token dimension).
@@ -115,7 +116,8 @@ def eager_scores_backward_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: i
     per score), and the softmax's backward makes the FP32 scores' gradient (4 more) beside it and
     the saved FP32 probabilities. Per score: 8 − e, or 8 in FP32 (no copy, the gradient is FP32
     already). Measured on the CPU over a whole decoder layer by ``tests/truth``."""
-    scores = b * model.heads * s * s
+    (a,) = _dims(model, "heads")
+    scores = b * a * s * s
     if not softmax_in_fp32(model, rec):
         # in the compute dtype: the probabilities' gradient and the scores' gradient beside
         # the saved probabilities, which are the matmul's input too

@@ -11,6 +11,7 @@ chunked LoRA head; and the peak of an evaluation forward's loss. Symbols as in
 
 from __future__ import annotations
 
+from planner.core.arch import _dims
 from planner.core.memo import by_spec
 from planner.core.specs import ModelSpec
 from planner.memory.inventory import FP32
@@ -90,7 +91,8 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
                                             "chunked_head_in_forward"):
         # tanh(logits / cap) · cap keeps the tanh output (e per logit) until its backward, which
         # runs after the loss's (HF Gemma 2; litgpt, per chunk of its LoRA head since 2024-12).
-        cap = e * model.vocab / tp * tokens
+        (vocab,) = _dims(model, "vocab")
+        cap = e * vocab / tp * tokens
         saved, peak = saved + cap, peak + cap
     return saved, peak, held
 
@@ -98,7 +100,8 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
 def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compiled: bool,
                 batch: int, first_step: bool, carried: float,
                 head_dequant: float) -> tuple[float, float, float]:
-    v = model.vocab / tp
+    (vocab,) = _dims(model, "vocab")
+    v = vocab / tp
     if model.impl == "litgpt" and loss in ("chunked", "standard"):
         # litgpt's loops (``finetune/lora.py``, ``full.py``) keep ``logits`` from one step to the
         # next, in FP32 after Fabric's output cast (FABRIC_OUTPUT_BYTES).
@@ -187,7 +190,8 @@ def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 
     and one chunk's upcast and log-probabilities; ``chunked_head`` and ``chunked_head_in_forward``:
     one chunk's logits, upcast and log-probabilities; ``compiled`` and ``inplace``: the logits;
     ``in_forward``: the logits and their FP32 copy; ``fused`` and ``cce`` form no logits."""
-    v = model.vocab / tp
+    (vocab,) = _dims(model, "vocab")
+    v = vocab / tp
     if loss in ("standard", "held_fp32"):
         per = (e + 2 * FP32) * v
     elif loss == "chunked":
