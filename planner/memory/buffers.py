@@ -10,7 +10,7 @@ of a step.
 
 from __future__ import annotations
 
-from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
+from planner.core.arch import _dims, lora_adapters, lora_module_shapes, param_counts
 from planner.core.specs import Layout, ModelSpec, Workload
 from planner.core.units import zero_degree
 from planner.memory.model_states import (
@@ -120,12 +120,13 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[
     (``modules_to_save``); the embedding only where trained whole."""
     tp = layout.tp
     if wl.method == "full":
+        (vocab,) = _dims(model, "vocab")
         shapes = list(lora_module_shapes(model).values())
         if model.fused_qkv:
             shapes.append(lora_adapters(model, ("q", "k", "v"))[0][1:])
         matrix = max(max(d_in * d_out for d_in, d_out in shapes) / tp, _expert_tensor(model, wl, layout))
-        head = 0 if model.tied_embeddings else model.vocab * model.hidden / tp
-        return max(matrix, head), model.vocab * model.hidden / tp
+        head = 0 if model.tied_embeddings else vocab * model.hidden / tp
+        return max(matrix, head), vocab * model.hidden / tp
     saved = saved_module_params(model, wl.modules_to_save)
     adapter = wl.lora_rank * max(max(d_in, d_out) for _n, d_in, d_out in adapter_shapes(model, wl)) / tp
     return max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp

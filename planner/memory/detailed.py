@@ -17,8 +17,9 @@ inference, and the breakdown a plan reads. The activation terms of a pipeline st
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import cast
 
-from planner.core.arch import param_counts
+from planner.core.arch import _attention_dims, _dims, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import zero_degree
 from planner.memory.buffers import buffer_terms, deepspeed_zero3, gathers_units
@@ -91,7 +92,7 @@ class Peak:
     notes: tuple[str, ...]
     #: What each phase (and stage) of the step needs to run at the card's limit: allocated + the
     #: trapped share (at most its reserved view) + context + NCCL (:data:`TRAPPED_FRAGMENTATION`).
-    phase_needed: dict[str, float] | None = None
+    phase_needed: dict[str, float]
 
 
 def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: int) -> float:
@@ -105,7 +106,8 @@ def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: i
 
 
 def _comm_groups(layout: Layout) -> int:
-    return sum(1 for d in (layout.dp, layout.tp, layout.pp, layout.cp) if d > 1)
+    dp = cast(int, layout.dp)  # set: detailed_peak and detailed_memory copy the layout with their dp
+    return sum(1 for d in (dp, layout.tp, layout.pp, layout.cp) if d > 1)
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             phase_needed[label] = min(phase_reserved[label], total * (1.0 + trapped))
             if best is None or total > best[0]:
                 best = (total, label, parts, a["host"])
+    assert best is not None  # every stage has its phases (backward start and end at least)
     allocated, phase, parts, act_host = best
     reserved = max(phase_reserved.values())
     notes.append(f"peak phase: {phase}")
@@ -361,12 +364,24 @@ def inference_memory(model: ModelSpec, wl: Workload, layout: Layout) -> dict[str
     rest = counts.total - linear
     w_b = quantized_linear_bytes(wl) if wl.method == "qlora" else e
     weights = (linear * w_b + rest * e) / mp
-    d = model.head_dim_eff
-    kv = wl.micro_batch * model.layers * 2 * wl.seq_len * model.kv_heads_eff * d * e
-    ffn = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    _, kv_heads, d = _attention_dims(model)
+    kv = wl.micro_batch * model.layers * 2 * wl.seq_len * kv_heads * d * e
+    ffn = _dims(model, "ffn")[0] if model.moe is None else model.moe.expert_ffn * model.moe.active
     work = 2 * wl.micro_batch * wl.seq_len * ffn * e / layout.tp
+    (vocab,) = _dims(model, "vocab")
     return {"weights": weights, "kv_cache": kv / (mp * layout.cp),
-            "activations": work, "logits": 4 * wl.micro_batch * model.vocab / layout.tp}
+            "activations": work, "logits": 4 * wl.micro_batch * vocab / layout.tp}
+
+
+def _inference_peak(model: ModelSpec, wl: Workload, served: Layout) -> Peak:
+    """Serving's one phase, the forward, in the three views (``served``: the layout with its dp)."""
+    parts = inference_memory(model, wl, served)
+    allocated = sum(parts.values())
+    reserved = allocated + ALLOCATOR_FRAGMENTATION * (allocated - parts["weights"])
+    device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(served)
+    needed = min(reserved, allocated * (1.0 + TRAPPED_FRAGMENTATION)) + device - reserved
+    return Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",),
+                {"forward": needed})
 
 
 def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: Overrides, *,
@@ -378,14 +393,7 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     from planner.memory.breakdown import MemoryBreakdown
 
     if wl.method == "inference":
-        served = layout.model_copy(update={"dp": dp})
-        parts = inference_memory(model, wl, served)
-        allocated = sum(parts.values())
-        reserved = allocated + ALLOCATOR_FRAGMENTATION * (allocated - parts["weights"])
-        device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(served)
-        needed = min(reserved, allocated * (1.0 + TRAPPED_FRAGMENTATION)) + device - reserved
-        peak = Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",),
-                    {"forward": needed})
+        peak = _inference_peak(model, wl, layout.model_copy(update={"dp": dp}))
     else:
         peak = detailed_peak(model, wl, layout, overrides, dp=dp, grad_accum=grad_accum)
     components = {k: ceil_bytes(v) for k, v in peak.parts.items() if v > 0}
@@ -396,7 +404,7 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     # exactly (the total also rounds each component up), so "every phase fits" is "the total fits".
     phase_bytes = {k: ceil_bytes(v) for k, v in peak.phase_needed.items()}
     needed = min(max(max(phase_bytes.values()), allocated), device)
-    phase_bytes[max(phase_bytes, key=phase_bytes.get)] = needed
+    phase_bytes[max(phase_bytes, key=phase_bytes.__getitem__)] = needed
     components["overhead"] = needed - allocated
     served = layout.model_copy(update={"dp": dp})
     trapped = TRAPPED_FRAGMENTATION if wl.method == "inference" else _trapped(served)

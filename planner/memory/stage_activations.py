@@ -10,6 +10,7 @@ bytes, inputs kept on autograd contexts, a returned KV cache, and an evaluation 
 
 from __future__ import annotations
 
+from planner.core.arch import _dims
 from planner.core.specs import Layout, ModelSpec, Workload
 from planner.memory import activations as act
 from planner.memory.attention import eager_mask_bytes
@@ -138,7 +139,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         loss_saved, loss_peak, loss_held = loss_bytes(
             model, rec.e, b * s, wl.loss_impl, tp, compiled=wl.compile, batch=b,
             first_step=wl.peak_at_first_step, carried=carried,
-            head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
+            head_dequant=_dims(model, "vocab")[0] * model.hidden * rec.e / tp if head_q else 0.0)
     # A returned KV cache lives until the loss is done: Hugging Face turns it off under
     # gradient checkpointing, and the Trainer drops the model's outputs before backward.
     kv_cache = loss_forward = 0.0
