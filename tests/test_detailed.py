@@ -13,6 +13,8 @@ import planner
 from planner.core.arch import exact_lora_params
 from planner.core.specs import ModelSpec
 from planner.memory import activations as act
+from planner.memory.inventory import LayerRecipe
+from planner.memory.logits import loss_bytes
 from planner.memory.model_states import NF4_BYTES, NF4_DQ_BYTES
 
 TINY = ModelSpec(layers=4, hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=688, vocab=1000)
@@ -20,7 +22,7 @@ ALL = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
 
 
 def _rec(e, attention, lora=False, c=None, first=False, dropout=False):
-    return act.LayerRecipe(e=e, attention=attention, trainable_base=not lora,
+    return LayerRecipe(e=e, attention=attention, trainable_base=not lora,
                            lora_targets=ALL if lora else frozenset(), c=c or e,
                            lora_rank=8 if lora else 0, lora_dropout=dropout, mask_bytes=c or e,
                            input_requires_grad=not first)
@@ -55,7 +57,7 @@ def test_checkpoint_head_and_shared_match_cpu_measurements():
     bf16, fp32 = _rec(2, "flash"), _rec(4, "flash")
     assert act.checkpoint_saved(TINY, bf16, 2, 128).total() == 131_072
     assert act.checkpoint_saved(TINY, fp32, 2, 128).total() == 262_144
-    loss_saved, _, _ = act.loss_bytes(TINY, 2, 256, "standard")
+    loss_saved, _, _ = loss_bytes(TINY, 2, 256, "standard")
     head = act.head_saved(TINY, bf16, 2, 128, lm_head_trainable=True, embedding_trainable=False)
     assert head + loss_saved + 4 == 1_551_364
     lora_head = act.head_saved(TINY, _rec(2, "flash", True, 4), 2, 128, lm_head_trainable=False,
@@ -167,7 +169,7 @@ def test_litgpt_lora_layer_matches_cpu_measurement():
     zero-padded q/v update, the CPU dropout mask is bf16 (2 bytes; bool on CUDA)."""
     model = ModelSpec(layers=3, hidden=128, heads=4, kv_heads=4, ffn=344, vocab=512,
                       fused_qkv=True, impl="litgpt", norm_upcast=False)
-    rec = act.LayerRecipe(e=2, attention="flash", trainable_base=False,
+    rec = LayerRecipe(e=2, attention="flash", trainable_base=False,
                           lora_targets=frozenset({"q", "v"}), c=2, lora_rank=4, lora_dropout=True,
                           mask_bytes=2)
     inv = act.layer_saved(model, rec, 2, 64)
@@ -186,7 +188,7 @@ def test_litgpt_gqa_expands_kv_and_all_qkv_lora_pads_nothing():
     LoRA on all of q, k and v is added without zero padding."""
     model = ModelSpec(layers=2, hidden=256, heads=8, kv_heads=2, ffn=688, vocab=1000,
                       fused_qkv=True, impl="litgpt")
-    rec = act.LayerRecipe(e=2, attention="flash", trainable_base=False,
+    rec = LayerRecipe(e=2, attention="flash", trainable_base=False,
                           lora_targets=frozenset({"q", "k", "v"}), c=2, lora_rank=8)
     inv = act.layer_saved(model, rec, 2, 128)
     assert inv.split["attn.k_expanded"] == inv.split["attn.v_expanded"] == 256 * 2 * 256
@@ -255,7 +257,7 @@ def test_llm_int8_temporaries_follow_the_bitsandbytes_release():
     input and its col32 layout (2 bytes per input element) and int32, FP16 and cloned FP16
     results (8 bytes per output element); from 0.45 1 + 6 bytes."""
     from planner.core.specs import Layout, Workload
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import StateParts
 
     model = planner.catalog.get_model("llama-2-7b")
@@ -275,7 +277,7 @@ def test_soft_capped_attention_is_eager_in_litgpt_and_keeps_its_tanh():
 
     gemma = get_model("gemma-2-2b")
     litgpt = gemma.model_copy(update={"impl": "litgpt", "fused_qkv": True, "tied_embeddings": False})
-    rec = act.LayerRecipe(e=2, attention="flash")
+    rec = LayerRecipe(e=2, attention="flash")
     b, s = 1, 512
     layer = act.layer_saved(litgpt, rec, b, s)
     scores = b * gemma.heads * s * s

@@ -138,13 +138,13 @@ def test_dpo_log_probabilities_as_the_trainer_takes_them():
     forward and of backward); rows upcast to FP32 keep 4 and peak at e + 4 plus one row's FP32
     copy; the cross-entropy would peak at 12 (H200 DPO session, data/README.md: the first
     session's FP32 rows come within 0.2 % read so, 12.1 % over before)."""
-    from planner.memory import activations as act
+    from planner.memory.logits import loss_bytes
 
     model = resolve({"model": "llama-3.2-1b"}).model
     tokens, rows = 4 * 2048, 4
     v = model.vocab
-    assert act.loss_bytes(model, 2, tokens, "rowwise", batch=rows)[:2] == (2 * v * tokens, 4 * v * tokens)
-    saved, peak, _ = act.loss_bytes(model, 2, tokens, "rowwise_fp32", batch=rows)
+    assert loss_bytes(model, 2, tokens, "rowwise", batch=rows)[:2] == (2 * v * tokens, 4 * v * tokens)
+    saved, peak, _ = loss_bytes(model, 2, tokens, "rowwise_fp32", batch=rows)
     assert saved == 4 * v * tokens and peak == pytest.approx(6 * v * tokens + 4 * v * tokens / rows)
     assert resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo"}}).workload.loss_impl == "rowwise"
     assert resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo", "loss": "chunked"}}).workload.loss_impl == "chunked"

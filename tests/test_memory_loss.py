@@ -1,6 +1,6 @@
 """Which logit copies are alive at the peak of Hugging Face's causal-LM loss, measured on the CPU
 with real transformers modules (Llama, OPT, GPT-2 heads), against
-:func:`planner.memory.activations.loss_bytes`.
+:func:`planner.memory.logits.loss_bytes`.
 
 ``ForCausalLMLoss`` upcasts the compute-dtype logits to FP32 and runs ``cross_entropy``
 (log-softmax, then NLL). The upcast is not saved (log-softmax keeps its output), and the training
@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from truth.harness import peak_bytes as _peak_bytes
 
 from planner.core.specs import ModelSpec
-from planner.memory import activations as act
+from planner.memory.logits import loss_bytes
 
 
 def _model(kind: str, vocab: int):
@@ -60,7 +60,7 @@ def test_hf_causal_lm_loss_peaks_at_12_bytes_per_logit(kind):
     b, s, v1, v2 = 4, 256, 8000, 16000
     slope = (_step_peak(kind, v2, b, s) - _step_peak(kind, v1, b, s)) / (b * s * (v2 - v1))
     spec = ModelSpec(id="t", layers=1, hidden=64, heads=4, ffn=128, vocab=v1)
-    _, peak, held = act.loss_bytes(spec, 2, b * s, "standard")
+    _, peak, held = loss_bytes(spec, 2, b * s, "standard")
     assert held == 0
     assert peak / (b * s * v1) == 12  # the formula: three FP32 copies, no compute-dtype one
     assert slope == pytest.approx(12, abs=0.05)

@@ -92,7 +92,7 @@ def test_deepspeed_fp16_step_checks_each_owned_gradient_part_first():
     inside the 525M-element head, so the check (11 × 251M) outweighs the FP32 gradient copy and
     the foreach temporary after it (8 × 251M). BF16 runs no such check."""
     from planner import catalog
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = catalog.get_model("llama-3.1-8b")
@@ -131,7 +131,7 @@ def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
 
 def test_offloaded_optimizer_has_no_gpu_step_temporaries():
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -148,7 +148,7 @@ def test_paged_adamw_has_no_list_wide_step_temporaries():
     torch's foreach copy of exp_avg_sq (Llama 2 70B full FT, FSDP over 16 A100s: the HF blog's
     run, whose script defaulted to it, fits only without that 17 GB copy)."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -167,7 +167,7 @@ def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
     stepped tensors are the units' flat shards (on torch 2.0 FlatParameter is not a plain
     Parameter, so torch falls back to this path), a layer's 202M parameters over the ranks."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -192,7 +192,7 @@ def test_one_tensor_step_of_adapters_and_fused_projections():
     trained whole. A fused-QKV model without a large vocabulary (an untied 1,000-word head): its
     fused q/k/v weight, 3h x h, outweighs the MLP's h x 2h."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     def temp(model: ModelSpec, **workload) -> float:
@@ -219,7 +219,7 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time():
     (3.4e9 elements each) holds the sub-group's gradient and foreach root, 2 x 4 GB, where FSDP
     steps its whole 3.4e9-element shard at once."""
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
@@ -304,8 +304,8 @@ def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
     holds FP32 K and V of every layer beside the saved tensors until the loss's forward is done:
     a phase of its own. Under checkpointing Hugging Face turns the cache off: nothing changes."""
     from planner.core.specs import ModelSpec
-    from planner.memory import activations as act
     from planner.memory.detailed import detailed_peak
+    from planner.memory.logits import eval_loss_bytes
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     base = {"method": "qlora", "precision": "fp16", "micro_batch": 1, "seq_len": 1024,
@@ -319,7 +319,7 @@ def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
     plain, kept = peak("none"), peak("none", keeps_kv_cache=True)
     assert "end of forward" not in plain.phase_needed and kept.phase == "end of forward"
     cache = 32 * 2 * 1024 * 4096 * 4  # FP32 K and V, 32 layers
-    loss_forward = act.eval_loss_bytes(model, 2, 1024, "standard")
+    loss_forward = eval_loss_bytes(model, 2, 1024, "standard")
     assert kept.parts["activations"] - plain.parts["activations"] == pytest.approx(cache)
     assert kept.parts["logits"] == pytest.approx(loss_forward)
     assert peak("full", keeps_kv_cache=True).allocated == peak("full").allocated
@@ -376,7 +376,7 @@ def test_gather_buffers_are_the_root_and_two_layer_units():
     limiter keeps two layer units in flight (the one computing, the one prefetched)."""
     from planner.core.arch import param_counts
     from planner.core.specs import ModelSpec
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256)
@@ -499,7 +499,7 @@ def test_a_phase_that_gathers_nothing_fragments_like_any_other():
 # --- Unsloth's kernels and the logit-free losses ----------------------------------------------
 
 def _llama_recipe(**kw):
-    from planner.memory.activations import LayerRecipe
+    from planner.memory.inventory import LayerRecipe
     return LayerRecipe(e=2, lora_targets=frozenset({"q", "k", "v", "o", "gate", "up", "down"}),
                        trainable_base=False, c=4, lora_rank=16, **kw)
 
@@ -534,7 +534,7 @@ def test_logit_free_losses_do_not_grow_with_the_vocabulary():
     the hidden states' gradient; no tensor is vocabulary-wide. Unsloth's 2025 fused loss runs
     loss and gradient in the forward with the logits in the compute dtype and FP32 at once."""
     from planner import catalog
-    from planner.memory.activations import loss_bytes
+    from planner.memory.logits import loss_bytes
 
     m = catalog.get_model("llama-3.1-8b")
     big = m.model_copy(update={"vocab": 4 * m.vocab})
@@ -651,12 +651,13 @@ def test_a_fused_rmsnorm_keeps_its_input_and_rsqrt_only():
     trainable weight): 2·(4h + e·h) − 2·e·h fewer bytes per token and layer in full fine-tuning."""
     from planner import catalog
     from planner.memory import activations as act
+    from planner.memory.inventory import LayerRecipe
 
     m = catalog.get_model("llama-2-13b")
-    rec = act.LayerRecipe(e=2, trainable_base=True)
+    rec = LayerRecipe(e=2, trainable_base=True)
     tokens, h = 2 * 4096, m.hidden
     plain = act.layer_saved(m, rec, 2, 4096).total()
-    fused = act.layer_saved(m, act.LayerRecipe(e=2, trainable_base=True, fused_norm=True), 2, 4096).total()
+    fused = act.layer_saved(m, LayerRecipe(e=2, trainable_base=True, fused_norm=True), 2, 4096).total()
     assert plain - fused == pytest.approx(tokens * 2 * 4 * h)
 
 
@@ -752,7 +753,7 @@ def test_a_trained_embedding_gives_the_first_lora_layer_an_input_that_needs_a_gr
     """Without checkpointing, LoRA's first layer sees the frozen embeddings' output, which needs no
     gradient; a trained embedding copy's output does, so that layer saves what the others save."""
     from planner import catalog
-    from planner.memory.detailed import _recipe
+    from planner.memory.stage_activations import _recipe
 
     model = catalog.get_model("llama-2-7b")
     wl = Workload(method="lora")
@@ -770,7 +771,7 @@ def test_an_evaluation_pass_at_the_trainers_default_batch_is_its_own_phase():
     trains on one RTX 4090 at batch 1 dies at its first evaluation. At an evaluation batch of 1
     the training step stays the peak."""
     from planner import catalog
-    from planner.memory import activations as act
+    from planner.memory.logits import eval_loss_bytes
 
     raw = {"model": "qwen2-7b", "workload": {"method": "lora", "seq_len": 2048, "micro_batch": 1},
            "layout": {"gpu": "rtx-4090", "gpus": 1, "checkpointing": "full"}}
@@ -781,7 +782,7 @@ def test_an_evaluation_pass_at_the_trainers_default_batch_is_its_own_phase():
     plain, one, eight = est(), est(eval_micro_batch=1), est(eval_micro_batch=8)
     assert plain.fits and one.total_bytes == plain.total_bytes
     assert not eight.fits and "peak phase: evaluation" in eight.assumptions
-    logits = act.eval_loss_bytes(catalog.get_model("qwen2-7b"), 2, 8 * 2048, "standard")
+    logits = eval_loss_bytes(catalog.get_model("qwen2-7b"), 2, 8 * 2048, "standard")
     assert logits == pytest.approx((2 + 4 + 4) * 152_064 * 8 * 2048)
     assert eight.total_bytes > plain.components["weights"] + logits
     # no gradients at rest between steps under FSDP; DeepSpeed ZeRO-3 keeps its flat partition

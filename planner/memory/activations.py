@@ -9,107 +9,35 @@ counted once even when several ops save it (q/k/v share their input, gate/up the
 Symbols: b micro-batch, s sequence length per GPU (after context parallelism), h hidden, h_q =
 heads·head_dim, h_kv = kv_heads·head_dim, f FFN width, a heads, e bytes of the compute dtype,
 c bytes of the LoRA adapters, r LoRA rank, V vocabulary.
+
+Here: a decoder layer's saved tensors (norms, linear inputs, MLP and MoE, Unsloth's kernels), what
+selective and full checkpointing keep instead, the gradients alive during a layer's backward,
+the tensors shared by every layer, a returned KV cache and what the head saves. Elsewhere: the
+recipe and the inventory (:mod:`planner.memory.inventory`), the attention kernels
+(:mod:`planner.memory.attention`), the logits and the loss (:mod:`planner.memory.logits`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from planner.core.arch import lora_module_shapes
+from planner.core.arch import _attention_dims, _dims, lora_module_shapes
 from planner.core.memo import by_spec
 from planner.core.specs import ModelSpec
-
-#: Bytes of a saved RMSNorm/LayerNorm statistic per token: rsqrt (RMSNorm) in FP32 = 4;
-#: LayerNorm keeps mean and rstd in FP32 = 8 (``aten.native_layer_norm``).
-FP32 = 4
-#: A dropout mask on CUDA is a bool tensor (``aten.native_dropout``): 1 byte per element.
-#: (On CPU it is a float tensor in the input dtype; the CPU harness passes that instead.)
-CUDA_DROPOUT_MASK_BYTES = 1.0
-#: Bytes per element of an FP8 (e4m3) tensor: Float8 linears save their input cast to FP8.
-FP8_BYTES = 1
-#: An int8 element (bitsandbytes LLM.int8 quantized activations).
-INT8_ELEMENT_BYTES = 1
-
-
-@dataclass(frozen=True)
-class LayerRecipe:
-    """What decides which tensors a layer saves (everything but the shapes)."""
-
-    e: int  # bytes per element of activations (compute dtype)
-    attention: str = "flash"  # eager | flash (any kernel that saves q, k, v, out and an FP32 lse)
-    trainable_base: bool = True  # full fine-tuning: every weight needs its input saved
-    lora_targets: frozenset[str] = frozenset()
-    c: int = 2  # bytes per element of the LoRA adapters (PEFT's default: FP32 = 4)
-    lora_rank: int = 0
-    lora_dropout: bool = False
-    mask_bytes: float = CUDA_DROPOUT_MASK_BYTES
-    input_requires_grad: bool = True  # False for layer 0 of LoRA without checkpointing
-    fused: bool = False  # torch.compile: fused norms and SwiGLU (pointwise results recomputed)
-    fp8: bool = False  # Float8 linears: the saved linear inputs are FP8
-    #: bitsandbytes' 4-bit matmul (``MatMul4Bit``) before 0.43.2 keeps its input for backward
-    #: whenever that input needs a gradient, though the weight is frozen (``ctx.tensors = (A, B)``;
-    #: bitsandbytes PR #1270, July 2024, dropped it): a QLoRA base then saves what full FT saves.
-    frozen_saves_input: bool = False
-    #: bitsandbytes' LLM.int8 matmul (``MatMul8bitLt``) keeps the layer's own input (its FP16
-    #: cast is only for quantizing), so modules reading one tensor share it.
-    int8: bool = False
-    #: bitsandbytes before 0.45.0: each LLM.int8 matmul whose input needs a gradient also keeps
-    #: ``CAt``, an int8 copy of that input (1 byte per element), on its context.
-    int8_transposed: bool = False
-    #: The forward runs under ``torch.autocast`` (AMP: HF Trainer/accelerate with bf16 or fp16):
-    #: a LoRA module's saved input and lora_A output are autocast copies in the compute dtype,
-    #: and the FP32 adapter weights' compute-dtype casts are saved too.
-    autocast: bool = False
-    #: PEFT's quantized-base LoRA layers (bitsandbytes, GPTQ) skip their FP32 input cast under
-    #: CUDA autocast, so the adapters read (and save) the layer's own tensor.
-    lora_shares_input: bool = False
-    #: FP32 norm weights over a bitsandbytes base (PEFT's ``prepare_model_for_kbit_training``,
-    #: TRL): a norm's output is FP32, the 4-bit base returns its input's dtype, so the MLP's
-    #: intermediates and the residual stream are FP32 (attention runs on autocast's bf16 casts).
-    fp32_stream: bool = False
-    #: FP32 embeddings too (``prepare_model_for_kbit_training`` alone): RoPE tables in FP32, and
-    #: the FP32 lm_head's autocast copy is saved for its input's gradient.
-    fp32_embeddings: bool = False
-    #: Unsloth's LoRA kernels (``Workload.kernels``) run the layer: see :func:`_unsloth_layer`.
-    unsloth: bool = False
-    #: A fused RMSNorm kernel (``Workload.kernels`` fused_rmsnorm): input and rsqrt only.
-    fused_norm: bool = False
-    #: Bytes per element of the masked scores that eager attention's ``torch.max`` clamp keeps
-    #: (``ModelSpec.eager_mask_clamp``): the scores' dtype promoted with the causal mask's, which
-    #: is the embeddings' (FP32 for a prepared bitsandbytes base). 0: no clamp.
-    clamp_bytes: int = 0
-    #: MoE experts run one at a time (``Workload.moe_experts`` loop): the combined outputs are
-    #: kept, and an expert's backward holds only its own tokens' gradients.
-    moe_loop: bool = False
-    #: The whole step runs in one dtype (precision ``bf16`` or ``fp32``). Under a mixed recipe
-    #: (autocast runs ``pow`` and ``softmax`` in FP32 on CUDA; DeepSpeed or FSDP cast the model
-    #: instead) what a written-out GELU and GPT-2's softmax keep is not modelled: their default.
-    one_dtype: bool = False
-
-
-@dataclass
-class Inventory:
-    """Named saved storages of one layer, bytes; ``split`` ones are divided by TP."""
-
-    split: dict[str, float] = field(default_factory=dict)
-    whole: dict[str, float] = field(default_factory=dict)
-    #: Storages kept on an autograd context outside ``save_for_backward`` (bitsandbytes'
-    #: ``ctx.tensors``): backward does not release them; they live as long as the graph.
-    on_context: set[str] = field(default_factory=set)
-
-    def add(self, name: str, n_bytes: float, *, split: bool = True) -> None:
-        (self.split if split else self.whole).setdefault(name, n_bytes)
-
-    def total(self, tp: int = 1, sp: bool = False) -> float:
-        """Bytes on one GPU: TP splits the head/FFN-wide tensors; SP also the h-wide ones."""
-        whole = sum(self.whole.values())
-        return sum(self.split.values()) / tp + (whole / tp if sp else whole)
-
-    def on_context_total(self, tp: int = 1, sp: bool = False) -> float:
-        """Bytes on one GPU of the storages in :attr:`on_context`."""
-        split = sum(v for k, v in self.split.items() if k in self.on_context)
-        whole = sum(v for k, v in self.whole.items() if k in self.on_context)
-        return split / tp + (whole / tp if sp else whole)
+from planner.memory.attention import (
+    attention_is_eager,
+    attention_kernel,
+    eager_scores_backward_bytes,
+    litgpt_attention,
+    litgpt_qkv_lora,
+)
+from planner.memory.inventory import (
+    FP8_BYTES,
+    FP32,
+    INT8_ELEMENT_BYTES,
+    Inventory,
+    LayerRecipe,
+)
 
 
 def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, rec: LayerRecipe,
@@ -243,13 +171,6 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
     return fc_rg or trainable or "down" in t
 
 
-def attention_is_eager(model: ModelSpec, rec: LayerRecipe) -> bool:
-    """Eager attention: asked for, or forced where litgpt soft-caps the scores ("with
-    softcapping we cannot use SDPA": litgpt ``model.py`` builds the scores, tanh, mask and an FP32
-    softmax itself). Hugging Face runs soft-capped attention in FlashAttention-2 (``softcap``)."""
-    return rec.attention == "eager" or (model.impl == "litgpt" and model.attention_softcap)
-
-
 @by_spec
 def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """Storages one decoder layer saves for backward (no checkpointing).
@@ -296,11 +217,12 @@ def _unsloth_layer(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: i
     h, e = model.hidden, rec.e
     _norm(inv, "norm1", True, False, h, replace(rec, fused=True), "rmsnorm", tokens, model)
     inv.add("norm1.out", tokens * e * h, split=False)
-    _attention_kernel(inv, model, rec, tokens, 0, eager=False)
+    attention_kernel(inv, model, rec, tokens, 0, eager=False)
     _norm(inv, "norm2", True, False, h, replace(rec, fused=True), "rmsnorm", tokens, model)
     inv.add("norm2.out", tokens * e * h, split=False)
-    inv.add("mlp.gate_out", tokens * e * model.ffn)
-    inv.add("mlp.up_out", tokens * e * model.ffn)
+    (ffn,) = _dims(model, "ffn")
+    inv.add("mlp.gate_out", tokens * e * ffn)
+    inv.add("mlp.up_out", tokens * e * ffn)
 
 
 def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
@@ -308,7 +230,8 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     """The attention block's saved tensors (see :func:`layer_saved`): norm1, the inputs of q, k,
     v and o and what the attention kernel keeps. Returns: the block's output requires grad."""
     h, e = model.hidden, rec.e
-    h_q = model.heads * model.head_dim_eff
+    a, kv, d = _attention_dims(model)
+    h_q = a * d
     t = rec.lora_targets
     rg_in = rec.input_requires_grad
     _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, model.norm, tokens, model)
@@ -321,52 +244,19 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
         # RMSNorm over each head of q and of k (Qwen3, Gemma 3) before RoPE: what any norm
         # keeps, per head, for the projections' outputs that need a gradient (OLMo 2 normalises
         # the whole projection: one rsqrt per token, counted here per head).
-        d = model.head_dim_eff
-        for m, n_heads in (("q", model.heads), ("k", model.kv_heads_eff)):
+        for m, n_heads in (("q", a), ("k", kv)):
             _norm(inv, f"{m}_norm", out1_rg or m in t, rec.trainable_base, n_heads * d, rec,
                   "rmsnorm", tokens, model, groups=n_heads, split=True)
     if model.impl == "litgpt" and model.fused_qkv:
-        _litgpt_qkv_lora(inv, model, rec, tokens)
+        litgpt_qkv_lora(inv, model, rec, tokens)
     eager = attention_is_eager(model, rec)
     if qkv_rg and model.impl == "litgpt" and not eager:
-        _litgpt_attention(inv, model, rec, tokens, s)
+        litgpt_attention(inv, model, rec, tokens, s)
     elif qkv_rg:
-        _attention_kernel(inv, model, rec, tokens, s, eager=eager)
+        attention_kernel(inv, model, rec, tokens, s, eager=eager)
     name_o = "attn.out" if not eager else "attn.out_contiguous"
     _linear_inputs(inv, name_o, h_q, ["o"], rec, tokens, split_input=True)
     return rg_in or qkv_rg or rec.trainable_base or "o" in t
-
-
-def _attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int, s: int,
-                      *, eager: bool) -> None:
-    """What Hugging Face attention keeps: eager, a contiguous q, K and V repeated to all heads,
-    the FP32 softmax and its e-byte copy when e ≠ 4 (and a soft-cap's tanh output, or the masked
-    scores a ``torch.max`` clamp keeps: :attr:`LayerRecipe.clamp_bytes`); flash/SDPA,
-    q, k, v after RoPE, the output and the FP32 log-sum-exp (see :func:`layer_saved`)."""
-    e = rec.e
-    a, d = model.heads, model.head_dim_eff
-    h_q, h_kv = a * d, model.kv_heads_eff * d
-    if eager:
-        inv.add("attn.q", tokens * e * h_q)
-        inv.add("attn.k_repeated", tokens * e * h_q)
-        inv.add("attn.v_repeated", tokens * e * h_q)
-        if model.attention_softcap:  # tanh(scores / cap) keeps its output
-            inv.add("attn.softcap_tanh", tokens * e * a * s)
-        if rec.clamp_bytes:  # torch.max(scores + mask, finfo.min) keeps both its inputs
-            inv.add("attn.clamped_scores", tokens * rec.clamp_bytes * a * s)
-            inv.add("attn.clamp_floor", FP32, split=False)  # the 0-d FP32 finfo.min tensor
-        if softmax_in_fp32(model, rec):
-            inv.add("attn.softmax_fp32", tokens * FP32 * a * s)
-            if e != FP32:
-                inv.add("attn.softmax_copy", tokens * e * a * s)
-        else:  # the softmax in the compute dtype keeps its output, which the value matmul reads
-            inv.add("attn.softmax", tokens * e * a * s)
-    else:
-        inv.add("attn.q", tokens * e * h_q)
-        inv.add("attn.k", tokens * e * h_kv)
-        inv.add("attn.v", tokens * e * h_kv)
-        inv.add("attn.out", tokens * e * h_q)
-        inv.add("attn.lse", tokens * FP32 * a)
 
 
 def _mlp_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
@@ -383,7 +273,8 @@ def _mlp_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
     mlp_rg_in = h1_rg or rec.trainable_base
     moe = model.moe
     if moe is None:
-        _mlp(inv, model, model.ffn, mlp_rg_in, rec, tokens)
+        (ffn,) = _dims(model, "ffn")
+        _mlp(inv, model, ffn, mlp_rg_in, rec, tokens)
     else:
         _moe(inv, model, mlp_rg_in, rec, tokens)
 
@@ -405,53 +296,6 @@ def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -
         inv.add(f"{group[0]}.lora_weight_casts", rec.lora_rank * (d_in + d_out) * rec.e)
 
 
-def _litgpt_qkv_lora(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int) -> None:
-    """litgpt's ``LoRAQKVLinear`` adapts a subset of q, k, v of the fused projection by
-    zero-padding the low-rank update to the fused width: ``index_copy`` keeps its source, the
-    update of the enabled parts (c bytes each). Nothing extra when q, k and v are all adapted
-    (``zero_pad`` returns its input). Source: litgpt ``lora.py`` ``zero_pad`` (``index_copy``;
-    its derivative ``grad.index_select(dim, index).expand_as(source)`` keeps ``source``)."""
-    t = rec.lora_targets
-    enabled = [p for p in ("q", "k", "v") if p in t]
-    if not enabled or len(enabled) == 3:
-        return
-    d = model.head_dim_eff
-    width = {"q": model.heads * d, "k": model.kv_heads_eff * d, "v": model.kv_heads_eff * d}
-    inv.add("qkv.lora_zero_pad_source", tokens * rec.c * sum(width[p] for p in enabled))
-    # lora_A has r rows per enabled part, so its output is r·parts wide; the int64 index of
-    # the padded columns is built once per forward (8 bytes per column, no token dimension).
-    inv.split["qkv.lora_a_out"] = tokens * rec.c * rec.lora_rank * len(enabled)
-    inv.add("qkv.lora_index", 8 * sum(width[p] for p in enabled))
-
-
-def _litgpt_attention(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens: int,
-                      s: int) -> None:
-    """What SDPA keeps in litgpt's ``CausalSelfAttention``: q and k after RoPE (new tensors);
-    with grouped or multi-query attention k and v are expanded and reshaped to all heads
-    (copies: e·h_q each); with as many KV heads as heads, v is a view of the fused QKV output,
-    so SDPA's saved v keeps that whole output alive (e·(h_q + 2·h_kv)). Plus the output and the
-    FP32 log-sum-exp. Source: litgpt ``model.py`` (``qkv.split`` / ``expand`` / ``reshape``)."""
-    e, d = rec.e, model.head_dim_eff
-    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
-    if model.mqa_sdpa_math and model.kv_heads_eff == 1:
-        # SDPA's math path (``_scaled_dot_product_attention_math``): the scaled q, K and V
-        # broadcast to every head by ``matmul`` (copies ``bmm`` saves) and the softmax output.
-        inv.add("attn.q_scaled", tokens * e * h_q)
-        inv.add("attn.k_broadcast", tokens * e * h_q)
-        inv.add("attn.v_broadcast", tokens * e * h_q)
-        inv.add("attn.probs", tokens * e * model.heads * s)
-        return
-    inv.add("attn.q", tokens * e * h_q)
-    if model.kv_heads_eff == model.heads:
-        inv.add("attn.k", tokens * e * h_kv)
-        inv.add("attn.qkv_out", tokens * e * (h_q + 2 * h_kv))
-    else:
-        inv.add("attn.k_expanded", tokens * e * h_q)
-        inv.add("attn.v_expanded", tokens * e * h_q)
-    inv.add("attn.out", tokens * e * h_q)
-    inv.add("attn.lse", tokens * FP32 * model.heads)
-
-
 def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens: int) -> None:
     """A MoE layer: each token goes through ``active`` experts plus the shared experts. The
     router keeps FP32 probabilities (4·E per token) and, with a trainable router, its input (the
@@ -460,6 +304,7 @@ def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens
     transformers' expert loop ``index_add_`` keeps the weighted output too (e·h per routed token).
     Routing imbalance is not modelled: the mean load is assumed."""
     moe = model.moe
+    assert moe is not None  # called for a MoE model only (:func:`_mlp_block`)
     routed = tokens * moe.active
     inv.add("moe.router_logits", tokens * FP32 * moe.experts)
     if rec.trainable_base:
@@ -485,7 +330,7 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     order in which autograd frees them (each is released once consumed)."""
     inv = Inventory()
     tokens, e = b * s, FP32 if rec.fp32_stream else rec.e
-    f = model.ffn if model.moe is None else _moe_backward_ffn(model, rec)
+    f = _dims(model, "ffn")[0] if model.moe is None else _moe_backward_ffn(model, rec)
     # Unsloth's LoRA_MLP backward makes one f-wide gradient (dY·W_downᵀ) and writes the SwiGLU
     # product and the gate and up gradients into it and the saved e and g (``swiglu.py``).
     mlp_grads = 1 if unsloth_runs(model, rec) else (3 if model.gated_mlp else 2)
@@ -507,32 +352,10 @@ def _moe_backward_ffn(model: ModelSpec, rec: LayerRecipe) -> float:
     loop one expert's tokens at a time (``active / experts`` of them at the mean load), or the
     shared experts', run on every token, whichever is wider."""
     moe = model.moe
+    assert moe is not None  # called for a MoE model only (:func:`backward_temporaries`)
     if not rec.moe_loop:
         return moe.expert_ffn * moe.active
     return max(moe.expert_ffn * moe.active / moe.experts, moe.shared_ffn * moe.shared_experts)
-
-
-def softmax_in_fp32(model: ModelSpec, rec: LayerRecipe) -> bool:
-    """Eager attention's softmax runs in FP32 (cast back after): everywhere but transformers'
-    GPT-2 code in a one-dtype step (``ModelSpec.softmax_fp32``)."""
-    return model.softmax_fp32 or model.impl != "hf" or not rec.one_dtype
-
-
-def eager_scores_backward_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
-    """Bytes beyond a layer's saved tensors while eager attention's softmax runs backward (HF
-    ``eager_attention_forward``: FP32 softmax of the scores, cast to the compute dtype, times V).
-    The value matmul's backward makes the probabilities' gradient in the compute dtype and frees
-    the e-byte probabilities it saved; the cast's backward turns that gradient to FP32 (4 bytes
-    per score), and the softmax's backward makes the FP32 scores' gradient (4 more) beside it and
-    the saved FP32 probabilities. Per score: 8 − e, or 8 in FP32 (no copy, the gradient is FP32
-    already). Measured on the CPU over a whole decoder layer by ``tests/truth``."""
-    scores = b * model.heads * s * s
-    if not softmax_in_fp32(model, rec):
-        # in the compute dtype: the probabilities' gradient and the scores' gradient beside
-        # the saved probabilities, which are the matmul's input too
-        return scores * 2 * rec.e
-    copy = rec.e if rec.e != FP32 else 0
-    return scores * (2 * FP32 - copy)
 
 
 def _mlp_block_split_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
@@ -553,10 +376,10 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
     selective recomputation)."""
     inv = Inventory()
     tokens, e = b * s, rec.e
-    h, d = model.hidden, model.head_dim_eff
-    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    h, (a, kv, d) = model.hidden, _attention_dims(model)
+    h_q, h_kv = a * d, kv * d
     inv.add("layer_input", tokens * e * h, split=False)
-    f = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    f = _dims(model, "ffn")[0] if model.moe is None else model.moe.expert_ffn * model.moe.active
     mms = [("q", h_q), ("k", h_kv), ("v", h_kv), ("o", h)]
     mms += [("gate", f), ("up", f), ("down", h)] if model.gated_mlp else [("up", f), ("down", h)]
     for i, (name, width) in enumerate(mms):
@@ -564,7 +387,7 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
             inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
     inv.add("attn.out", tokens * e * h_q)
     if not attention_is_eager(model, rec):
-        inv.add("attn.lse", tokens * FP32 * model.heads)
+        inv.add("attn.lse", tokens * FP32 * a)
     return inv
 
 
@@ -582,7 +405,7 @@ def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
     """Tensors made once per forward and saved by every layer: the RoPE cos/sin tables
     (2·s·d·e, no batch dimension)."""
     e = FP32 if rec.fp32_embeddings else rec.e  # made in the embeddings' dtype
-    return 2 * s * model.head_dim_eff * e if model.position == "rope" else 0.0
+    return 2 * s * _attention_dims(model)[2] * e if model.position == "rope" else 0.0
 
 
 @by_spec
@@ -598,266 +421,34 @@ def kv_cache_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Invent
     inv = Inventory()
     if model.impl != "hf":
         return inv
-    grouped_eager = attention_is_eager(model, rec) and model.kv_heads_eff < model.heads
+    a, kv, d = _attention_dims(model)
+    grouped_eager = attention_is_eager(model, rec) and kv < a
     if not (rec.fp32_stream or grouped_eager):
         return inv
-    tokens, d = b * s, model.head_dim_eff
-    h_q, h_kv = model.heads * d, model.kv_heads_eff * d
+    tokens = b * s
+    h_q, h_kv = a * d, kv * d
     n = FP32 if rec.fp32_stream else rec.e
     inv.add("cache.k", tokens * n * h_kv)
     inv.add("cache.v", tokens * n * (h_q + 2 * h_kv if model.fused_qkv else h_kv))
     return inv
 
 
-def eager_mask_bytes(rec: LayerRecipe, b: int, s: int) -> float:
-    """Alive through the step but not saved: eager attention's causal mask (e·b·s²)."""
-    return rec.e * b * s * s if rec.attention == "eager" else 0.0
-
-
 @by_spec
 def head_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *, lm_head_trainable: bool,
                embedding_trainable: bool) -> float:
-    """Outside the layers, saved for backward (loss excluded, see :func:`loss_bytes`): the final
-    norm (as any norm), lm_head's input (e·h) when lm_head is trained, the shifted labels
-    (int64, 8 per token) and the input ids when the embedding is trained (8 per token)."""
+    """Outside the layers, saved for backward (loss excluded, see
+    :func:`planner.memory.logits.loss_bytes`): the final norm (as any norm), lm_head's input (e·h)
+    when lm_head is trained, the shifted labels (int64, 8 per token) and the input ids when the
+    embedding is trained (8 per token)."""
     inv = Inventory()
     tokens = b * s
     _norm(inv, "final_norm", True, rec.trainable_base, model.hidden, rec, model.norm, tokens, model)
     if lm_head_trainable:
         inv.add("lm_head.input", tokens * rec.e * model.hidden, split=False)
     if rec.fp32_embeddings and rec.autocast:  # the FP32 lm_head's bf16 copy (input gradient)
-        inv.add("lm_head.weight_cast", model.vocab * model.hidden * rec.e)
+        (vocab,) = _dims(model, "vocab")
+        inv.add("lm_head.weight_cast", vocab * model.hidden * rec.e)
     n = inv.total() + 8 * tokens
     if embedding_trainable:
         n += 8 * tokens
     return n
-
-
-#: Tokens per sequence chunk of litgpt's LoRA ``lm_head`` and chunked cross-entropy
-#: (``lm_head_chunk_size=128`` splits the sequence dimension, so a chunk holds micro-batch × 128
-#: tokens; ``chunked_cross_entropy(chunk_size=128)``; litgpt ``finetune/lora.py``, ``utils.py``).
-LITGPT_LM_HEAD_CHUNK = 128
-#: Bytes per logit that litgpt's training loop holds: Lightning Fabric's precision plugins
-#: (``HalfPrecision`` for bf16-true/16-true, ``BitsandbytesPrecision``, ``FSDPPrecision``) cast a
-#: module's floating outputs to ``torch.get_default_dtype()`` in ``convert_output`` (Lightning
-#: ``fabric/wrappers.py``, ``_FabricModule.forward``, since 2023-04), so the logits reach the loop
-#: and the loss in FP32 whatever the compute dtype.
-FABRIC_OUTPUT_BYTES = 4
-#: FP32 vocabulary-wide tensors alive per token at the peak of ``loss_parallel``'s backward:
-#: the saved log-probabilities x, ``grad_input = torch.zeros_like(x)``, the sum
-#: ``grad_input + torch.exp(x)`` and its product with the incoming gradient (the ``exp`` temporary
-#: is freed by then). Source: PyTorch ``torch/distributed/tensor/parallel/loss.py``,
-#: ``_nll_loss_and_log_softmax_backward`` (unchanged since loss parallel landed in 2024).
-LOSS_PARALLEL_BACKWARD_FP32_COPIES = 4
-#: FP32 vocabulary-wide tensors per token when the loop holds FP32 logits (``loss: held_fp32``):
-#: at the end of forward the held logits and the saved log-probabilities; at the log-softmax
-#: backward also the log-probabilities' gradient and the logits' gradient. Source: torchtune
-#: ``recipes/lora_finetune_single_device.py`` and ``full_finetune_single_device.py`` with
-#: ``torchtune/modules/transformer.py`` (``.float()``), from Jan 2024 to PR #1390 (Aug 2024).
-HELD_FP32_SAVED_COPIES = 2
-HELD_FP32_PEAK_COPIES = 4
-#: Chunks of torchtune's ``CEWithChunkedOutputLoss`` and ``LinearCrossEntropyLoss``
-#: (``num_output_chunks = 8``) and of torchtitan's ``ChunkedLossWrapper`` (``num_chunks = 8``).
-LOSS_CHUNKS = 8
-#: Cut Cross-Entropy's backward indexes the valid tokens with an int64 tensor
-#: (``_build_flat_valids`` in apple/ml-cross-entropy).
-CCE_INDEX_BYTES = 8
-
-
-@by_spec
-def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
-               compiled: bool = False, batch: int = 1, first_step: bool = False,
-               carried: float = 0.0, head_dequant: float = 0.0) -> tuple[float, float, float]:
-    """(saved at the end of forward, peak while the loss runs, held by the training loop) for the
-    logits and cross-entropy. ``held`` stays alive after the loss's backward, through the rest of
-    backward and the optimizer step, until the next step's forward returns (a loop variable).
-    Where the loop holds the previous step's outputs, their graph lives as long: ``carried`` is
-    what that graph keeps beside them (inputs on an autograd context), ``head_dequant`` the
-    dequantized weight of a quantized ``lm_head`` (made for each chunk, forward and backward).
-
-    ``standard`` (HF ``ForCausalLMLoss``, torchtitan): logits in the compute dtype are upcast
-    to FP32 and ``log_softmax`` keeps its FP32 output (4V per token) for backward; at the start
-    of backward the FP32 gradient of the log-probabilities and of the logits exist beside it:
-    12V per token (forward: e + 4 + 4). ``chunked`` (torchtune ``CEWithChunkedOutputLoss``):
-    the compute-dtype logits stay (e·V) and FP32 exists for one chunk at a time (12V/chunks);
-    litgpt's chunked LoRA loss differs (see :func:`_litgpt_chunked`). ``fused`` (Liger FLCE, Cut Cross-Entropy): logits never exist whole;
-    Liger's chunks are N/⌈V/h⌉ tokens, so about 12·h per token. Vocab-parallel loss divides by TP;
-    under TP the standard loss is PyTorch's ``loss_parallel``, whose backward peaks at 16V.
-    ``compiled`` (torchtune compiles the chunk's cross-entropy with torch.compile): the upcast,
-    log-softmax and gradient of a chunk fuse, so a chunk adds only its e-byte gradient; the loss
-    ``compiled`` does the same for the whole unchunked cross-entropy (torchtitan since 2025-04).
-    ``cce`` (Cut Cross-Entropy) never forms logits: an FP32 log-sum-exp per token, and at its
-    backward the gradient of the hidden states (e·h per token) and the token indices.
-    ``in_forward`` (Unsloth's fused loss, 2025): the loss and its gradient run in the forward,
-    the logits in the compute dtype and FP32 at once; the hidden states' gradient is kept.
-    ``inplace`` (Unsloth's Triton cross-entropy, 2024): e-byte logits, gradient in place.
-    ``chunked_head`` (torchtune ``LinearCrossEntropyLoss``, the default of its shipped configs
-    since 2025-04): per chunk of tokens the masked hidden states (a copy, e·h, which the head's
-    matmul saves where the head trains), the head's e-byte logits and their FP32 upcast, whose
-    ``log_softmax`` keeps its FP32 output; no whole logits exist, but every chunk's graph stays
-    until the one backward: 4V + e·h per token saved, and one chunk's two FP32 gradients above.
-    ``chunked_head_in_forward`` (torchtitan ``ChunkedLossWrapper``, its Llama 3 recipes' default
-    since 2026-06): the hidden states are detached and each chunk's head, loss and backward run
-    in the forward, its gradient written into one buffer of the hidden states' gradient (e·h
-    per token, kept for the model's backward); one chunk's log-probabilities and their two FP32
-    gradients exist at a time.
-    """
-    saved, peak, held = _loss_bytes(model, e, tokens, loss, tp, compiled, batch, first_step,
-                                    carried, head_dequant)
-    if model.logit_softcap and loss not in ("fused", "cce", "in_forward", "inplace", "chunked_head",
-                                            "chunked_head_in_forward"):
-        # tanh(logits / cap) · cap keeps the tanh output (e per logit) until its backward, which
-        # runs after the loss's (HF Gemma 2; litgpt, per chunk of its LoRA head since 2024-12).
-        cap = e * model.vocab / tp * tokens
-        saved, peak = saved + cap, peak + cap
-    return saved, peak, held
-
-
-def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compiled: bool,
-                batch: int, first_step: bool, carried: float,
-                head_dequant: float) -> tuple[float, float, float]:
-    v = model.vocab / tp
-    if model.impl == "litgpt" and loss in ("chunked", "standard"):
-        # litgpt's loops (``finetune/lora.py``, ``full.py``) keep ``logits`` from one step to the
-        # next, in FP32 after Fabric's output cast (FABRIC_OUTPUT_BYTES).
-        held = FABRIC_OUTPUT_BYTES * v * tokens
-        if loss == "chunked":
-            return _litgpt_chunked(e, v, tokens, batch, held, first_step, carried,
-                                   head_dequant) + (held,)
-        saved, peak = _logits_standard(e, v, tokens, tp)
-        return saved * tokens, peak * tokens, held
-    if loss == "held_fp32":
-        # torchtune before its chunked loss (PR #1390, 2024-08-28): ``TransformerDecoder``
-        # returns ``self.output(h).float()``, the recipe keeps ``logits = logits[..., :-1, :]
-        # .contiguous().transpose(1, 2)`` alive through ``loss.backward()``, and
-        # ``nn.CrossEntropyLoss`` keeps its FP32 log-probabilities. At the log-softmax backward
-        # the held logits, the log-probabilities, their gradient (``nll_loss`` backward) and the
-        # logits' gradient exist at once.
-        return (HELD_FP32_SAVED_COPIES * FP32 * v * tokens, HELD_FP32_PEAK_COPIES * FP32 * v * tokens,
-                FP32 * v * tokens)
-    if loss == "standard":
-        saved, peak = _logits_standard(e, v, tokens, tp)
-    elif loss == "compiled":
-        # Inductor fuses the FP32 upcast, log-softmax and NLL: it keeps the e-byte logits (and a
-        # per-token log-sum-exp) and writes the e-byte gradient in one kernel (2e per logit at
-        # the peak; ``tests/truth`` measures it on the CPU).
-        saved, peak = e * v, 2 * e * v
-    elif loss == "chunked":
-        saved = e * v
-        peak = e * v + (e if compiled else 3 * FP32) * v / LOSS_CHUNKS
-    elif loss == "cce":
-        # Cut Cross-Entropy (apple/ml-cross-entropy): the forward keeps an FP32 log-sum-exp per
-        # token; the backward adds each vocabulary block's share into a zeroed gradient of the
-        # hidden states (``tl_lock_add``, the hidden states' dtype) and indexes the tokens
-        # (int64). Nothing vocabulary-wide exists.
-        return FP32 * tokens, (e * model.hidden + FP32 + CCE_INDEX_BYTES) * tokens, 0.0
-    elif loss == "chunked_head":
-        # at the start of backward: every chunk's log-probabilities, and for the last chunk the
-        # FP32 gradient of its log-probabilities and of its logits (tests/truth measures it)
-        saved = FP32 * v + e * model.hidden
-        peak = saved + 2 * FP32 * v / LOSS_CHUNKS
-    elif loss == "chunked_head_in_forward":
-        # a chunk's backward: its log-probabilities and their two FP32 gradients (the logits and
-        # their upcast are freed by then), beside the hidden states' gradient buffer
-        saved = e * model.hidden
-        peak = saved + 3 * FP32 * v / LOSS_CHUNKS
-    elif loss == "inplace":
-        # Unsloth's ``Fast_CrossEntropyLoss`` (unsloth/kernels/cross_entropy_loss.py, 2024):
-        # ``save_for_backward(logits, logsumexp, labels)`` with the logits in the compute dtype
-        # (upcast to FP32 only in the kernel's registers); the backward writes the gradient
-        # into the saved logits and returns them.
-        saved = e * v + FP32
-        peak = saved
-    elif loss == "in_forward":
-        # Unsloth's ``unsloth_fused_ce_loss`` (unsloth_zoo 2025.9, fused_losses/
-        # cross_entropy_loss.py): in the forward, each chunk's logits (e bytes) are upcast to
-        # FP32 for the cross-entropy, and ``torch.func.grad_and_value`` writes the hidden states'
-        # gradient (e·h per token, kept for backward). Chunks are sized to half the free memory:
-        # one chunk unless the FP32 logits exceed it, so sized here as one.
-        saved = e * model.hidden
-        peak = (e + FP32) * v + e * model.hidden
-    elif loss == "rowwise":
-        # TRL's ``selective_log_softmax`` on 16-bit logits (the DPO family's per-token
-        # log-probabilities): ``log_softmax`` row by row (one sequence at a time) in the compute
-        # dtype, each row's output saved for its backward; the logits are freed once the rows
-        # are taken (no node saves them). At the end of the forward the logits and every row's
-        # log-probabilities exist (2e per logit); at the end of the backward every row's
-        # gradient and their stack into the logits' gradient (2e).
-        saved = e * v
-        peak = 2 * e * v
-    elif loss == "rowwise_fp32":
-        # the same with each row upcast to FP32 before ``log_softmax`` (TRL's logsumexp path for
-        # FP32 logits keeps as much; the H200 DPO runner): FP32 log-probabilities saved; at the
-        # end of the forward the logits, every row's log-probabilities and the last row's FP32
-        # copy; the backward's first row adds its two FP32 gradients to the saved rows, less.
-        saved = FP32 * v
-        peak = (e + FP32) * v + FP32 * v / max(batch, 1)
-    else:
-        saved = 0.0
-        peak = 3 * FP32 * model.hidden
-    return saved * tokens, peak * tokens, 0.0
-
-
-def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1) -> float:
-    """Peak bytes of the logits and the loss in an evaluation forward (no gradients): the loss's
-    forward only (see :func:`loss_bytes`). ``standard``: the compute-dtype logits, their FP32
-    upcast and the FP32 log-probabilities at once (e + 4 + 4 per logit); ``chunked``: the logits
-    and one chunk's upcast and log-probabilities; ``chunked_head`` and ``chunked_head_in_forward``:
-    one chunk's logits, upcast and log-probabilities; ``compiled`` and ``inplace``: the logits;
-    ``in_forward``: the logits and their FP32 copy; ``fused`` and ``cce`` form no logits."""
-    v = model.vocab / tp
-    if loss in ("standard", "held_fp32"):
-        per = (e + 2 * FP32) * v
-    elif loss == "chunked":
-        per = e * v + 2 * FP32 * v / LOSS_CHUNKS
-    elif loss in ("chunked_head", "chunked_head_in_forward"):  # one chunk's logits, upcast, log-probs
-        per = (e + 2 * FP32) * v / LOSS_CHUNKS
-    elif loss in ("compiled", "inplace"):
-        per = e * v
-    elif loss == "in_forward":
-        per = (e + FP32) * v
-    elif loss == "cce":
-        per = FP32
-    elif loss in ("rowwise", "rowwise_fp32"):  # the logits and every row's log-probabilities
-        per = (e + (e if loss == "rowwise" else FP32)) * v
-    else:  # fused (Liger): chunks of about V/h tokens
-        per = 3 * FP32 * model.hidden
-    return per * tokens
-
-
-def _logits_standard(e: int, v: float, tokens: int, tp: int) -> tuple[float, float]:
-    """Per token: (saved, peak) of the unchunked FP32 cross-entropy (see :func:`loss_bytes`)."""
-    if tp > 1:
-        # PyTorch's ``loss_parallel`` (DTensor cross-entropy over vocabulary shards, as
-        # torchtitan and torchtune run TP) computes the backward of NLL and log-softmax as
-        # ``(zeros_like(x) + exp(x)) * grad`` in FP32 beside the saved log-probabilities x.
-        return FP32 * v, LOSS_PARALLEL_BACKWARD_FP32_COPIES * FP32 * v
-    return FP32 * v, max(e + 2 * FP32, 3 * FP32) * v
-
-
-def _litgpt_chunked(e: int, v: float, tokens: int, batch: int, held: float, first_step: bool,
-                    carried: float, head_dequant: float) -> tuple[float, float]:
-    """litgpt's LoRA loss: (saved, peak) in bytes.
-
-    The model returns 128-token logit chunks in the compute dtype; Fabric casts them to FP32 (the
-    list the loop holds) while the compute-dtype list and the previous step's FP32 list (with its
-    graph) are still referenced: e + 4 + 4 bytes per logit at the end of forward (4 less at a
-    run's first step). Each chunk's cross-entropy keeps FP32 log-probabilities (saved: 8 per
-    logit). The autograd engine runs nodes by decreasing sequence number, so every chunk's NLL
-    and log-softmax backward runs before any chunk's cast, and every cast before any
-    ``lm_head`` backward: the log-probabilities turn into FP32 gradients beside the held logits
-    (with one chunk's NLL and log-softmax gradients on top), then those into e-byte gradients.
-    A quantized ``lm_head`` dequantizes its weight for the last chunk of the forward (all the
-    e-byte chunks exist) and for the first chunk of its backward (all e-byte gradients exist).
-    """
-    chunk = min(LITGPT_LM_HEAD_CHUNK * batch, tokens)
-    saved = 2 * held
-    previous = 0.0 if first_step else held + carried
-    cast = previous + ((e + FABRIC_OUTPUT_BYTES) * v * tokens if e < FABRIC_OUTPUT_BYTES else held)
-    backward = saved + 2 * FP32 * v * chunk
-    peak = max(cast, backward)
-    if head_dequant:
-        forward_last_chunk = previous + e * v * tokens + head_dequant
-        head_backward = held + e * v * tokens + head_dequant
-        peak = max(peak, forward_last_chunk, head_backward)
-    return saved, peak

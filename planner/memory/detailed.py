@@ -8,30 +8,28 @@ The peak is the maximum over the phases of a step, not a plain sum:
 Three views are predicted: ``allocated`` (tensors: ``torch.cuda.max_memory_allocated``),
 ``reserved`` (the caching allocator's segments: + fragmentation of the memory that churns within
 a step) and ``device`` (what nvidia-smi shows and what must fit: + CUDA context and NCCL).
+
+Here: the phases of a step and their peak, the allocator's views and the constants behind them,
+inference, and the breakdown a plan reads. The activation terms of a pipeline stage come from
+:mod:`planner.memory.stage_activations`, the transient buffers from :mod:`planner.memory.buffers`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import cast
 
-from planner.core.arch import lora_adapters, lora_module_shapes, param_counts
+from planner.core.arch import _attention_dims, _dims, param_counts
 from planner.core.specs import Layout, ModelSpec, Overrides, Workload
 from planner.core.units import zero_degree
-from planner.memory import activations as act
+from planner.memory.buffers import buffer_terms, deepspeed_zero3, gathers_units
 from planner.memory.model_states import (
     StateParts,
-    adapter_shapes,
-    bnb_base,
-    bnb_keeps_input,
-    bnb_prepared,
     compute_bytes,
-    fp32_embeddings,
-    int8_base,
     model_states,
-    quantized_head,
     quantized_linear_bytes,
-    saved_module_params,
 )
+from planner.memory.stage_activations import activation_terms, eval_terms
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
@@ -74,14 +72,6 @@ ALLOCATOR_FRAGMENTATION_SHARDED = 0.4
 #: recomputes them): 25 unsharded runs 1.1 %, 12 under ZeRO-3/FSDP 4.8 %.
 TRAPPED_FRAGMENTATION = 0.011
 TRAPPED_FRAGMENTATION_SHARDED = 0.048
-#: DeepSpeed ZeRO-3's ``sub_group_size`` default (elements the optimizer steps at a time).
-DEEPSPEED_SUB_GROUP_ELEMENTS = 1e9
-#: FSDP / ZeRO-3 units gathered at once: the one computing and the one prefetched (FSDP
-#: ``BackwardPrefetch.BACKWARD_PRE`` and forward prefetch hold two units' unsharded parameters).
-ZERO3_LIVE_UNITS = 2
-#: Activation offloading keeps this many layers' checkpoints on the GPU (the one in use and the
-#: one being copied; torchtune ``OffloadActivations`` uses one side stream).
-OFFLOAD_RESIDENT_LAYERS = 2
 
 
 #: Components that are model states (allocated once in fixed sizes, not churned within a step).
@@ -102,308 +92,7 @@ class Peak:
     notes: tuple[str, ...]
     #: What each phase (and stage) of the step needs to run at the card's limit: allocated + the
     #: trapped share (at most its reserved view) + context + NCCL (:data:`TRAPPED_FRAGMENTATION`).
-    phase_needed: dict[str, float] | None = None
-
-
-def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool) -> act.LayerRecipe:
-    e = compute_bytes(wl.precision)
-    lora = wl.method in ("lora", "qlora")
-    return act.LayerRecipe(
-        e=e,
-        attention=layout.attention,
-        trainable_base=wl.method == "full",
-        lora_targets=frozenset(wl.lora_target_set) if lora else frozenset(),
-        c=(4 if wl.adapter_dtype == "fp32" else e) if lora else e,
-        lora_rank=wl.lora_rank if lora else 0,
-        lora_dropout=lora and wl.lora_dropout > 0,
-        # LoRA's first layer gets a frozen input, unless the embeddings are trained in full
-        input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"
-                                 and "embed_tokens" not in wl.modules_to_save),
-        fused=wl.compile,
-        unsloth=lora and wl.kernels == "unsloth",
-        fused_norm=wl.kernels == "fused_rmsnorm",
-        fp8=wl.fp8,
-        frozen_saves_input=bnb_keeps_input(wl),
-        int8=int8_base(wl),
-        int8_transposed=int8_base(wl) and wl.int8_keeps_transposed,
-        autocast=lora and wl.precision in ("mixed", "fp16"),
-        one_dtype=wl.precision in ("bf16", "fp32"),
-        lora_shares_input=bnb_base(wl),
-        fp32_stream=bnb_prepared(wl) and (fp32_embeddings(wl) or not _norm_keeps_dtype(model)),
-        fp32_embeddings=fp32_embeddings(wl),
-        clamp_bytes=(act.FP32 if fp32_embeddings(wl) else e) if model.eager_mask_clamp else 0,
-        moe_loop=wl.moe_experts == "loop",
-    )
-
-
-def _norm_keeps_dtype(model: ModelSpec) -> bool:
-    """Gemma's RMSNorm returns ``output.type_as(x)``: an FP32 weight leaves a bf16 stream bf16
-    (Llama-style norms return ``weight * x``, FP32 with an FP32 weight)."""
-    return (model.family or "").startswith("gemma")
-
-
-def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at once.
-
-    1F1B: min(p, m) (Narayanan et al. 2021); interleaved with v chunks: × (1 + (p−1)/(p·v))
-    (Korthikanti et al. 2022 §4.2.3, as Megatron implements it); GPipe: all m. m unknown → p.
-    """
-    p = layout.pp
-    if p == 1:
-        return 1.0
-    m = grad_accum or p
-    if layout.pp_schedule == "gpipe":
-        return float(m)
-    n = float(min(p, m))
-    if layout.pp_schedule == "interleaved":
-        v = layout.pp_virtual_stages
-        n *= 1 + (p - 1) / (p * v)
-    return n
-
-
-def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum: int | None,
-                     *, last_stage: bool) -> dict[str, float]:
-    """Saved activations of one pipeline stage (``saved``), the working set of the layer being
-    recomputed (``working``) and of the last layer's backward (``working_end``), the loss (``loss_saved``, ``loss_peak``) and offloaded bytes."""
-    b, s = wl.micro_batch * wl.sequences_per_sample, wl.seq_len // layout.cp
-    tp, sp = layout.tp, layout.sp
-    rec = _recipe(model, wl, layout, first_layer=False)
-    n_layers = -(-model.layers // layout.pp)  # the heaviest stage when pp does not divide L
-    layer = act.layer_saved(model, rec, b, s)
-    full_layer = layer.total(tp, sp)
-    temps = act.backward_temporaries(model, rec, b, s).total(tp, sp)
-    first = act.layer_saved(model, _recipe(model, wl, layout, first_layer=True), b, s).total(tp, sp)
-    if layout.checkpointing == "none":
-        per, working = full_layer, temps
-        bottom = first if not last_stage or layout.pp == 1 else per  # the stage's first layer
-        layers = (n_layers - 1) * per + bottom
-        # The layer whose backward runs last keeps its own saved tensors until that backward
-        # is done: at the end of backward they sit beside its temporaries.
-        working_end = bottom + temps
-    else:
-        pick = act.selective_saved if layout.checkpointing == "selective" else act.checkpoint_saved
-        per, working = pick(model, rec, b, s).total(tp, sp), full_layer + temps
-        layers = n_layers * per
-        working_end = working
-    host = 0.0
-    if layout.activation_offload and layout.checkpointing != "none":
-        resident = min(n_layers, OFFLOAD_RESIDENT_LAYERS) * per
-        host, layers = layers - resident, resident
-    in_flight = 1.0 if (last_stage and layout.pp > 1) else in_flight_micro_batches(layout, grad_accum)
-    saved = (layers + act.shared_saved(model, rec, b, s) + act.eager_mask_bytes(rec, b, s)) * in_flight
-    host *= in_flight
-    loss_saved = loss_peak = loss_held = 0.0
-    on_context = 0.0
-    if rec.frozen_saves_input and layout.checkpointing == "none":
-        # legacy bitsandbytes: each step's matmul inputs on autograd contexts (with
-        # checkpointing they belong to the recomputed layer; not modelled beyond it)
-        on_context = n_layers * layer.on_context_total(tp, sp) * in_flight
-    if last_stage:
-        lm_head_trainable = (wl.method == "full" or "lm_head" in wl.lora_targets
-                             or "lm_head" in wl.modules_to_save)
-        embedding_trainable = wl.method == "full" or "embed_tokens" in wl.modules_to_save
-        saved += act.head_saved(model, rec, b, s, lm_head_trainable=lm_head_trainable,
-                                embedding_trainable=embedding_trainable) / (tp if sp else 1)
-        head_q = quantized_head(model, wl)
-        if head_q and rec.frozen_saves_input:  # the chunked lm_head's inputs
-            on_context += b * s * rec.e * model.hidden * in_flight
-        # litgpt's loop holds the previous step's outputs, so their graph with every input
-        # bitsandbytes kept on its contexts lives until this step's forward returns.
-        carried = on_context if model.impl == "litgpt" else 0.0
-        loss_saved, loss_peak, loss_held = act.loss_bytes(
-            model, rec.e, b * s, wl.loss_impl, tp, compiled=wl.compile, batch=b,
-            first_step=wl.peak_at_first_step, carried=carried,
-            head_dequant=model.vocab * model.hidden * rec.e / tp if head_q else 0.0)
-    # A returned KV cache lives until the loss is done: Hugging Face turns it off under
-    # gradient checkpointing, and the Trainer drops the model's outputs before backward.
-    kv_cache = loss_forward = 0.0
-    if wl.keeps_kv_cache and layout.checkpointing == "none":
-        kv_cache = n_layers * act.kv_cache_bytes(model, rec, b, s).total(tp, sp) * in_flight
-        if last_stage:
-            loss_forward = act.eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, tp)
-    return {"saved": saved, "working": working, "working_end": working_end,
-            "loss_saved": loss_saved,
-            "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host,
-            "kv_cache": kv_cache, "loss_forward": loss_forward}
-
-
-def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts) -> dict[str, float]:
-    """Transient buffers: ZeRO-3/FSDP gathered units, DDP gradient buckets, the dequantized weight
-    of a quantized base, and the optimizer step's temporaries."""
-    e = compute_bytes(wl.precision)
-    counts = param_counts(model)
-    tp, pp = layout.tp, layout.pp
-    layer = (counts.attention + counts.mlp) / model.layers / tp
-    end = max(counts.embedding, counts.lm_head) / tp
-    partition = st.trainable / _opt_shard(layout)  # a ZeRO rank's share of the trainable elements
-    out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
-           # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
-           # overlap_comm) of reduce_bucket_size elements in the training dtype when
-           # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
-           "zero_buckets": layout.zero_bucket_elements * e,
-           **_zero_offload_terms(model, wl, layout, partition)}
-    if _gathers_units(layout):
-        w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
-        unit = max(layer * w_b, end * e)
-        out["unit"] = unit
-        # The root unit (what no layer unit wraps: embedding, final norm, LM head) is gathered
-        # for the forward and kept unsharded until backward ends (FSDP2 ``fully_shard``: "the
-        # root FSDP state has its value specially set to False"; FSDP1 does not free the
-        # root's parameters after forward); under PP each end stage holds its own end.
-        root = (counts.embedding + counts.lm_head if pp == 1 else end * tp) / tp * e
-        # Beside it the rate limiter keeps two layer units in flight (the one computing and
-        # the one prefetched; FSDP1 ``limit_all_gathers``, FSDP2's all-gather stream).
-        out["gather"] = root + ZERO3_LIVE_UNITS * layer * w_b
-        if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
-            out["gather"] += layer * (4 if wl.grad_dtype == "fp32" else e)
-    if layout.zero == 0 and zero_degree(layout.dp, layout.cp) > 1 and wl.method == "full":
-        # PyTorch DDP copies gradients into its buckets unless gradient_as_bucket_view=True
-        # (DDP docs: the saving "will be equal to the total gradients size").
-        out["ddp"] = st.device.get("gradients", 0.0)
-    if wl.method == "qlora":
-        shapes = lora_module_shapes(model).values()
-        if int8_base(wl):
-            out["dequant"] = max(_int8_matmul_transient(wl, d_in, d_out, layout.cp)
-                                 for d_in, d_out in shapes) / tp
-        else:
-            out["dequant"] = max(d_in * d_out for d_in, d_out in shapes) / tp * e
-    # Elements of trainable state this rank's optimizer steps, and per step call: DeepSpeed
-    # ZeRO-3 prepares and steps one sub-group of its partition at a time (sub_group_size, 1e9
-    # elements by default; ``_prepare_fp32_grad_for_sub_group``, and ``_optimizer_step`` hands
-    # the optimizer ``param_groups[...]['params'] = [fp32_param]``).
-    per_call = min(partition, DEEPSPEED_SUB_GROUP_ELEMENTS) if _deepspeed_zero3(layout) else partition
-    if _deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
-        # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32.
-        out["optimizer_temp"] += per_call * 4
-    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision in ("mixed", "fp16"):
-        # DeepSpeed ZeRO-1/2 (stage_1_and_2.py ``step``) flattens the rank's 16-bit gradient
-        # partition and converts it to the FP32 master's dtype for the optimizer, alive through
-        # the step: 4 bytes per element of the partition.
-        out["optimizer_temp"] += partition * 4
-    # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
-    # (``Optimizer2State``): no list-wide temporaries.
-    stepped = wl.optimizer_step in ("foreach", "foreach_torch20", "for_loop") and not wl.optimizer_paged
-    if stepped and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
-        # With the optimizer offloaded the step runs on the CPU (DeepSpeedCPUAdam for
-        # ZeRO-Offload, arXiv 2101.06840; FSDP CPUOffload steps the CPU shards): its
-        # temporaries live in host memory, none on the GPU.
-        mixed = wl.precision in ("mixed", "fp16", "fp32")
-        c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
-        state_bytes = 4 if mixed else (c if wl.method != "full" else e)
-        if wl.optimizer_step != "for_loop":
-            # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for every tensor of the
-            # step call (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
-            copies = 2 if wl.optimizer_step == "foreach_torch20" else 1
-            out["optimizer_temp"] += copies * per_call * state_bytes
-        else:
-            # one tensor at a time: ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds two
-            # copies of the tensor being stepped, the largest of them at the peak
-            largest = _largest_stepped(model, wl, layout, per_call, layer, end)
-            out["optimizer_temp"] += 2 * largest * state_bytes
-    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision == "fp16":
-        # With FP16's loss scaling DeepSpeed's step first checks each gradient part it owns for
-        # inf/NaN (``check_overflow``, one tensor at a time), before any FP32 copy exists.
-        owned = min(max(_largest_trainable(model, wl, layout)), partition)
-        out["optimizer_temp"] = max(out["optimizer_temp"], layout.zero_overflow_check_bytes * owned)
-    del pp
-    return out
-
-
-def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[float, float]:
-    """Elements of the largest trainable parameter on one GPU (its TP shard) whose gradient is
-    complete during the last layer's backward, and of the input embedding's (complete at the end
-    of backward). Full training: a layer matrix (q, k and v as one where the model fuses them; a
-    MoE layer's fused expert weight) or the LM head unless tied to the embeddings. Adapters: the
-    largest LoRA matrix (rank × the wider side of the adapted layer) or a module trained whole
-    (``modules_to_save``); the embedding only where trained whole."""
-    tp = layout.tp
-    if wl.method == "full":
-        shapes = list(lora_module_shapes(model).values())
-        if model.fused_qkv:
-            shapes.append(lora_adapters(model, ("q", "k", "v"))[0][1:])
-        matrix = max(max(d_in * d_out for d_in, d_out in shapes) / tp, _expert_tensor(model, wl, layout))
-        head = 0 if model.tied_embeddings else model.vocab * model.hidden / tp
-        return max(matrix, head), model.vocab * model.hidden / tp
-    saved = saved_module_params(model, wl.modules_to_save)
-    adapter = wl.lora_rank * max(max(d_in, d_out) for _n, d_in, d_out in adapter_shapes(model, wl)) / tp
-    return max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
-
-
-def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
-                        partition: float) -> dict[str, float]:
-    """What DeepSpeed's ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload; stage_1_and_2.py)
-    holds on the GPU beside the 16-bit weights. ``offload_buffer``: the gradient buffer it
-    allocates at initialisation and keeps (``temp_grad_buffer_for_gpu_offload``, the largest
-    trainable parameter's elements in the training dtype). At the last micro-batch's backward,
-    once a bucket is reduced, ``copy_grads_in_partition`` takes each gradient this rank owns in
-    turn: its norm in FP64 (``.double().norm(2)``, 8 bytes per owned element), the overflow check
-    over the whole gradient (:attr:`Layout.zero_overflow_check_bytes`) and an FP32 copy of the
-    owned part for the host (4 bytes per element): the largest of the three for the largest
-    gradient. The head's gradient (or the largest layer matrix's, where the model ties its
-    embeddings) is reduced during the last layer's backward (``offload_early``); the input
-    embedding's completes at the end of backward (``offload_end``). ``offload_step``: the FP32
-    partition copied to the GPU at the step (:attr:`Layout.zero_offload_gpu_copy`)."""
-    out = {"offload_buffer": 0.0, "offload_early": 0.0, "offload_end": 0.0, "offload_step": 0.0}
-    if not (_deepspeed_zero12(layout) and layout.offload != "none"):
-        return out
-    e = compute_bytes(wl.precision)
-    check = layout.zero_overflow_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
-    copy = 4 if e < 4 else 0
-
-    def transient(n: float) -> float:
-        owned = min(n, partition)
-        return max(8 * owned, check * n, copy * owned)
-
-    early, end = _largest_trainable(model, wl, layout)
-    out["offload_buffer"] = max(early, end) * e
-    out["offload_early"] = transient(early)
-    out["offload_end"] = transient(end)
-    if layout.zero_offload_gpu_copy:
-        out["offload_step"] = partition * 4
-    return out
-
-
-def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, per_call: float,
-                     layer: float, end: float) -> float:
-    """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: the flat
-    tensor a ZeRO optimizer hands it (``per_call``: a ZeRO-1/2 rank's partition of every
-    trainable parameter, DeepSpeed ZeRO-3's sub-group of it), an FSDP unit's flat shard (``layer``
-    and ``end`` are per GPU already), else the largest trainable parameter
-    (:func:`_largest_trainable`)."""
-    if layout.zero in (1, 2) or _deepspeed_zero3(layout):
-        return per_call
-    if layout.zero == 3 and wl.method == "full":
-        return max(layer, end) / _opt_shard(layout)
-    return max(_largest_trainable(model, wl, layout))
-
-
-def _expert_tensor(model: ModelSpec, wl: Workload, layout: Layout) -> float:
-    """Elements of a MoE layer's largest expert weight on one GPU: grouped experts keep each
-    projection of all local experts in one tensor (transformers 5's ``gate_up_proj``,
-    experts × 2f × h with a gated MLP); the expert loop of transformers 4 one matrix per expert.
-    0 for a dense model."""
-    moe = model.moe
-    if moe is None:
-        return 0.0
-    matrix = moe.expert_ffn * model.hidden / layout.tp
-    if wl.moe_experts == "loop":
-        return matrix
-    return moe.experts / layout.ep * (2 if model.gated_mlp else 1) * matrix
-
-
-def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> float:
-    """The larger of an LLM.int8 linear's forward and backward temporaries (bitsandbytes
-    ``MatMul8bitLt``, t tokens). Before 0.45.0 the forward quantizes the input (``CA``, and its
-    col32 layout for ``igemmlt``: 2 bytes per input element), multiplies into an int32 result,
-    dequantizes it to FP16 and clones the 3-D output (4 + 2 + 2 bytes per output element); the
-    backward quantizes the output gradient both ways (``double_quant``: 2 bytes per element) and
-    dequantizes the weight from its tiled layout (int8, then FP16: 3 bytes per weight). From
-    0.45.0: one int8 input, int32 and FP16 results (t·(d_in + 6·d_out)); the FP16 weight in
-    backward (2 bytes per weight)."""
-    t = wl.micro_batch * wl.sequences_per_sample * wl.seq_len / cp
-    if wl.int8_keeps_transposed:  # the release that keeps CAt: the col32/igemmlt path
-        return max(t * (2 * d_in + 8 * d_out), 2 * t * d_out + 3 * d_in * d_out)
-    return max(t * (d_in + 6 * d_out), 2 * d_in * d_out)
+    phase_needed: dict[str, float]
 
 
 def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: int) -> float:
@@ -416,12 +105,9 @@ def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: i
     return param_counts(model).total * compute_bytes(wl.precision) / (layout.tp * layout.pp * shard)
 
 
-def _opt_shard(layout: Layout) -> int:
-    return zero_degree(layout.dp, layout.cp) if layout.zero >= 1 else 1
-
-
 def _comm_groups(layout: Layout) -> int:
-    return sum(1 for d in (layout.dp, layout.tp, layout.pp, layout.cp) if d > 1)
+    dp = cast(int, layout.dp)  # set: detailed_peak and detailed_memory copy the layout with their dp
+    return sum(1 for d in (dp, layout.tp, layout.pp, layout.cp) if d > 1)
 
 
 @dataclass(frozen=True)
@@ -489,6 +175,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             phase_needed[label] = min(phase_reserved[label], total * (1.0 + trapped))
             if best is None or total > best[0]:
                 best = (total, label, parts, a["host"])
+    assert best is not None  # every stage has its phases (backward start and end at least)
     allocated, phase, parts, act_host = best
     reserved = max(phase_reserved.values())
     notes.append(f"peak phase: {phase}")
@@ -496,31 +183,16 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
                 {k: v + fixed for k, v in phase_needed.items()})
 
 
-def _deepspeed_zero3(layout: Layout) -> bool:
-    return layout.zero == 3 and layout.zero_impl == "deepspeed"
-
-
-def _deepspeed_zero12(layout: Layout) -> bool:
-    """DeepSpeed's ZeRO-1/2 optimizer (``stage_1_and_2.py``)."""
-    return layout.zero in (1, 2) and layout.zero_impl == "deepspeed"
-
-
-def _gathers_units(layout: Layout) -> bool:
-    """ZeRO-3/FSDP gathers each unit's parameters: they are sharded over data (or context)
-    parallel ranks, or offloaded to the host."""
-    return layout.zero == 3 and (zero_degree(layout.dp, layout.cp) > 1 or layout.offload == "optimizer+params")
-
-
 def _trapped(layout: Layout) -> float:
     """The share of allocated memory the allocator cannot release at the card's limit
     (:data:`TRAPPED_FRAGMENTATION`): the sharded one where ZeRO-3/FSDP gathers units."""
-    return TRAPPED_FRAGMENTATION_SHARDED if _gathers_units(layout) else TRAPPED_FRAGMENTATION
+    return TRAPPED_FRAGMENTATION_SHARDED if gathers_units(layout) else TRAPPED_FRAGMENTATION
 
 
 def _fragmentation(layout: Layout) -> float:
     """The allocator's fragmentation share: the sharded one where FSDP1 or DeepSpeed ZeRO-3
     gathers units (``fsdp_version`` 1; see :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
-    sharded = _gathers_units(layout) and layout.fsdp_version == 1
+    sharded = gathers_units(layout) and layout.fsdp_version == 1
     return ALLOCATOR_FRAGMENTATION_SHARDED if sharded else ALLOCATOR_FRAGMENTATION
 
 
@@ -542,7 +214,7 @@ def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_
     persistent = {k: v for k, v in dev.items() if k != "gradients"}
     # DeepSpeed ZeRO-3 allocates its flat gradient partition at initialisation and keeps it
     # (``DeepSpeedZeroOptimizer_Stage3``: ``grad_partitions_flat_buffer``).
-    accumulating = (grad_accum or 1) > 1 or layout.pp > 1 or _deepspeed_zero3(layout)
+    accumulating = (grad_accum or 1) > 1 or layout.pp > 1 or deepspeed_zero3(layout)
     reduced = grads  # after the last micro-batch's reduce-scatter: each GPU's shard only
     if accumulating and grads:
         if (layout.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
@@ -563,24 +235,11 @@ def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_
     return _StepStates(persistent, start, end_grads, reduced)
 
 
-def eval_terms(model: ModelSpec, wl: Workload, layout: Layout, *, last_stage: bool) -> dict[str, float]:
-    """An evaluation forward at ``Workload.eval_micro_batch`` (none: empty): ``working``, the
-    tensors one layer's forward makes (all it would save for backward, as an upper bound of what
-    is alive at once without gradients), and ``logits``, the loss's forward on the last stage."""
-    if not wl.eval_micro_batch or wl.method == "inference":
-        return {}
-    b, s = wl.eval_micro_batch, wl.seq_len // layout.cp
-    rec = _recipe(model, wl, layout, first_layer=False)
-    working = act.layer_saved(model, rec, b, s).total(layout.tp, layout.sp)
-    logits = act.eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, layout.tp) if last_stage else 0.0
-    return {"working": working, "logits": logits}
-
-
 def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf: dict[str, float],
             states: _StepStates, a: dict[str, float],
             ev: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
     """Components of each phase of a step on one pipeline stage (activation terms ``a``; an
-    evaluation pass's terms ``ev``, see :func:`eval_terms`)."""
+    evaluation pass's terms ``ev``, see :func:`~planner.memory.stage_activations.eval_terms`)."""
     persistent = states.persistent
     held = a["loss_held"]  # logits the training loop keeps until the next step's forward
     # Inputs kept on autograd contexts (legacy bitsandbytes) outlive backward: until the
@@ -612,7 +271,7 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
     }
     if buf["offload_early"]:
         # ZeRO-Offload moves the head's gradient to the host during the last layer's backward,
-        # after the loss's (see :func:`_zero_offload_terms`).
+        # after the loss's (see :func:`planner.memory.buffers._zero_offload_terms`).
         phases["gradient offload"] = {**states.start, "activations": a["saved"] + a["working"],
                                       "logits": held,
                                       "buffers": (buf["gather"] + buf["dequant"] + buf["zero_buckets"]
@@ -633,7 +292,7 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
         # gradients to None (DeepSpeed ZeRO-3 keeps its flat partition), and no step's
         # activations are left; ZeRO-3/FSDP gathers each unit for the forward as in training.
         at_rest = {k: v for k, v in persistent.items()
-                   if k != "gradients" or _deepspeed_zero3(layout)}
+                   if k != "gradients" or deepspeed_zero3(layout)}
         phases["evaluation"] = {**at_rest, "activations": ev["working"] + kept_after,
                                 "logits": ev["logits"] + held,
                                 "buffers": buf["gather"] + buf["dequant"] + kept_buffer}
@@ -705,12 +364,24 @@ def inference_memory(model: ModelSpec, wl: Workload, layout: Layout) -> dict[str
     rest = counts.total - linear
     w_b = quantized_linear_bytes(wl) if wl.method == "qlora" else e
     weights = (linear * w_b + rest * e) / mp
-    d = model.head_dim_eff
-    kv = wl.micro_batch * model.layers * 2 * wl.seq_len * model.kv_heads_eff * d * e
-    ffn = model.ffn if model.moe is None else model.moe.expert_ffn * model.moe.active
+    _, kv_heads, d = _attention_dims(model)
+    kv = wl.micro_batch * model.layers * 2 * wl.seq_len * kv_heads * d * e
+    ffn = _dims(model, "ffn")[0] if model.moe is None else model.moe.expert_ffn * model.moe.active
     work = 2 * wl.micro_batch * wl.seq_len * ffn * e / layout.tp
+    (vocab,) = _dims(model, "vocab")
     return {"weights": weights, "kv_cache": kv / (mp * layout.cp),
-            "activations": work, "logits": 4 * wl.micro_batch * model.vocab / layout.tp}
+            "activations": work, "logits": 4 * wl.micro_batch * vocab / layout.tp}
+
+
+def _inference_peak(model: ModelSpec, wl: Workload, served: Layout) -> Peak:
+    """Serving's one phase, the forward, in the three views (``served``: the layout with its dp)."""
+    parts = inference_memory(model, wl, served)
+    allocated = sum(parts.values())
+    reserved = allocated + ALLOCATOR_FRAGMENTATION * (allocated - parts["weights"])
+    device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(served)
+    needed = min(reserved, allocated * (1.0 + TRAPPED_FRAGMENTATION)) + device - reserved
+    return Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",),
+                {"forward": needed})
 
 
 def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: Overrides, *,
@@ -722,14 +393,7 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     from planner.memory.breakdown import MemoryBreakdown
 
     if wl.method == "inference":
-        served = layout.model_copy(update={"dp": dp})
-        parts = inference_memory(model, wl, served)
-        allocated = sum(parts.values())
-        reserved = allocated + ALLOCATOR_FRAGMENTATION * (allocated - parts["weights"])
-        device = reserved + CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(served)
-        needed = min(reserved, allocated * (1.0 + TRAPPED_FRAGMENTATION)) + device - reserved
-        peak = Peak("forward", parts, allocated, reserved, device, 0.0, ("peak phase: forward",),
-                    {"forward": needed})
+        peak = _inference_peak(model, wl, layout.model_copy(update={"dp": dp}))
     else:
         peak = detailed_peak(model, wl, layout, overrides, dp=dp, grad_accum=grad_accum)
     components = {k: ceil_bytes(v) for k, v in peak.parts.items() if v > 0}
@@ -740,7 +404,7 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     # exactly (the total also rounds each component up), so "every phase fits" is "the total fits".
     phase_bytes = {k: ceil_bytes(v) for k, v in peak.phase_needed.items()}
     needed = min(max(max(phase_bytes.values()), allocated), device)
-    phase_bytes[max(phase_bytes, key=phase_bytes.get)] = needed
+    phase_bytes[max(phase_bytes, key=phase_bytes.__getitem__)] = needed
     components["overhead"] = needed - allocated
     served = layout.model_copy(update={"dp": dp})
     trapped = TRAPPED_FRAGMENTATION if wl.method == "inference" else _trapped(served)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
@@ -90,8 +90,9 @@ class Estimate(BaseModel):
 
 def memory_of(rs: ResolvedScenario) -> MemoryBreakdown:
     """The memory breakdown of a resolved scenario under its profile."""
+    dp = cast(int, rs.layout.dp)  # set: a resolved scenario's layout always has its dp
     return memory_breakdown(rs.profile, rs.model, rs.workload, rs.layout, rs.overrides,
-                            dp=rs.layout.dp, grad_accum=rs.grad_accum)
+                            dp=dp, grad_accum=rs.grad_accum)
 
 
 #: The seed profile's reserve (seed 000 §一.3): keep 10–20 % of the card free for the workspace,

@@ -14,9 +14,10 @@ Bytes per parameter (trainable, before sharding):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.core.arch import ParamCounts, expert_params, lora_adapters, param_counts
+from planner.core.arch import ParamCounts, _attention_dims, _dims, expert_params, lora_adapters, param_counts
 from planner.core.specs import ModelSpec, Workload
 
 #: Bytes per element by dtype name.
@@ -138,16 +139,16 @@ def adapter_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int,
     return lora_adapters(model, targets)
 
 
-def saved_module_params(model: ModelSpec, modules: list[str]) -> dict[str, int]:
+def saved_module_params(model: ModelSpec, modules: Sequence[str]) -> dict[str, int]:
     """Parameters of each whole module a LoRA run trains (``Workload.modules_to_save``), by
     name: the input embeddings, and the LM head (a separate copy even where the model ties the
     two)."""
-    counts = param_counts(model)
-    sizes = {"embed_tokens": counts.embedding, "lm_head": model.vocab * model.hidden}
+    counts, (vocab,) = param_counts(model), _dims(model, "vocab")
+    sizes = {"embed_tokens": counts.embedding, "lm_head": vocab * model.hidden}
     return {m: sizes[m] for m in modules}
 
 
-def _paged_share(tensor_elems: list[tuple[float, float]]) -> float:
+def _paged_share(tensor_elems: Sequence[tuple[float, float]]) -> float:
     """Share of the elements that sit in tensors of ≥ ``PAGED_MIN_ELEMENTS`` elements."""
     total = sum(n * size for n, size in tensor_elems)
     big = sum(n * size for n, size in tensor_elems if size >= PAGED_MIN_ELEMENTS)
@@ -246,7 +247,7 @@ def rope_cache_bytes(model: ModelSpec, workload: Workload, pp: int = 1) -> float
     if not workload.rope_cache_per_layer or model.position != "rope" or not model.max_position:
         return 0.0
     layers = -(-model.layers // pp)
-    return layers * 2 * model.max_position * model.head_dim_eff * compute_bytes(workload.precision)
+    return layers * 2 * model.max_position * _attention_dims(model)[2] * compute_bytes(workload.precision)
 
 
 def _full_states(model: ModelSpec, workload: Workload, place: _Placement,
@@ -275,7 +276,8 @@ def _full_states(model: ModelSpec, workload: Workload, place: _Placement,
         ledger.put("master_weights", place.spread((n_local - n_exp) * 4, n_exp * 4, "optimizer"),
                    on_host_opt)
     ffn = model.ffn if model.moe is None else model.moe.expert_ffn
-    largest = max(model.vocab * model.hidden, model.hidden * (ffn or model.hidden)) / place.tp * grad_b
+    (vocab,) = _dims(model, "vocab")
+    largest = max(vocab * model.hidden, model.hidden * (ffn or model.hidden)) / place.tp * grad_b
     return StateParts(ledger.dev, ledger.host, n_local, largest)
 
 

@@ -163,13 +163,15 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
               kbit_prep: str = "none", shares_input: bool = False, clamp: bool = False) -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner.memory import activations as act
+    from planner.memory.inventory import LayerRecipe
+    from planner.memory.logits import loss_bytes
 
     spec = spec_of(shape)
     e = 4 if dtype == torch.float32 else 2
     c = (4 if adapter_fp32 else e) if lora else e
 
-    def rec(first: bool) -> act.LayerRecipe:
-        return act.LayerRecipe(
+    def rec(first: bool) -> LayerRecipe:
+        return LayerRecipe(
             e=e, attention="eager" if attention == "eager" else "flash", trainable_base=not lora,
             lora_targets=frozenset(targets) if lora else frozenset(), c=c,
             lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
@@ -185,7 +187,7 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
     else:
         layers = [act.layer_saved(spec, rec(i == 0), b, s).total() for i in range(shape.layers)]
         shared = act.shared_saved(spec, rec(False), b, s)
-    loss_saved, _, _ = act.loss_bytes(spec, e, b * s, "standard")
+    loss_saved, _, _ = loss_bytes(spec, e, b * s, "standard")
     outside = (act.head_saved(spec, rec(False), b, s, lm_head_trainable=not lora,
                               embedding_trainable=not lora) + loss_saved + NLL_TOTAL_WEIGHT_BYTES)
     return {"layers": layers, "shared": shared, "outside": outside}

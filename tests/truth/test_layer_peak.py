@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 from harness import Shape, peak_bytes, saved_bytes, spec_of
 
 from planner.memory import activations as act
+from planner.memory.inventory import LayerRecipe
 
 SHAPES = [  # b, s, h, f, heads, kv_heads
     (1, 1024, 32, 64, 4, 2),
@@ -51,7 +52,7 @@ def _measured(dtype, b, s, h, f, heads, kv, trainable: bool) -> int:
 
 def _predicted(dtype, b, s, h, f, heads, kv, trainable: bool) -> float:
     spec = spec_of(Shape(b=b, s=s, h=h, f=f, heads=heads, kv_heads=kv, layers=1, vocab=64))
-    rec = act.LayerRecipe(e=4 if dtype == torch.float32 else 2, trainable_base=trainable,
+    rec = LayerRecipe(e=4 if dtype == torch.float32 else 2, trainable_base=trainable,
                           attention="eager")
     return act.layer_saved(spec, rec, b, s).total() + act.backward_temporaries(spec, rec, b, s).total()
 
@@ -248,7 +249,7 @@ def test_a_moe_layer_saves_what_the_profile_counts(family, experts):
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
     rope = model.model.rotary_emb(x, torch.arange(s)[None].expand(b, s))
     measured = saved_bytes(model, lambda: layer(x, position_embeddings=rope))
-    rec = act.LayerRecipe(e=2, attention="eager", one_dtype=True, moe_loop=experts == "eager")
+    rec = LayerRecipe(e=2, attention="eager", one_dtype=True, moe_loop=experts == "eager")
     want = act.layer_saved(spec_from_hf_config(cfg.to_dict()), rec, b, s).total()
     assert want <= measured <= 1.02 * want, (measured, want, measured / want)
 
@@ -277,7 +278,7 @@ def test_a_moe_optimizer_step_holds_two_copies_of_the_fused_expert_weight(family
 
     from planner.catalog.hf_config import spec_from_hf_config
     from planner.core.specs import Layout, Workload
-    from planner.memory.detailed import buffer_terms
+    from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
     b, s, h, f, heads, kv = 2, 64, 256, 688, 4, 2

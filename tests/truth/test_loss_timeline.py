@@ -3,7 +3,7 @@
 litgpt's LoRA loop (``finetune/lora.py``) runs the frozen ``lm_head`` on 128-token slices of the
 sequence, Lightning Fabric casts the returned list to FP32 (``convert_output``), the loop keeps
 that list in a variable until the next step's forward returns, and the cross-entropy runs per
-chunk. :func:`planner.memory.activations.loss_bytes` says what that costs; here the same operations run
+chunk. :func:`planner.memory.logits.loss_bytes` says what that costs; here the same operations run
 under ``torch.profiler`` with ``profile_memory=True`` and every allocation and free is replayed
 to find the measured peak, for a run's first step and for a step whose predecessor's logits are
 still held. What the formula leaves out is the vocabulary-free rest (the final hidden states, their
@@ -19,7 +19,7 @@ from harness import peak_bytes as _peak_bytes
 from torch.profiler import ProfilerActivity, profile
 
 from planner.core.specs import ModelSpec
-from planner.memory import activations as act
+from planner.memory.logits import LOSS_CHUNKS, loss_bytes
 
 HIDDEN = 64
 #: Bytes per token allowed beside the formula: the hidden states, their gradient and a chunk's
@@ -70,7 +70,7 @@ def _model(vocab: int, impl: str = "litgpt") -> ModelSpec:
 @pytest.mark.parametrize("first_step", [True, False], ids=["first-step", "steady"])
 def test_litgpt_chunked_loss_peak_matches_the_profiler(b, s, vocab, first_step):
     measured = _steps(b, s, vocab, 1 if first_step else 2)
-    _, peak, held = act.loss_bytes(_model(vocab), 2, b * s, "chunked", batch=b, first_step=first_step)
+    _, peak, held = loss_bytes(_model(vocab), 2, b * s, "chunked", batch=b, first_step=first_step)
     assert held == 4 * vocab * b * s  # the FP32 list the loop keeps
     assert peak <= measured <= peak + REST_BYTES_PER_TOKEN * b * s, (measured, peak)
 
@@ -89,7 +89,7 @@ def test_the_held_list_is_what_stays_after_a_step():
             _chunked_cross_entropy(logits, torch.randint(0, vocab, (b, s))).backward()
             del x, logits
     end = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    _, _, want = act.loss_bytes(_model(vocab), 2, b * s, "chunked", batch=b)
+    _, _, want = loss_bytes(_model(vocab), 2, b * s, "chunked", batch=b)
     assert held is not None
     assert want <= end <= want + REST_BYTES_PER_TOKEN * b * s
 
@@ -148,7 +148,7 @@ def test_legacy_bnb_inputs_outlive_backward_until_the_loop_lets_go(b, s, vocab, 
     inputs = (layers + 1) * 2 * hidden * tokens
     spec = ModelSpec(id="tiny", layers=max(layers, 1), hidden=hidden, heads=4, kv_heads=4, ffn=128,
                      vocab=vocab, impl="litgpt", fused_qkv=True, tied_embeddings=False)
-    _, peak, _ = act.loss_bytes(spec, 2, tokens, "chunked", batch=b, carried=inputs,
+    _, peak, _ = loss_bytes(spec, 2, tokens, "chunked", batch=b, carried=inputs,
                                 head_dequant=vocab * hidden * 2)
     want = inputs + peak
     assert want <= measured <= want + REST_BYTES_PER_TOKEN * tokens * hidden / HIDDEN, (measured, want)
@@ -174,10 +174,10 @@ def test_compiled_cross_entropy_keeps_only_the_logits():
     except Exception as exc:  # noqa: BLE001 - no C++ toolchain for Inductor's CPU kernels
         pytest.skip(f"torch.compile unavailable here: {type(exc).__name__}")
     spec = _model(vocab, impl="hf")
-    _, want, _ = act.loss_bytes(spec, 2, b * s, "compiled")
+    _, want, _ = loss_bytes(spec, 2, b * s, "compiled")
     measured = _peak_bytes(lambda: step(compiled))
     assert want <= measured <= want + REST_BYTES_PER_TOKEN * b * s, (measured, want)
-    _, eager_want, _ = act.loss_bytes(spec, 2, b * s, "standard")
+    _, eager_want, _ = loss_bytes(spec, 2, b * s, "standard")
     eager = _peak_bytes(lambda: step(loss_fn))  # the leaf ``pred`` stays: + its e bytes
     assert eager_want + 2 * vocab * b * s <= eager <= eager_want + 2 * vocab * b * s + REST_BYTES_PER_TOKEN * b * s
 
@@ -195,7 +195,7 @@ def test_torchtune_linear_cross_entropy_keeps_every_chunks_log_probabilities(s, 
     ``chunked_head``. Predicted before it was first measured: 21.6 MB at s = 512, V = 4000
     (one chunk's logits counted too); measured 20.6 MB, so the chunk's transient is its two FP32
     gradients only."""
-    b, n = 2, act.LOSS_CHUNKS
+    b, n = 2, LOSS_CHUNKS
     hidden = torch.randn(b, s, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
     head, targets = _head(vocab, True), torch.randint(0, vocab, (b, s))
 
@@ -206,10 +206,10 @@ def test_torchtune_linear_cross_entropy_keeps_every_chunks_log_probabilities(s, 
             total = total + torch.nn.functional.cross_entropy(head(hc[keep]).float(), tc[keep], reduction="sum")
         (total / (b * s)).backward()
 
-    _, want, _ = act.loss_bytes(_model(vocab, impl="hf"), 2, b * s, "chunked_head")
+    _, want, _ = loss_bytes(_model(vocab, impl="hf"), 2, b * s, "chunked_head")
     measured = _peak_bytes(step)
     assert want <= measured <= want + REST_BYTES_PER_TOKEN * b * s, (measured, want)
-    _, standard, _ = act.loss_bytes(_model(vocab, impl="hf"), 2, b * s, "standard")
+    _, standard, _ = loss_bytes(_model(vocab, impl="hf"), 2, b * s, "standard")
     assert measured < 0.5 * standard
 
 
@@ -220,7 +220,7 @@ def test_torchtitan_chunked_loss_runs_each_chunks_backward_in_the_forward(s, voc
     head, loss and backward in the forward, into one buffer of the hidden states' gradient):
     ``chunked_head_in_forward``. Where the head trains its weight gradient (a parameter's, counted
     with the gradients) comes on top."""
-    b, n = 2, act.LOSS_CHUNKS
+    b, n = 2, LOSS_CHUNKS
     hidden = torch.randn(b, s, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
     head, targets = _head(vocab, trainable), torch.randint(0, vocab, (b, s))
 
@@ -236,7 +236,7 @@ def test_torchtitan_chunked_loss_runs_each_chunks_backward_in_the_forward(s, voc
             buffer[:, i * width:(i + 1) * width] = leaf.grad
         hidden.backward(buffer)
 
-    _, want, _ = act.loss_bytes(_model(vocab, impl="hf"), 2, b * s, "chunked_head_in_forward")
+    _, want, _ = loss_bytes(_model(vocab, impl="hf"), 2, b * s, "chunked_head_in_forward")
     head_grad = 2 * vocab * HIDDEN if trainable else 0
     measured = _peak_bytes(step)
     assert want + head_grad <= measured <= want + head_grad + REST_BYTES_PER_TOKEN * b * s, (measured, want)

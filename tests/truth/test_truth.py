@@ -153,7 +153,8 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
     V broadcast to every head (copies ``bmm`` keeps) and the softmax output, as modelled for
     litgpt before Oct 2023 (``mqa_sdpa_math``). FP32 here, which the CPU does not upcast."""
     from planner.core.specs import ModelSpec
-    from planner.memory import activations as act
+    from planner.memory.attention import litgpt_attention
+    from planner.memory.inventory import Inventory, LayerRecipe
 
     b, a, s, d = 2, 8, 64, 16
     q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) * 1 for heads in (a, 1, 1))
@@ -168,8 +169,8 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     spec = ModelSpec(layers=1, hidden=a * d, heads=a, kv_heads=1, head_dim=d, ffn=4 * a * d,
                      vocab=100, impl="litgpt", fused_qkv=True, mqa_sdpa_math=True)
-    inv = act.Inventory()
-    act._litgpt_attention(inv, spec, act.LayerRecipe(e=4), b * s, s)
+    inv = Inventory()
+    litgpt_attention(inv, spec, LayerRecipe(e=4), b * s, s)
     assert sum(saved.values()) == inv.total()
 
 
@@ -236,6 +237,7 @@ def test_a_returned_kv_cache_beyond_the_saved_tensors(prep, attention):
     from harness import build_qlora, spec_of
 
     from planner.memory import activations as act
+    from planner.memory.inventory import LayerRecipe
 
     model = build_qlora(BASE, prep=prep, attention=attention)
     saved: set[int] = set()
@@ -254,7 +256,7 @@ def test_a_returned_kv_cache_beyond_the_saved_tensors(prep, attention):
             storage = t.untyped_storage()
             if storage.data_ptr() not in saved:
                 own[storage.data_ptr()] = storage.nbytes()
-    rec = act.LayerRecipe(e=2, attention="eager" if attention == "eager" else "flash",
+    rec = LayerRecipe(e=2, attention="eager" if attention == "eager" else "flash",
                           trainable_base=False, fp32_stream=prep != "none")
     per_layer = act.kv_cache_bytes(spec_of(BASE), rec, BASE.b, BASE.s).total()
     assert sum(own.values()) == BASE.layers * per_layer
@@ -268,6 +270,7 @@ def test_a_fused_projection_view_keeps_the_whole_output():
     from harness import spec_of
 
     from planner.memory import activations as act
+    from planner.memory.inventory import LayerRecipe
 
     b, s, heads, d = BASE.b, BASE.s, BASE.heads, BASE.h // BASE.heads
     proj = torch.randn(b, s, 3 * heads * d)
@@ -275,6 +278,6 @@ def test_a_fused_projection_view_keeps_the_whole_output():
     v = proj[2].view(b, s, heads, d).transpose(1, 2)
     k = proj[1].view(b, s, heads, d).transpose(1, 2) * 1.0  # RoPE's output: a tensor of its own
     spec = spec_of(BASE).model_copy(update={"kv_heads": heads, "fused_qkv": True})
-    rec = act.LayerRecipe(e=2, trainable_base=False, fp32_stream=True)
+    rec = LayerRecipe(e=2, trainable_base=False, fp32_stream=True)
     cached = k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
     assert cached == act.kv_cache_bytes(spec, rec, b, s).total()

@@ -1,0 +1,229 @@
+"""Transient buffers of a training step on one GPU, beside the model states and activations.
+
+ZeRO-3/FSDP's gathered units (the root unit and the layer units in flight), DDP's gradient
+buckets, DeepSpeed ZeRO-1/2's reduce buckets, the dequantized weight of a quantized base (and
+LLM.int8's matmul temporaries), the optimizer step's temporaries (foreach lists, one tensor at a
+time, DeepSpeed's FP32 gradient copies) and ZeRO-Offload's buffers on the GPU; and which sharding
+gathers units (:func:`gathers_units`). :mod:`planner.memory.detailed` places them in the phases
+of a step.
+"""
+
+from __future__ import annotations
+
+from planner.core.arch import _dims, lora_adapters, lora_module_shapes, param_counts
+from planner.core.specs import Layout, ModelSpec, Workload
+from planner.core.units import zero_degree
+from planner.memory.model_states import (
+    StateParts,
+    adapter_shapes,
+    compute_bytes,
+    int8_base,
+    quantized_linear_bytes,
+    saved_module_params,
+)
+
+#: DeepSpeed ZeRO-3's ``sub_group_size`` default (elements the optimizer steps at a time).
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1e9
+#: FSDP / ZeRO-3 units gathered at once: the one computing and the one prefetched (FSDP
+#: ``BackwardPrefetch.BACKWARD_PRE`` and forward prefetch hold two units' unsharded parameters).
+ZERO3_LIVE_UNITS = 2
+
+
+def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts) -> dict[str, float]:
+    """Transient buffers: ZeRO-3/FSDP gathered units, DDP gradient buckets, the dequantized weight
+    of a quantized base, and the optimizer step's temporaries."""
+    e = compute_bytes(wl.precision)
+    counts = param_counts(model)
+    tp, pp = layout.tp, layout.pp
+    layer = (counts.attention + counts.mlp) / model.layers / tp
+    end = max(counts.embedding, counts.lm_head) / tp
+    partition = st.trainable / _opt_shard(layout)  # a ZeRO rank's share of the trainable elements
+    out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
+           # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
+           # overlap_comm) of reduce_bucket_size elements in the training dtype when
+           # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
+           "zero_buckets": layout.zero_bucket_elements * e,
+           **_zero_offload_terms(model, wl, layout, partition)}
+    if gathers_units(layout):
+        w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
+        unit = max(layer * w_b, end * e)
+        out["unit"] = unit
+        # The root unit (what no layer unit wraps: embedding, final norm, LM head) is gathered
+        # for the forward and kept unsharded until backward ends (FSDP2 ``fully_shard``: "the
+        # root FSDP state has its value specially set to False"; FSDP1 does not free the
+        # root's parameters after forward); under PP each end stage holds its own end.
+        root = (counts.embedding + counts.lm_head if pp == 1 else end * tp) / tp * e
+        # Beside it the rate limiter keeps two layer units in flight (the one computing and
+        # the one prefetched; FSDP1 ``limit_all_gathers``, FSDP2's all-gather stream).
+        out["gather"] = root + ZERO3_LIVE_UNITS * layer * w_b
+        if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
+            out["gather"] += layer * (4 if wl.grad_dtype == "fp32" else e)
+    if layout.zero == 0 and zero_degree(layout.dp, layout.cp) > 1 and wl.method == "full":
+        # PyTorch DDP copies gradients into its buckets unless gradient_as_bucket_view=True
+        # (DDP docs: the saving "will be equal to the total gradients size").
+        out["ddp"] = st.device.get("gradients", 0.0)
+    if wl.method == "qlora":
+        shapes = lora_module_shapes(model).values()
+        if int8_base(wl):
+            out["dequant"] = max(_int8_matmul_transient(wl, d_in, d_out, layout.cp)
+                                 for d_in, d_out in shapes) / tp
+        else:
+            out["dequant"] = max(d_in * d_out for d_in, d_out in shapes) / tp * e
+    # Elements of trainable state this rank's optimizer steps, and per step call: DeepSpeed
+    # ZeRO-3 prepares and steps one sub-group of its partition at a time (sub_group_size, 1e9
+    # elements by default; ``_prepare_fp32_grad_for_sub_group``, and ``_optimizer_step`` hands
+    # the optimizer ``param_groups[...]['params'] = [fp32_param]``).
+    per_call = min(partition, DEEPSPEED_SUB_GROUP_ELEMENTS) if deepspeed_zero3(layout) else partition
+    if deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
+        # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32.
+        out["optimizer_temp"] += per_call * 4
+    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision in ("mixed", "fp16"):
+        # DeepSpeed ZeRO-1/2 (stage_1_and_2.py ``step``) flattens the rank's 16-bit gradient
+        # partition and converts it to the FP32 master's dtype for the optimizer, alive through
+        # the step: 4 bytes per element of the partition.
+        out["optimizer_temp"] += partition * 4
+    # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
+    # (``Optimizer2State``): no list-wide temporaries.
+    stepped = wl.optimizer_step in ("foreach", "foreach_torch20", "for_loop") and not wl.optimizer_paged
+    if stepped and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
+        # With the optimizer offloaded the step runs on the CPU (DeepSpeedCPUAdam for
+        # ZeRO-Offload, arXiv 2101.06840; FSDP CPUOffload steps the CPU shards): its
+        # temporaries live in host memory, none on the GPU.
+        mixed = wl.precision in ("mixed", "fp16", "fp32")
+        c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
+        state_bytes = 4 if mixed else (c if wl.method != "full" else e)
+        if wl.optimizer_step != "for_loop":
+            # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for every tensor of the
+            # step call (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
+            copies = 2 if wl.optimizer_step == "foreach_torch20" else 1
+            out["optimizer_temp"] += copies * per_call * state_bytes
+        else:
+            # one tensor at a time: ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds two
+            # copies of the tensor being stepped, the largest of them at the peak
+            largest = _largest_stepped(model, wl, layout, per_call, layer, end)
+            out["optimizer_temp"] += 2 * largest * state_bytes
+    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision == "fp16":
+        # With FP16's loss scaling DeepSpeed's step first checks each gradient part it owns for
+        # inf/NaN (``check_overflow``, one tensor at a time), before any FP32 copy exists.
+        owned = min(max(_largest_trainable(model, wl, layout)), partition)
+        out["optimizer_temp"] = max(out["optimizer_temp"], layout.zero_overflow_check_bytes * owned)
+    del pp
+    return out
+
+
+def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[float, float]:
+    """Elements of the largest trainable parameter on one GPU (its TP shard) whose gradient is
+    complete during the last layer's backward, and of the input embedding's (complete at the end
+    of backward). Full training: a layer matrix (q, k and v as one where the model fuses them; a
+    MoE layer's fused expert weight) or the LM head unless tied to the embeddings. Adapters: the
+    largest LoRA matrix (rank × the wider side of the adapted layer) or a module trained whole
+    (``modules_to_save``); the embedding only where trained whole."""
+    tp = layout.tp
+    if wl.method == "full":
+        (vocab,) = _dims(model, "vocab")
+        shapes = list(lora_module_shapes(model).values())
+        if model.fused_qkv:
+            shapes.append(lora_adapters(model, ("q", "k", "v"))[0][1:])
+        matrix = max(max(d_in * d_out for d_in, d_out in shapes) / tp, _expert_tensor(model, wl, layout))
+        head = 0 if model.tied_embeddings else vocab * model.hidden / tp
+        return max(matrix, head), vocab * model.hidden / tp
+    saved = saved_module_params(model, wl.modules_to_save)
+    adapter = wl.lora_rank * max(max(d_in, d_out) for _n, d_in, d_out in adapter_shapes(model, wl)) / tp
+    return max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
+
+
+def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
+                        partition: float) -> dict[str, float]:
+    """What DeepSpeed's ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload; stage_1_and_2.py)
+    holds on the GPU beside the 16-bit weights. ``offload_buffer``: the gradient buffer it
+    allocates at initialisation and keeps (``temp_grad_buffer_for_gpu_offload``, the largest
+    trainable parameter's elements in the training dtype). At the last micro-batch's backward,
+    once a bucket is reduced, ``copy_grads_in_partition`` takes each gradient this rank owns in
+    turn: its norm in FP64 (``.double().norm(2)``, 8 bytes per owned element), the overflow check
+    over the whole gradient (:attr:`Layout.zero_overflow_check_bytes`) and an FP32 copy of the
+    owned part for the host (4 bytes per element): the largest of the three for the largest
+    gradient. The head's gradient (or the largest layer matrix's, where the model ties its
+    embeddings) is reduced during the last layer's backward (``offload_early``); the input
+    embedding's completes at the end of backward (``offload_end``). ``offload_step``: the FP32
+    partition copied to the GPU at the step (:attr:`Layout.zero_offload_gpu_copy`)."""
+    out = {"offload_buffer": 0.0, "offload_early": 0.0, "offload_end": 0.0, "offload_step": 0.0}
+    if not (_deepspeed_zero12(layout) and layout.offload != "none"):
+        return out
+    e = compute_bytes(wl.precision)
+    check = layout.zero_overflow_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
+    copy = 4 if e < 4 else 0
+
+    def transient(n: float) -> float:
+        owned = min(n, partition)
+        return max(8 * owned, check * n, copy * owned)
+
+    early, end = _largest_trainable(model, wl, layout)
+    out["offload_buffer"] = max(early, end) * e
+    out["offload_early"] = transient(early)
+    out["offload_end"] = transient(end)
+    if layout.zero_offload_gpu_copy:
+        out["offload_step"] = partition * 4
+    return out
+
+
+def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, per_call: float,
+                     layer: float, end: float) -> float:
+    """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: the flat
+    tensor a ZeRO optimizer hands it (``per_call``: a ZeRO-1/2 rank's partition of every
+    trainable parameter, DeepSpeed ZeRO-3's sub-group of it), an FSDP unit's flat shard (``layer``
+    and ``end`` are per GPU already), else the largest trainable parameter
+    (:func:`_largest_trainable`)."""
+    if layout.zero in (1, 2) or deepspeed_zero3(layout):
+        return per_call
+    if layout.zero == 3 and wl.method == "full":
+        return max(layer, end) / _opt_shard(layout)
+    return max(_largest_trainable(model, wl, layout))
+
+
+def _expert_tensor(model: ModelSpec, wl: Workload, layout: Layout) -> float:
+    """Elements of a MoE layer's largest expert weight on one GPU: grouped experts keep each
+    projection of all local experts in one tensor (transformers 5's ``gate_up_proj``,
+    experts × 2f × h with a gated MLP); the expert loop of transformers 4 one matrix per expert.
+    0 for a dense model."""
+    moe = model.moe
+    if moe is None:
+        return 0.0
+    matrix = moe.expert_ffn * model.hidden / layout.tp
+    if wl.moe_experts == "loop":
+        return matrix
+    return moe.experts / layout.ep * (2 if model.gated_mlp else 1) * matrix
+
+
+def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> float:
+    """The larger of an LLM.int8 linear's forward and backward temporaries (bitsandbytes
+    ``MatMul8bitLt``, t tokens). Before 0.45.0 the forward quantizes the input (``CA``, and its
+    col32 layout for ``igemmlt``: 2 bytes per input element), multiplies into an int32 result,
+    dequantizes it to FP16 and clones the 3-D output (4 + 2 + 2 bytes per output element); the
+    backward quantizes the output gradient both ways (``double_quant``: 2 bytes per element) and
+    dequantizes the weight from its tiled layout (int8, then FP16: 3 bytes per weight). From
+    0.45.0: one int8 input, int32 and FP16 results (t·(d_in + 6·d_out)); the FP16 weight in
+    backward (2 bytes per weight)."""
+    t = wl.micro_batch * wl.sequences_per_sample * wl.seq_len / cp
+    if wl.int8_keeps_transposed:  # the release that keeps CAt: the col32/igemmlt path
+        return max(t * (2 * d_in + 8 * d_out), 2 * t * d_out + 3 * d_in * d_out)
+    return max(t * (d_in + 6 * d_out), 2 * d_in * d_out)
+
+
+def _opt_shard(layout: Layout) -> int:
+    return zero_degree(layout.dp, layout.cp) if layout.zero >= 1 else 1
+
+
+def deepspeed_zero3(layout: Layout) -> bool:
+    return layout.zero == 3 and layout.zero_impl == "deepspeed"
+
+
+def _deepspeed_zero12(layout: Layout) -> bool:
+    """DeepSpeed's ZeRO-1/2 optimizer (``stage_1_and_2.py``)."""
+    return layout.zero in (1, 2) and layout.zero_impl == "deepspeed"
+
+
+def gathers_units(layout: Layout) -> bool:
+    """ZeRO-3/FSDP gathers each unit's parameters: they are sharded over data (or context)
+    parallel ranks, or offloaded to the host."""
+    return layout.zero == 3 and (zero_degree(layout.dp, layout.cp) > 1 or layout.offload == "optimizer+params")
+
