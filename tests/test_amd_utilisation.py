@@ -21,7 +21,8 @@ import pytest
 
 from planner import catalog
 from planner.perf import timing
-from planner.perf.timing import GpuPerf, step_time_s
+from planner.perf.hardware import GpuPerf, utilization_mid
+from planner.perf.timing import step_time_s
 from planner.validate import throughput as T
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured_throughput_amd.csv"
@@ -93,7 +94,7 @@ def test_band_covers_the_measured_runs(card_runs):
         assert gpu.utilization_low <= hfu <= gpu.utilization_high, (row["id"], hfu)
         # The same, as the planner prices the band's ends: the slow end is slower than the run
         # and the fast end faster (kernel speeds follow the utilisation, as in GpuPerf.of).
-        share, mid = recompute_share(row), timing.utilization_mid(gpu)
+        share, mid = recompute_share(row), utilization_mid(gpu)
         assert tokens_per_s(case, gpu.utilization_low, share, mid) <= case.measured <= tokens_per_s(
             case, gpu.utilization_high, share, mid), row["id"]
 
@@ -102,10 +103,10 @@ def test_middle_is_the_measured_median(card_runs):
     card, runs = card_runs
     gpu = catalog.get_gpu(card)
     median = statistics.median(hfu for *_, hfu in runs)
-    assert timing.utilization_mid(gpu) == pytest.approx(median, rel=0.01)
-    assert timing.utilization_mid(gpu) < timing.FITTED.gemm_hfu  # below the measured NVIDIA cards
+    assert utilization_mid(gpu) == pytest.approx(median, rel=0.01)
+    assert utilization_mid(gpu) < timing.FITTED.gemm_hfu  # below the measured NVIDIA cards
     # Band width as the measured NVIDIA cards'.
-    assert gpu.utilization_high / timing.utilization_mid(gpu) == pytest.approx(NVIDIA_BAND_FACTOR, rel=0.01)
+    assert gpu.utilization_high / utilization_mid(gpu) == pytest.approx(NVIDIA_BAND_FACTOR, rel=0.01)
 
 
 def test_mi325x_is_not_the_mi300x_band():
@@ -124,7 +125,7 @@ if __name__ == "__main__":
               f"{statistics.median(counted):.4f} (range {min(counted):.4f}-{max(counted):.4f}); as the "
               f"validation reads the rows: median {statistics.median(read):.4f} (range {min(read):.4f}-"
               f"{max(read):.4f}); catalog band {gpu.utilization_low}-{gpu.utilization_high} (middle "
-              f"{timing.utilization_mid(gpu):.4f})")
+              f"{utilization_mid(gpu):.4f})")
         for row, case, r, h in runs:
             print(f"  id {row['id']:>4} {case.gpus:>3} GPUs cp {case.x['cp']} recompute "
                   f"{recompute_share(row):.3f} measured {case.measured:7.1f} tok/s/GPU  HFU {r:.4f} as read, "

@@ -26,7 +26,8 @@ import numpy as np
 
 from planner.core.arrays import unique_rows
 from planner.core.units import zero_degree
-from planner.perf.timing import JOB_STARTUP_S, billed_gpus, model_flops, step_time_s
+from planner.perf.flops import model_flops
+from planner.perf.timing import JOB_STARTUP_S, billed_gpus, step_time_s
 from planner.search.cpsat import (
     TIER_WEIGHT,
     Limits,

@@ -16,7 +16,9 @@ from planner.core.errors import InputError
 from planner.core.specs import DEFAULT_MAX_GPUS, Scenario
 from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS
 from planner.memory.estimate import estimate_resolved
-from planner.perf.timing import GpuPerf, billed_gpus, job_cost_usd, job_time_s, model_flops, step_time_s
+from planner.perf.flops import model_flops
+from planner.perf.hardware import GpuPerf
+from planner.perf.timing import billed_gpus, job_cost_usd, job_time_s, step_time_s
 from planner.scenario.legality import pp_gpu_fault, stack_runs, tp_gpu_fault
 from planner.scenario.resolve import resolve
 from planner.search.cpsat import budget_units, cost_units, deadline_ms, time_ms

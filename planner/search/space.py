@@ -38,13 +38,13 @@ from planner.memory.breakdown import (
 )
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
+from planner.perf.flops import model_flops
+from planner.perf.hardware import GpuPerf
 from planner.perf.timing import (
-    GpuPerf,
     billed_gpus,
     default_global_batch,
     job_cost_usd,
     job_time_s,
-    model_flops,
     step_time_s,
 )
 from planner.scenario.legality import (

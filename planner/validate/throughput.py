@@ -30,7 +30,9 @@ from planner.core.arch import LORA_TARGETS, exact_lora_params, has_full_architec
 from planner.core.errors import InputError
 from planner.core.specs import GpuSpec, ModelSpec
 from planner.perf import timing
-from planner.perf.timing import PRIOR, GpuPerf, ModelFlops, TimeParams, model_flops, step_time_s
+from planner.perf.flops import ModelFlops, model_flops
+from planner.perf.hardware import GpuPerf
+from planner.perf.timing import PRIOR, TimeParams, step_time_s
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, figures, recorded
 from planner.validate.rows import Unmodelable, model_of, read_csv
 from planner.validate.sharding import zero_stage_of
