@@ -113,7 +113,8 @@ def test_one_tensor_at_a_time_adamw_explains_the_7b_peak():
 def test_an_algorithm_the_planner_does_not_model_is_not_read_as_supervised():
     """Post-training rows of GRPO, PPO, KTO or SimPO runs stay unpredicted (no before value is
     recorded for them) until their algorithm is modelled; DPO rows are predicted."""
-    from planner.validate.rows import Unmodelable, scenario_of
+    from planner.validate.cells import Unmodelable
+    from planner.validate.rows import scenario_of
 
     rows = {r["id"]: r for r in _rows(DATA / "measured_posttrain_memory.csv")}
     kinds = {r["algorithm"] for r in rows.values()}

@@ -34,7 +34,8 @@ from planner.perf.flops import ModelFlops, model_flops
 from planner.perf.hardware import GpuPerf
 from planner.perf.timing import PRIOR, TimeParams, step_time_s
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, figures, recorded
-from planner.validate.rows import Unmodelable, model_of, read_csv
+from planner.validate.cells import Unmodelable, read_csv
+from planner.validate.rows import model_of
 from planner.validate.sharding import zero_stage_of
 
 REQUIRED_COLUMNS = ("id", "source", "model", "planner_model", "method", "planner_gpu", "gpus", "tp",
