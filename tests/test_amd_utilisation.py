@@ -24,6 +24,7 @@ from planner.perf import timing
 from planner.perf.hardware import GpuPerf, utilization_mid
 from planner.perf.timing import step_time_s
 from planner.validate import throughput as T
+from planner.validate import throughput_cases as C
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured_throughput_amd.csv"
 AMD_CARDS = ("mi300x", "mi325x")
@@ -37,7 +38,7 @@ def recompute_share(row: dict[str, str]) -> float:
     return int(found.group(1)) / int(found.group(2)) if found else 0.0
 
 
-def tokens_per_s(case: T.ThroughputCase, hfu: float, share: float, middle: float | None = None) -> float:
+def tokens_per_s(case: C.ThroughputCase, hfu: float, share: float, middle: float | None = None) -> float:
     """The time model's tokens/s per GPU for a run at tensor-core utilisation ``hfu``, ``share`` of
     its layers recomputed, with the fitted constants, priced as the planner prices a card
     (``GpuPerf.of``, ``step_time_s``). ``middle``: the band's middle when ``hfu`` is one of its
@@ -54,7 +55,7 @@ def tokens_per_s(case: T.ThroughputCase, hfu: float, share: float, middle: float
     return plain if share == 0.0 else 1.0 / ((1.0 - share) / plain + share / rate(2))
 
 
-def implied_hfu(case: T.ThroughputCase, share: float) -> float:
+def implied_hfu(case: C.ThroughputCase, share: float) -> float:
     """The utilisation at which the time model reproduces the measured tokens/s (bisection)."""
     lo, hi = 0.05, 1.5
     for _ in range(50):
@@ -63,12 +64,12 @@ def implied_hfu(case: T.ThroughputCase, share: float) -> float:
     return (lo * hi) ** 0.5
 
 
-def amd_runs(card: str) -> list[tuple[dict[str, str], T.ThroughputCase, float, float]]:
+def amd_runs(card: str) -> list[tuple[dict[str, str], C.ThroughputCase, float, float]]:
     """(row, case, implied HFU as the validation reads the row, implied HFU with its recompute)."""
     rows = [r for r in T.read_rows(DATA) if r["planner_gpu"].strip() == card]
     out = []
     for row in rows:
-        case = T.case_of(row)  # raises Unmodelable: every AMD row must be modelled
+        case = C.case_of(row)  # raises Unmodelable: every AMD row must be modelled
         out.append((row, case, implied_hfu(case, 0.0), implied_hfu(case, recompute_share(row))))
     return out
 
