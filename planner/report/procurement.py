@@ -15,7 +15,8 @@ import pandas as pd
 from planner.catalog.prices import is_stale_date
 from planner.fleet.job_options import option_plan
 from planner.fleet.portfolio import HOURS_PER_MONTH
-from planner.fleet.procure import ProcureResult, as_date
+from planner.fleet.problem import as_date
+from planner.fleet.procure import ProcureResult
 
 
 @dataclass
