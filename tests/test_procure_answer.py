@@ -212,7 +212,7 @@ def two_jobs():
 def test_small_portfolios_answer_within_the_baselines_in_usd(two_jobs, data):
     from planner.fleet.generation import Generation
     from planner.fleet.portfolio import Portfolio
-    from planner.fleet.procure import ProcureResult
+    from planner.fleet.result import ProcureResult
     from planner.report.procurement import tables
 
     jobs, opts, types, table = two_jobs

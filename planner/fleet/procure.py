@@ -35,17 +35,17 @@ billed GPUs × time.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from planner.core.errors import InputError
-from planner.fleet.answer import MIN_SOLVER_S, Answer, solve_instance
-from planner.fleet.cpsat import FleetSolution, SolveLimit
-from planner.fleet.generation import Generation, generate_options
+from planner.fleet.answer import MIN_SOLVER_S, solve_instance
+from planner.fleet.cpsat import SolveLimit
+from planner.fleet.generation import generate_options
 from planner.fleet.offers import build_offers, load_tables, priced_types
 from planner.fleet.portfolio import load_portfolio
-from planner.fleet.problem import Problem, build_problem, unplaceable
+from planner.fleet.problem import build_problem, unplaceable
+from planner.fleet.result import ProcureResult
 
 #: Share of the time limit that candidate generation may use before the solver starts (measured
 #: from the call's start; every job's coarse candidates are built even past it).
@@ -56,39 +56,6 @@ GENERATION_SHARE = 0.5
 RESERVE_S = 1.0
 RESERVE_S_PER_RUN = 0.01
 RESERVE_SHARE = 0.2
-
-
-@dataclass
-class ProcureResult:
-    problem: Problem
-    answer: Answer | None  # None when infeasible
-    generation: Generation
-    limit: SolveLimit
-    problems: list[str] = field(default_factory=list)  # infeasible: which job cannot run, and why
-
-    @property
-    def status(self) -> str:
-        return "infeasible" if self.answer is None else self.answer.status
-
-    @property
-    def solution(self) -> FleetSolution:
-        return self.answer.solution if self.answer else FleetSolution("infeasible", None, None, [], [], 0.0)
-
-    @property
-    def naive(self) -> FleetSolution:
-        return self.answer.naive if self.answer else FleetSolution("infeasible", None, None, [], [], 0.0)
-
-    @property
-    def naive_notes(self) -> list[str]:
-        return self.answer.naive_notes if self.answer else []
-
-    @property
-    def rent_all_cents(self) -> int | None:
-        return None if not self.answer or self.answer.rent_all is None else self.answer.rent_all.objective_cents
-
-    @property
-    def generation_s(self) -> float:
-        return self.generation.seconds
 
 
 def procure_data(data: Any, *, time_limit_s: float | None = None, workers: int | None = None) -> ProcureResult:
