@@ -33,7 +33,7 @@ def kind_of(name: str) -> str:
 
 def summary(run: dict, result: dict) -> dict:
     from planner import catalog
-    from planner.perf.timing import model_flops
+    from planner.perf.flops import model_flops
 
     mf = model_flops(catalog.get_model(run["model"]))
     tokens = run["seq_len"] * run["micro_batch"]

@@ -20,13 +20,16 @@ from planner.scenario.files import deep_merge, read_scenario_file, scenario_from
 from planner.scenario.resolve import resolve
 
 if TYPE_CHECKING:
+    from planner.fleet.result import ProcureResult
     from planner.search.results import Plan, PlanResult
 
-__all__ = ["Estimate", "InputError", "Plan", "PlanResult", "Scenario", "batch", "estimate", "plan", "procure"]
+__all__ = ["Estimate", "InputError", "Plan", "PlanResult", "ProcureResult", "Scenario", "batch", "estimate", "plan",
+           "procure"]
 __version__ = "0.1.0"
 
 #: Names imported on first use: the search and its solver load only when a plan is asked for.
-_LAZY = {"Plan": "planner.search.results", "PlanResult": "planner.search.results"}
+_LAZY = {"Plan": "planner.search.results", "PlanResult": "planner.search.results",
+         "ProcureResult": "planner.fleet.result"}
 
 
 def __getattr__(name: str) -> Any:
@@ -110,10 +113,12 @@ def batch(*paths: str | Path, top: int = 1, workers: int | None = None, prices: 
     return run.frame
 
 
-def procure(portfolio: str | Path, *, time_limit_s: float | None = None, workers: int | None = None):
-    """The fleet to buy or rent for a portfolio file, the schedule and the costs
-    (:class:`planner.report.procurement.ProcureTables`: summary, fleet, schedule, costs, compare)."""
+def procure(portfolio: str | Path, *, time_limit_s: float | None = None,
+            workers: int | None = None) -> ProcureResult:
+    """The fleet to buy or rent for a portfolio file, when each job runs, and the costs: a
+    :class:`ProcureResult` (``status``, ``total_usd``, ``fleet``, ``schedule``, ``costs``,
+    ``buy_vs_rent``; ``to_frame()``: one row per scheduled run). The tables ``planner procure``
+    prints are ``planner.report.procurement.tables(result)``."""
     from planner.fleet.procure import procure as run
-    from planner.report.procurement import tables
 
-    return tables(run(portfolio, time_limit_s=time_limit_s, workers=workers))
+    return run(portfolio, time_limit_s=time_limit_s, workers=workers)

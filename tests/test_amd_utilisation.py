@@ -21,8 +21,10 @@ import pytest
 
 from planner import catalog
 from planner.perf import timing
-from planner.perf.timing import GpuPerf, step_time_s
+from planner.perf.hardware import GpuPerf, utilization_mid
+from planner.perf.timing import step_time_s
 from planner.validate import throughput as T
+from planner.validate import throughput_cases as C
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured_throughput_amd.csv"
 AMD_CARDS = ("mi300x", "mi325x")
@@ -36,7 +38,7 @@ def recompute_share(row: dict[str, str]) -> float:
     return int(found.group(1)) / int(found.group(2)) if found else 0.0
 
 
-def tokens_per_s(case: T.ThroughputCase, hfu: float, share: float, middle: float | None = None) -> float:
+def tokens_per_s(case: C.ThroughputCase, hfu: float, share: float, middle: float | None = None) -> float:
     """The time model's tokens/s per GPU for a run at tensor-core utilisation ``hfu``, ``share`` of
     its layers recomputed, with the fitted constants, priced as the planner prices a card
     (``GpuPerf.of``, ``step_time_s``). ``middle``: the band's middle when ``hfu`` is one of its
@@ -53,7 +55,7 @@ def tokens_per_s(case: T.ThroughputCase, hfu: float, share: float, middle: float
     return plain if share == 0.0 else 1.0 / ((1.0 - share) / plain + share / rate(2))
 
 
-def implied_hfu(case: T.ThroughputCase, share: float) -> float:
+def implied_hfu(case: C.ThroughputCase, share: float) -> float:
     """The utilisation at which the time model reproduces the measured tokens/s (bisection)."""
     lo, hi = 0.05, 1.5
     for _ in range(50):
@@ -62,12 +64,12 @@ def implied_hfu(case: T.ThroughputCase, share: float) -> float:
     return (lo * hi) ** 0.5
 
 
-def amd_runs(card: str) -> list[tuple[dict[str, str], T.ThroughputCase, float, float]]:
+def amd_runs(card: str) -> list[tuple[dict[str, str], C.ThroughputCase, float, float]]:
     """(row, case, implied HFU as the validation reads the row, implied HFU with its recompute)."""
     rows = [r for r in T.read_rows(DATA) if r["planner_gpu"].strip() == card]
     out = []
     for row in rows:
-        case = T.case_of(row)  # raises Unmodelable: every AMD row must be modelled
+        case = C.case_of(row)  # raises Unmodelable: every AMD row must be modelled
         out.append((row, case, implied_hfu(case, 0.0), implied_hfu(case, recompute_share(row))))
     return out
 
@@ -93,7 +95,7 @@ def test_band_covers_the_measured_runs(card_runs):
         assert gpu.utilization_low <= hfu <= gpu.utilization_high, (row["id"], hfu)
         # The same, as the planner prices the band's ends: the slow end is slower than the run
         # and the fast end faster (kernel speeds follow the utilisation, as in GpuPerf.of).
-        share, mid = recompute_share(row), timing.utilization_mid(gpu)
+        share, mid = recompute_share(row), utilization_mid(gpu)
         assert tokens_per_s(case, gpu.utilization_low, share, mid) <= case.measured <= tokens_per_s(
             case, gpu.utilization_high, share, mid), row["id"]
 
@@ -102,10 +104,10 @@ def test_middle_is_the_measured_median(card_runs):
     card, runs = card_runs
     gpu = catalog.get_gpu(card)
     median = statistics.median(hfu for *_, hfu in runs)
-    assert timing.utilization_mid(gpu) == pytest.approx(median, rel=0.01)
-    assert timing.utilization_mid(gpu) < timing.FITTED.gemm_hfu  # below the measured NVIDIA cards
+    assert utilization_mid(gpu) == pytest.approx(median, rel=0.01)
+    assert utilization_mid(gpu) < timing.FITTED.gemm_hfu  # below the measured NVIDIA cards
     # Band width as the measured NVIDIA cards'.
-    assert gpu.utilization_high / timing.utilization_mid(gpu) == pytest.approx(NVIDIA_BAND_FACTOR, rel=0.01)
+    assert gpu.utilization_high / utilization_mid(gpu) == pytest.approx(NVIDIA_BAND_FACTOR, rel=0.01)
 
 
 def test_mi325x_is_not_the_mi300x_band():
@@ -124,7 +126,7 @@ if __name__ == "__main__":
               f"{statistics.median(counted):.4f} (range {min(counted):.4f}-{max(counted):.4f}); as the "
               f"validation reads the rows: median {statistics.median(read):.4f} (range {min(read):.4f}-"
               f"{max(read):.4f}); catalog band {gpu.utilization_low}-{gpu.utilization_high} (middle "
-              f"{timing.utilization_mid(gpu):.4f})")
+              f"{utilization_mid(gpu):.4f})")
         for row, case, r, h in runs:
             print(f"  id {row['id']:>4} {case.gpus:>3} GPUs cp {case.x['cp']} recompute "
                   f"{recompute_share(row):.3f} measured {case.measured:7.1f} tok/s/GPU  HFU {r:.4f} as read, "

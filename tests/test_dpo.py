@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from planner.cli.main import app
 from planner.core.arch import param_counts
 from planner.memory.estimate import estimate_resolved
-from planner.perf import timing
+from planner.perf import flops, hardware, timing
 from planner.scenario.resolve import resolve
 from planner.search.answer import plan_raw
 
@@ -63,8 +63,8 @@ def test_reference_offloaded_with_the_weights():
 def test_reference_forward_time():
     """The reference policy's forward adds 2N FLOPs per token, the forward third of the
     attention and of the element-wise traffic; nothing else."""
-    mf = timing.model_flops(resolve({"model": "llama-3.1-8b"}).model)
-    perf = timing.GpuPerf.of(resolve({"model": "llama-3.1-8b", "layout": {"gpu": "h100"}}).gpu)
+    mf = flops.model_flops(resolve({"model": "llama-3.1-8b"}).model)
+    perf = hardware.GpuPerf.of(resolve({"model": "llama-3.1-8b", "layout": {"gpu": "h100"}}).gpu)
     x = {"method": 1, "checkpointing": 0, "offload": 0, "zero": 0, "seq_len": 2048, "micro_batch": 4,
          "grad_accum": 1, "tp": 1, "pp": 1, "cp": 1, "dp": 1, "ep": 1, "n_lora": 4e7}
     p = timing.FITTED
@@ -73,8 +73,8 @@ def test_reference_forward_time():
     tokens = 4 * 2048
     eff = float(timing.microbatch_efficiency(tokens, p.microbatch_half_tokens))
     rate = perf.peak_flops * perf.utilization
-    lin = timing.FORWARD_FLOPS_PER_PARAM * mf.active_params * tokens / rate / eff
-    att = (float(timing.attention_flops_per_token(mf, seq_len=2048, checkpointing=0)) / 3 * tokens / rate / eff
+    lin = flops.FORWARD_FLOPS_PER_PARAM * mf.active_params * tokens / rate / eff
+    att = (float(flops.attention_flops_per_token(mf, seq_len=2048, checkpointing=0)) / 3 * tokens / rate / eff
            / p.attention_efficiency)
     elem = p.elementwise_vectors / 3 * 2 * mf.hidden * tokens * mf.layers / perf.memory_bps / perf.kernel_speed
     assert ref - base == pytest.approx(lin + att + elem, rel=1e-6)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-from planner.fleet import procure as procure_mod
+from planner.fleet.answer import solve_instance
 from planner.fleet.cpsat import (
     Choice,
     FleetInstance,
@@ -30,7 +30,8 @@ from planner.fleet.cpsat import (
     objective_of,
     trim,
 )
-from planner.fleet.procure import solve_instance
+from planner.fleet.offers import build_offers
+from planner.fleet.problem import build_problem, unplaceable
 
 DET = SolveLimit(deterministic=5.0, workers=1)
 
@@ -209,8 +210,9 @@ def two_jobs():
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_small_portfolios_answer_within_the_baselines_in_usd(two_jobs, data):
+    from planner.fleet.generation import Generation
     from planner.fleet.portfolio import Portfolio
-    from planner.fleet.procure import Generation, ProcureResult, build_offers, build_problem
+    from planner.fleet.result import ProcureResult
     from planner.report.procurement import tables
 
     jobs, opts, types, table = two_jobs
@@ -228,7 +230,7 @@ def test_small_portfolios_answer_within_the_baselines_in_usd(two_jobs, data):
         "power_usd_per_gpu_hour": data.draw(st.sampled_from([0.0, 0.14, 0.5])),
         "hosting_usd_per_gpu_hour": data.draw(st.sampled_from([0.0, 0.2, 1.0]))})
     problem = build_problem(p, runs, opts, table, build_offers(p, table))
-    if procure_mod.unplaceable(problem):
+    if unplaceable(problem):
         return
     limit = SolveLimit(deterministic=2.0, workers=1)
     ans = solve_instance(problem.inst, problem.names, limit)
@@ -303,7 +305,7 @@ def test_baseboard_gpus_cost_a_whole_server_and_pcie_cards_a_host():
     own = load_ownership()
     table = load_price_table().overlay(own.card_prices())
     p = Portfolio.model_validate({"horizon_days": 30, "jobs": [{"name": "a", "scenario": {}}]})
-    offers = procure_mod.build_offers(p, table)
+    offers = build_offers(p, table)
     h100 = offers["h100-sxm-80gb"]
     assert h100.unit_gpus == 8 and h100.unit_usd == own.servers["h100-sxm-80gb"].usd and h100.units_per_host == 0
     mi300x = offers["mi300x"]  # priced as a baseboard: plus the host part
@@ -313,7 +315,7 @@ def test_baseboard_gpus_cost_a_whole_server_and_pcie_cards_a_host():
     assert rtx.unit_gpus == 1 and rtx.purchase.usd == own.cards["rtx-4090"].usd and rtx.purchase.date is not None
     assert rtx.units_per_host > 0 and rtx.host_usd == pytest.approx(rtx.units_per_host * own.pcie_host_per_slot.usd)
     # A price file's card price replaces the server quote: gpus × card + the host part
-    user = procure_mod.build_offers(p, table, frozenset({"h100-sxm-80gb"}))
+    user = build_offers(p, table, frozenset({"h100-sxm-80gb"}))
     assert user["h100-sxm-80gb"].unit_usd == 8 * table.usd("h100-sxm-80gb", "purchase") + own.baseboard_host.usd
 
 

@@ -13,6 +13,7 @@ from conftest import ROOT
 
 from planner.perf import timing
 from planner.validate import throughput as T
+from planner.validate import throughput_cases as C
 from planner.validate.before import MEMORY_COLUMN, THROUGHPUT_COLUMN
 from planner.validate.record import SOURCE_COLUMN
 from planner.validate.score import validate_file as validate_memory
@@ -77,11 +78,11 @@ def test_an_unstated_accumulation_is_what_the_global_batch_implies():
     192 micro-batches per step, not one (which charged a pipeline of 8 its whole fill and drain)."""
     row = next(r for r in _rows(THROUGHPUT) if r["source"] == "megascale-2024" and r["gpus"] == "256")
     assert row["grad_accum"] == row["micro_batch"] == ""
-    case = T.case_of(row)
+    case = C.case_of(row)
     assert case.x["micro_batch"] == 1 and case.x["grad_accum"] == 768 // 4
     assert case.tokens_per_step == 768 * int(row["seq_len"])
     stated = dict(row, grad_accum="1")
-    assert T.case_of(stated).x["grad_accum"] == 1  # a stated value wins
+    assert C.case_of(stated).x["grad_accum"] == 1  # a stated value wins
 
 
 def test_held_out_rows_are_scored_but_never_fitted():
@@ -113,7 +114,8 @@ def test_one_tensor_at_a_time_adamw_explains_the_7b_peak():
 def test_an_algorithm_the_planner_does_not_model_is_not_read_as_supervised():
     """Post-training rows of GRPO, PPO, KTO or SimPO runs stay unpredicted (no before value is
     recorded for them) until their algorithm is modelled; DPO rows are predicted."""
-    from planner.validate.rows import Unmodelable, scenario_of
+    from planner.validate.cells import Unmodelable
+    from planner.validate.rows import scenario_of
 
     rows = {r["id"]: r for r in _rows(DATA / "measured_posttrain_memory.csv")}
     kinds = {r["algorithm"] for r in rows.values()}
@@ -134,12 +136,12 @@ def test_a_one_tensor_at_a_time_step_is_charged_its_launches():
     row under foreach is charged none, and the launch floor then fits at 4 ms per layer, inside
     its range rather than at its bound."""
     rows = {r["id"]: r for r in _rows(DATA / "measured_throughput_h200_time3.csv")}
-    full, lora = T.case_of(rows["G301"]), T.case_of(rows["G304"])
+    full, lora = C.case_of(rows["G301"]), C.case_of(rows["G304"])
     per = timing.FOR_LOOP_LAUNCHES_PER_TENSOR * timing.HOST_S_PER_LAUNCH
     assert full.x["optimizer_host_s"] == pytest.approx((30 * 9 + 3) * per)
     assert lora.x["optimizer_host_s"] == pytest.approx(30 * 7 * 2 * per)
     foreach = {r["id"]: r for r in _rows(DATA / "measured_throughput_h200_time4.csv")}["G401"]
-    assert T.case_of(foreach).x["optimizer_host_s"] == 0.0
+    assert C.case_of(foreach).x["optimizer_host_s"] == 0.0
     lo, hi = T.FIT_BOUNDS["launch_s_per_layer"]
     assert lo < timing.FITTED.launch_s_per_layer < 0.9 * hi
 

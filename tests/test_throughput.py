@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from planner.cli.main import app
 from planner.perf import timing
 from planner.validate import throughput as T
+from planner.validate import throughput_cases as C
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured_throughput.csv"
 H200 = [DATA.with_name("measured_throughput_h200.csv"), DATA.with_name("measured_throughput_h200_time.csv")]
@@ -87,7 +88,7 @@ def test_h200_rows_before_and_now():
 
 def test_h200_rows_read_as_they_ran():
     rows = {r["id"]: r for r in T.read_rows(H200[1])}
-    full, fp32, bf16 = (T.case_of(rows[i]) for i in ("G101", "G102", "G103"))
+    full, fp32, bf16 = (C.case_of(rows[i]) for i in ("G101", "G102", "G103"))
     # "no compile" is not torch.compile
     assert full.x["fused"] == 0 and fp32.x["fused"] == 0
     # torch's foreach AdamW over BF16 states: 20 passes of 2 bytes at the measured bandwidth share
@@ -98,7 +99,7 @@ def test_h200_rows_read_as_they_ran():
     assert bf16.x["adapter_bytes"] == pytest.approx(width * 19.0)
     # a published row that states nothing keeps the fused FP32 step and 16-bit adapters
     pub = {r["id"]: r for r in T.read_rows(DATA)}
-    lora = T.case_of(pub["78"])
+    lora = C.case_of(pub["78"])
     assert lora.x["optimizer_bytes"] == timing.OPTIMIZER_BYTES_PER_PARAM
     assert lora.x["adapter_bytes"] == pytest.approx(lora.x["n_lora"] / 16 * 19.0)
 
@@ -107,18 +108,18 @@ def test_h200_rows_read_as_they_ran():
                                          ("compile: off", False), ("without torch.compile", False),
                                          ("torch.compile on", True), ("+packed +compile", True)])
 def test_compile_read_with_its_negations(text, fused):
-    assert T._fused({"source": "x", "precision": "bf16", "notes": text}) is fused
+    assert C._fused({"source": "x", "precision": "bf16", "notes": text}) is fused
 
 
 def test_rows_read_as_their_recipes():
     rows = {r["id"]: r for r in T.read_rows(DATA)}
-    mb = T.case_of(rows["66"])  # Megatron-Bridge 405B: distributed optimizer, not FSDP; VP 8
+    mb = C.case_of(rows["66"])  # Megatron-Bridge 405B: distributed optimizer, not FSDP; VP 8
     assert mb.x["zero"] == 1 and mb.x["vp"] == 8 and mb.x["fp8"] == 1 and mb.x["fused"] == 1
-    auto = T.case_of(rows["74"])  # AutoModel: local batch 8 of micro-batches of 1; EP 64
+    auto = C.case_of(rows["74"])  # AutoModel: local batch 8 of micro-batches of 1; EP 64
     assert auto.x["micro_batch"] == 1 and auto.x["grad_accum"] == 32 and auto.x["ep"] == 64
-    old = T.case_of(rows["121"])  # Megatron-LM 2021 on V100: no fused attention
+    old = C.case_of(rows["121"])  # Megatron-LM 2021 on V100: no fused attention
     assert old.x["attention"] == 0
-    assert T.case_of(rows["43"]).x["quant"] == 1  # GPTQ base: dequantised like NF4
+    assert C.case_of(rows["43"]).x["quant"] == 1  # GPTQ base: dequantised like NF4
 
 
 def test_cli_throughput_json():

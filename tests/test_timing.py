@@ -9,17 +9,15 @@ import pytest
 import planner
 from planner import catalog
 from planner.perf import timing
+from planner.perf.flops import CAUSAL_SHARE, flops_per_token, model_flops
+from planner.perf.hardware import GpuPerf, group_collective_s, utilization_mid
 from planner.perf.timing import (
     COMM_OVERLAP_SHARE,
     DEQUANT_BYTES_PER_PARAM,
     FITTED,
     JOB_STARTUP_S,
-    GpuPerf,
     default_global_batch,
-    flops_per_token,
-    group_collective_s,
     job_time_s,
-    model_flops,
     step_time_s,
 )
 
@@ -38,7 +36,7 @@ def test_one_utilisation_recompute_charged_once():
     utilisation is hardware-FLOPs utilisation, the same number with or without recompute."""
     f0 = float(flops_per_token(MF, method=0, seq_len=4096, checkpointing=0))
     f2 = float(flops_per_token(MF, method=0, seq_len=4096, checkpointing=2))
-    attn = 12 * timing.CAUSAL_SHARE * MF.layers * 4096 * MF.attn_width
+    attn = 12 * CAUSAL_SHARE * MF.layers * 4096 * MF.attn_width
     assert f2 - f0 == pytest.approx(2 * MF.active_params + attn / 3)
     # Compute-bound: time grows by the FLOPs ratio at most (the memory-bound forward repeats too).
     ratio = step(checkpointing=2) / step()
@@ -48,9 +46,9 @@ def test_one_utilisation_recompute_charged_once():
 def test_catalog_utilisation_is_the_fitted_one():
     """The catalog's band middle for measured cards is the fitted HFU of the tensor-core work."""
     for name in ("h100", "a100-80gb", "v100-16gb", "b200"):
-        assert timing.utilization_mid(catalog.get_gpu(name)) == pytest.approx(FITTED.gemm_hfu, rel=0.01)
+        assert utilization_mid(catalog.get_gpu(name)) == pytest.approx(FITTED.gemm_hfu, rel=0.01)
     mi = catalog.get_gpu("mi300x")  # AMD: its own measured band (tests/test_amd_utilisation.py)
-    assert timing.utilization_mid(mi) < FITTED.gemm_hfu
+    assert utilization_mid(mi) < FITTED.gemm_hfu
     assert "measured_throughput_amd.csv" in mi.utilization_source
 
 

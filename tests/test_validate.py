@@ -215,7 +215,8 @@ def test_hugging_face_fsdp_loops_accumulate_unsharded(framework, cell, accum, un
 
 
 def test_unknown_recipe_cells_are_unmodelled_not_guessed():
-    from planner.validate.rows import Unmodelable, scenario_of
+    from planner.validate.cells import Unmodelable
+    from planner.validate.rows import scenario_of
 
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))

@@ -14,7 +14,7 @@ import planner
 from planner import catalog
 from planner.cli.main import app
 from planner.memory.estimate import FIT_MARGIN, SEED_RESERVE, usable_bytes
-from planner.validate.rows import Unmodelable
+from planner.validate.cells import Unmodelable
 from planner.validate.verdicts import capacity_of, catalog_model, judge_row, read_rows, validate_verdicts
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -197,7 +197,7 @@ def procure(
 
 def _solve_portfolio(portfolio: Path, time_limit: float | None, workers: int | None):
     """The procurement answer; exit 2 on invalid input, 3 when no answer passed the check."""
-    from planner.fleet.procure import CheckFailed
+    from planner.fleet.answer import CheckFailed
     from planner.fleet.procure import procure as run_procure
 
     try:

@@ -4,6 +4,8 @@ Pure formulas on numpy arrays or scalars (the search evaluates many layouts at o
 plan is the same code on scalars). Every constant is named here with its source; the few that
 were fitted to measured runs say so, with the fitted value and the data
 (``planner validate --kind throughput data/measured_throughput.csv`` refits and scores them).
+The FLOPs a token costs are planner.perf.flops; a GPU's figures and the collectives over its
+links, planner.perf.hardware.
 
 **One definition of utilisation.** ``utilization`` (the catalog's ``utilization_low/high``
 band, its geometric middle used by default) is the *hardware-FLOPs utilisation of the
@@ -26,31 +28,22 @@ from typing import Any
 
 import numpy as np
 
-from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
 from planner.core.codes import FULL, QLORA
-from planner.core.specs import GpuSpec, ModelSpec
 from planner.core.units import nodes_for, zero_degree
+from planner.perf.flops import (
+    CAUSAL_SHARE,
+    FORWARD_FLOPS_PER_PARAM,
+    FORWARD_SHARE,
+    ModelFlops,
+    attention_flops_per_token,
+    expert_active_share,
+    linear_flops_per_token,
+)
+from planner.perf.hardware import GpuPerf, group_collective_s, ring_allreduce_s
 
 # --------------------------------------------------------------------------------------------
 # Named constants (physics and stated priors)
 
-#: Weight FLOPs per parameter per token: 6 for full training (forward 2, backward 4: activation
-#: and weight gradients); 4 for LoRA/QLoRA, whose frozen base needs no weight gradients
-#: (catalog-facts §9); +2 with full recomputation (the forward runs twice).
-FULL_FLOPS_PER_PARAM = 6.0
-ADAPTER_FLOPS_PER_PARAM = 4.0
-RECOMPUTE_FLOPS_PER_PARAM = 2.0
-#: A forward alone: 2 FLOPs per parameter and token (DPO's reference policy), and its share of a
-#: training step's attention FLOPs and element-wise traffic (forward 1, backward 2).
-FORWARD_FLOPS_PER_PARAM = 2.0
-FORWARD_SHARE = 1.0 / 3.0
-#: Attention-score FLOPs per token and layer, forward + backward, for the full s×s square:
-#: 12·s·d (QKᵀ and AV, 2·s·d each forward, backward twice that; d = heads·head_dim;
-#: Narayanan et al. 2021). Causal kernels (FlashAttention, SDPA, cuDNN) skip the masked half:
-#: :data:`CAUSAL_SHARE` of it is executed. The forward alone is a third (recomputed once by
-#: full or selective checkpointing).
-ATTENTION_FLOPS_COEFF = 12.0
-CAUSAL_SHARE = 0.5
 #: Memory-bound element-wise work per token and layer, in units of one hidden vector of 16-bit
 #: values (2·d bytes) read or written, forward + backward: RMSNorm/LayerNorm, SwiGLU/GELU,
 #: residual adds, rotary, dropout, casts. A count of the tensors each op touches gives ≈ 60–90
@@ -131,11 +124,6 @@ ADAPTER_BYTES_PER_WIDTH = {"compute": 19.0, "fp32": 76.0}
 def adapter_bytes_per_token(n_lora: float, rank: int, adapter_dtype: str) -> float:
     """Adapter traffic per token (bytes), from the adapted width n_lora / rank."""
     return n_lora / max(rank, 1) * ADAPTER_BYTES_PER_WIDTH[adapter_dtype]
-#: Bandwidth assumed where the catalog has none: PCIe 4.0 x16 (~25 GB/s usable per direction)
-#: inside a node, 100 Gb/s Ethernet (12.5 GB/s) between nodes, and 1 TB/s device memory.
-DEFAULT_INTRA_NODE_GBPS = 25.0
-DEFAULT_INTER_NODE_GBPS = 12.5
-DEFAULT_MEMORY_GBPS = 1000.0
 #: Host link for offload traffic: PCIe 4.0 x16, ~25 GB/s per direction (PCI-SIG spec, 2 GB/s
 #: per lane raw, minus protocol overhead).
 PCIE_HOST_GBPS = 25.0
@@ -259,141 +247,11 @@ FITTED = TimeParams(
 )
 
 
-@dataclass(frozen=True)
-class ModelFlops:
-    """Per-token FLOP counts and sizes of one model (scalars)."""
-
-    params: float  # N (total)
-    active_params: float  # N used per token (MoE: active experts only)
-    layers: int
-    hidden: int
-    attn_width: int  # heads · head_dim
-    kv_width: int  # kv_heads · head_dim
-    moe_layers: int = 0  # layers with routed experts
-    experts_per_token: int = 0  # top-k routing
-    expert_params: float = 0.0  # routed-expert parameters (what expert parallelism shards)
-    experts: int = 0  # routed experts per MoE layer
-    heads: int = 1
-
-
-def model_flops(model: ModelSpec) -> ModelFlops:
-    n = float(total_params(model))
-    active = n
-    if has_full_architecture(model) and model.moe is not None and model.params_b is None:
-        active = float(param_counts(model).active)
-    heads = model.heads or max(1, model.hidden // 128)
-    head_dim = model.head_dim_eff or model.hidden // heads
-    kv = model.kv_heads_eff or heads
-    moe_layers = sum(1 for i in range(model.layers) if is_moe_layer(model, i))
-    return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim,
-                      moe_layers, model.moe.active if model.moe is not None else 0,
-                      float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads)
-
-
-def linear_flops_per_token(mf: ModelFlops, *, method: Any, checkpointing: Any, n_lora: Any = 0.0,
-                           saved_head: Any = 0.0) -> Any:
-    """FLOPs of the linear layers per trained token (weights, adapters, recomputed forward).
-    ``saved_head``: parameters of an LM head a LoRA run trains in full (``modules_to_save``),
-    which adds its weight gradient; a trained embedding's gradient is a scatter, no GEMM."""
-    per_param = np.where(method == FULL, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
-    recompute = np.where(checkpointing == 2, RECOMPUTE_FLOPS_PER_PARAM * mf.active_params, 0.0)
-    head_grad = np.where(method == FULL, 0.0, (FULL_FLOPS_PER_PARAM - ADAPTER_FLOPS_PER_PARAM) * saved_head)
-    return per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora + head_grad + recompute
-
-
-def attention_flops_per_token(mf: ModelFlops, *, seq_len: Any, checkpointing: Any) -> Any:
-    """Executed attention-score FLOPs per token (causal), with the recomputed forward."""
-    full = ATTENTION_FLOPS_COEFF * CAUSAL_SHARE * mf.layers * seq_len * mf.attn_width
-    return full * np.where(checkpointing >= 1, 4.0 / 3.0, 1.0)
-
-
-def expert_active_share(mf: ModelFlops) -> Any:
-    """Share of the active parameters that sit in routed experts (0 for dense models)."""
-    routed = mf.expert_params * mf.experts_per_token / np.maximum(mf.experts, 1)
-    return np.where(mf.experts > 0, routed / np.maximum(mf.active_params, 1.0), 0.0)
-
-
-def flops_per_token(mf: ModelFlops, *, method: Any, seq_len: Any, checkpointing: Any, n_lora: Any = 0.0) -> Any:
-    """Hardware FLOPs per trained token (arrays broadcast).
-
-    ``method`` code: 0 full, 1 LoRA, 2 QLoRA (see planner.memory.seed.METHODS); ``checkpointing``
-    code: 0 none, 1 selective (recomputes the attention core), 2 full (recomputes the forward).
-    """
-    return (linear_flops_per_token(mf, method=method, checkpointing=checkpointing, n_lora=n_lora)
-            + attention_flops_per_token(mf, seq_len=seq_len, checkpointing=checkpointing))
-
-
 def microbatch_efficiency(tokens_per_microbatch: Any, half_tokens: float | None = None) -> Any:
     """GEMM efficiency of small micro-batches: t/(t + t½), 1 for large ones (→ 1 from ~4K)."""
     half = FITTED.microbatch_half_tokens if half_tokens is None else half_tokens
     t = np.asarray(tokens_per_microbatch, dtype=float)
     return t / (t + half)
-
-
-@dataclass(frozen=True)
-class GpuPerf:
-    """What the time model needs of a GPU type (arrays over GPU types, or scalars)."""
-
-    peak_flops: Any  # dense 16-bit FLOP/s
-    utilization: Any  # hardware-FLOPs utilisation of the tensor-core work (module docstring)
-    intra_bps: Any  # bytes/s between GPUs of a node
-    inter_bps: Any  # bytes/s between nodes
-    gpus_per_node: Any
-    price_usd_per_hour: Any  # per GPU; NaN if unknown
-    memory_bps: Any = DEFAULT_MEMORY_GBPS * 1e9  # device memory bandwidth, bytes/s
-    peak_fp8_flops: Any = float("nan")  # dense FP8 FLOP/s; NaN where the card has none
-    #: Speed of the memory-bound kernels relative to the band's middle: u / u_mid when a
-    #: utilisation other than the middle is asked for (the band's slow and fast ends), so that the
-    #: band moves all of the GPU's own work, not only its GEMMs.
-    kernel_speed: Any = 1.0
-
-    @classmethod
-    def of(cls, gpu: GpuSpec, utilization: float | None = None) -> GpuPerf:
-        mid = utilization_mid(gpu)
-        util = utilization if utilization is not None else mid
-        price = gpu.price_on_demand_usd_per_hour
-        return cls(
-            peak_flops=(gpu.peak_tflops_16bit or 0.0) * 1e12,
-            utilization=util,
-            intra_bps=(gpu.intra_node_gbps or DEFAULT_INTRA_NODE_GBPS) * 1e9,
-            inter_bps=(gpu.inter_node_gbps or DEFAULT_INTER_NODE_GBPS) * 1e9,
-            gpus_per_node=gpu.gpus_per_node,
-            price_usd_per_hour=float("nan") if price is None else price,
-            memory_bps=(gpu.memory_bandwidth_gbps or DEFAULT_MEMORY_GBPS) * 1e9,
-            peak_fp8_flops=float("nan") if gpu.fp8_dense_tflops is None else gpu.fp8_dense_tflops * 1e12,
-            kernel_speed=util / mid,
-        )
-
-
-def utilization_mid(gpu: GpuSpec) -> float:
-    """The catalog band's middle: the geometric mean of ``utilization_low`` and ``_high``."""
-    return math.sqrt(gpu.utilization_low * gpu.utilization_high)
-
-
-def ring_allreduce_s(n_bytes: Any, group: Any, bps: Any) -> Any:
-    """Ring all-reduce: each GPU sends and receives 2·(g−1)/g of the buffer."""
-    return np.where(group > 1, 2.0 * (group - 1) / np.maximum(group, 1) * n_bytes / bps, 0.0)
-
-
-def ring_allgather_s(n_bytes: Any, group: Any, bps: Any) -> Any:
-    """All-gather (or reduce-scatter) of a buffer of ``n_bytes`` in total: (g−1)/g of it moves."""
-    return np.where(group > 1, (group - 1) / np.maximum(group, 1) * n_bytes / bps, 0.0)
-
-
-def group_collective_s(n_bytes: Any, group: Any, inner: Any, node: Any, intra_bps: Any, inter_bps: Any,
-                       factor: float) -> Any:
-    """A collective over ``group`` GPUs whose members are ``inner`` ranks apart (the degrees laid
-    out inside it: tp·cp for data parallelism), ``factor`` 2 for an all-reduce, 1 for an
-    all-gather or a reduce-scatter. Hierarchical, as NCCL runs it across nodes: the members
-    inside a node exchange over the node's link, and the nodes exchange (n−1)/n of the buffer
-    over the NICs of the group's members in each node (one NIC per GPU, all used at once:
-    NCCL's rings and trees run one channel per NIC)."""
-    group = np.asarray(group, dtype=float)
-    per_node = np.minimum(np.maximum(np.floor(node / np.maximum(inner, 1)), 1.0), group)
-    nodes = np.ceil(group / per_node)
-    intra = np.where(per_node > 1, factor * (per_node - 1) / per_node * n_bytes / intra_bps, 0.0)
-    inter = np.where(nodes > 1, factor * (nodes - 1) / nodes * n_bytes / (per_node * inter_bps), 0.0)
-    return np.where(group > 1, intra + inter, 0.0)
 
 
 def exposed_s(comm: Any, compute: Any) -> Any:
@@ -592,4 +450,3 @@ def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:
 
 def job_cost_usd(time_s: Any, *, gpus: Any, price_usd_per_hour: Any) -> Any:
     return time_s / 3600.0 * gpus * price_usd_per_hour
-

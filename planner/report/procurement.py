@@ -1,11 +1,12 @@
 """A procurement result as tables: fleet, schedule, costs, buy against rent, prices.
 
-Every figure here is recomputed from the chosen fleet and schedule in USD (floats), not read
-back from the solver's integer objective (SkyPilot's habit: choose, then recompute).
+The figures are the result's own (planner.fleet.result: recomputed from the chosen fleet and
+schedule in USD); these tables add their sources, dates and words.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any
@@ -13,9 +14,8 @@ from typing import Any
 import pandas as pd
 
 from planner.catalog.prices import is_stale_date
-from planner.fleet.job_options import option_plan
 from planner.fleet.portfolio import HOURS_PER_MONTH
-from planner.fleet.procure import ProcureResult, as_date
+from planner.fleet.result import ProcureResult
 
 
 @dataclass
@@ -36,39 +36,6 @@ class ProcureTables:
                 "costs": rec(self.costs), "buy_vs_rent": rec(self.compare), "prices": rec(self.prices)}
 
 
-def _usd_of_solution(res: ProcureResult, sol) -> dict[str, float]:
-    """Amortised purchase, hosting, power and rent of a solution, in USD; and what owning leaves
-    at the horizon's end: the book value not yet amortised, and the resale assumption's value."""
-    from planner.fleet.ownership import load_ownership
-
-    pr = res.problem
-    H, life = pr.portfolio.horizon_h, pr.lifetime_hours
-    resale = load_ownership().resale_fraction(H / HOURS_PER_MONTH)
-    out = {"amortised_purchase_usd": 0.0, "hosting_usd": 0.0, "power_usd": 0.0, "rent_usd": 0.0,
-           "cash_outlay_usd": 0.0}
-    for t, n in enumerate(sol.units):
-        offer = pr.offers[pr.buyable[t]]
-        hosts = pr.inst.hosts_for(t, n)
-        price = n * offer.unit_usd + hosts * offer.host_usd
-        out["amortised_purchase_usd"] += price * min(1.0, H / life)
-        out["hosting_usd"] += n * offer.unit_gpus * offer.hosting_usd_per_gpu_hour * H
-        out["cash_outlay_usd"] += price
-    for c in sol.choices:
-        run = pr.inst.runs[c.run]
-        opts = pr.options[run.job]
-        j = c.own.option if c.own else c.rent.option
-        hours = float(opts.time_s[j]) / 3600.0
-        offer = pr.offers[opts.gpu_id[j]]
-        if c.own:
-            out["power_usd"] += offer.power_usd_per_gpu_hour * int(opts.gpus[j]) * hours
-        else:
-            out["rent_usd"] += offer.rent[c.rent.kind].usd * int(opts.billed_gpus[j]) * hours
-    out["total_usd"] = sum(out[k] for k in ("amortised_purchase_usd", "hosting_usd", "power_usd", "rent_usd"))
-    out["unamortised_at_end_usd"] = out["cash_outlay_usd"] - out["amortised_purchase_usd"]
-    out["resale_at_end_usd"] = out["cash_outlay_usd"] * resale
-    return out
-
-
 #: The answer's origin, in words.
 SOURCES = {"solver": "the optimiser's plan",
            "greedy": "the greedy fleet (the solver found nothing cheaper in time)",
@@ -78,132 +45,101 @@ SOURCES = {"solver": "the optimiser's plan",
 
 
 def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
-    pr, sol = res.problem, res.solution
+    """The report's tables of a result: what ``planner procure`` prints."""
+    pr = res.problem
     p = pr.portfolio
     as_of = as_of or dt.date.today()
-    sched_rows, plans, busy = _schedule_rows(res)
+    sched_rows, plans = _schedule_rows(res)
     from planner.fleet.ownership import load_ownership
 
     own = load_ownership()
     months = p.horizon_h / HOURS_PER_MONTH
     resale = own.resale_fraction(months)
-    fleet_rows, stale_units = _fleet_rows(res, as_of, busy, resale)
-    costs = _usd_of_solution(res, sol) if sol.choices else {}
-    naive = _usd_of_solution(res, res.naive) if res.naive.choices else {}
-    compare = _compare_rows(res, costs, naive)
+    fleet_rows, stale_units = _fleet_rows(res, as_of)
+    costs = dataclasses.asdict(res.costs) if res.costs is not None else {}
+    compare = _compare_rows(res)
     used = {(s["gpu"], k) for s in sched_rows for k in ("purchase", "on_demand", "spot")}
     price_rows = [r for r in pr.prices.rows(as_of, p.max_price_age_days) if (r["gpu"], r["kind"]) in used]
     stale = sorted({f"{r['gpu']} {r['kind']}" for r in price_rows if r["stale"]} | set(stale_units))
     resale_assumption = {"fraction": resale, "after_months": months, "source": own.resale_source}
-    summary = _summary(res, costs, naive, resale_assumption, stale)
+    summary = _summary(res, costs, resale_assumption, stale)
     return ProcureTables(summary, pd.DataFrame(fleet_rows), pd.DataFrame(sched_rows),
                          pd.DataFrame([{"item": k, "usd": v} for k, v in costs.items()]),
                          pd.DataFrame(compare), pd.DataFrame(price_rows), plans)
 
 
-def _schedule_rows(res: ProcureResult) -> tuple[list[dict[str, Any]], list[Any], dict[str, float]]:
-    """One row per scheduled run, its plan, and the GPU-hours each bought GPU type is busy."""
-    pr, sol = res.problem, res.solution
-    unit_h = pr.portfolio.time_unit_hours
-    sched_rows, plans = [], []
-    busy: dict[str, float] = {}
-    for c in sol.choices:
-        run = pr.inst.runs[c.run]
-        job, opts = pr.runs[run.job], pr.options[run.job]
-        j = c.own.option if c.own else c.rent.option
-        plan = option_plan(opts, j)
-        plans.append(plan)
-        hours = float(opts.time_s[j]) / 3600.0
-        gid = opts.gpu_id[j]
-        start_h = c.start * unit_h
-        mode = "buy" if c.own else f"rent ({c.rent.kind.replace('_', '-')})"
-        if c.own:
-            busy[gid] = busy.get(gid, 0.0) + hours * int(opts.gpus[j])
+def _schedule_rows(res: ProcureResult) -> tuple[list[dict[str, Any]], list[Any]]:
+    """One row per scheduled run, and its plan."""
+    sched_rows, plans = [], res.plans()
+    for r, plan in zip(res.schedule, plans):
         sched_rows.append({
-            "job": job.name, "run": run.copy + 1, "mode": mode, "gpu": gid, "gpus": int(opts.gpus[j]),
+            "job": r.job, "run": r.run, "mode": r.mode, "gpu": r.gpu, "gpus": r.gpus,
             "layout": f"dp{plan.dp}·tp{plan.tp}·pp{plan.pp}·cp{plan.cp} zero{plan.zero} {plan.offload} "
                       f"mb{plan.micro_batch}×ga{plan.grad_accum} {plan.checkpointing}",
-            "method": plan.method, "start_hours": start_h, "end_hours": start_h + hours, "hours": hours,
-            "start_date": as_date(pr, start_h), "end_date": as_date(pr, start_h + hours),
-            "window_hours": f"{job.release_hours:g}–{job.deadline_hours:g}",
+            "method": plan.method, "start_hours": r.start_hours, "end_hours": r.end_hours, "hours": r.hours,
+            "start_date": r.start_date, "end_date": r.end_date,
+            "window_hours": f"{r.release_hours:g}–{r.deadline_hours:g}",
         })
-    return sched_rows, plans, busy
+    return sched_rows, plans
 
 
-def _fleet_rows(res: ProcureResult, as_of: dt.date, busy: dict[str, float],
-                resale: float) -> tuple[list[dict[str, Any]], list[str]]:
+def _fleet_rows(res: ProcureResult, as_of: dt.date) -> tuple[list[dict[str, Any]], list[str]]:
     """One row per GPU type bought, and the servers whose price is stale."""
-    pr, sol = res.problem, res.solution
-    p = pr.portfolio
-    H = p.horizon_h
+    pr = res.problem
     fleet_rows, stale_units = [], []
-    for t, n in enumerate(sol.units):
-        if n == 0:
-            continue
-        gid = pr.buyable[t]
-        offer = pr.offers[gid]
-        gpus = n * offer.unit_gpus
-        hosts = pr.inst.hosts_for(t, n)
-        outlay = n * offer.unit_usd + hosts * offer.host_usd
-        amortised = outlay * min(1.0, H / pr.lifetime_hours)
+    for f in res.fleet:
+        offer = pr.offers[f.gpu]
         age = None if offer.unit_date is None else (as_of - offer.unit_date).days
-        if offer.unit_gpus > 1 and is_stale_date(offer.unit_date, as_of, p.max_price_age_days):  # a card's: prices
-            stale_units.append(f"{gid} server")
+        if offer.unit_gpus > 1 and is_stale_date(offer.unit_date, as_of, pr.portfolio.max_price_age_days):
+            stale_units.append(f"{f.gpu} server")  # a card's: prices
         fleet_rows.append({
-            "gpu": gid, "units": n, "gpus_per_unit": offer.unit_gpus, "gpus": gpus,
-            "unit_usd": offer.unit_usd, "unit_price": offer.unit_note,
+            "gpu": f.gpu, "units": f.units, "gpus_per_unit": f.gpus_per_unit, "gpus": f.gpus,
+            "unit_usd": f.unit_usd, "unit_price": offer.unit_note,
             "unit_price_date": None if offer.unit_date is None else offer.unit_date.isoformat(),
-            "unit_price_age_days": age, "hosts": hosts, "host_usd": offer.host_usd if hosts else None,
-            "host_price": offer.host_note if hosts else None,
-            "cash_outlay_usd": outlay, "amortised_usd": amortised,
-            "hosting_usd": gpus * offer.hosting_usd_per_gpu_hour * H,
-            "unamortised_at_end_usd": outlay - amortised, "resale_at_end_usd": outlay * resale,
-            "busy_gpu_hours": busy.get(gid, 0.0), "utilisation": busy.get(gid, 0.0) / (gpus * H),
+            "unit_price_age_days": age, "hosts": f.hosts, "host_usd": f.host_usd if f.hosts else None,
+            "host_price": offer.host_note if f.hosts else None,
+            "cash_outlay_usd": f.cash_outlay_usd, "amortised_usd": f.amortised_usd, "hosting_usd": f.hosting_usd,
+            "unamortised_at_end_usd": f.unamortised_at_end_usd, "resale_at_end_usd": f.resale_at_end_usd,
+            "busy_gpu_hours": f.busy_gpu_hours, "utilisation": f.utilisation,
         })
     return fleet_rows, stale_units
 
 
-def _rent_all_usd(res: ProcureResult) -> float | None:
-    return None if res.rent_all_cents is None else res.rent_all_cents / 100.0
-
-
-def _compare_rows(res: ProcureResult, costs: dict[str, float],
-                  naive: dict[str, float]) -> list[dict[str, Any]]:
+def _compare_rows(res: ProcureResult) -> list[dict[str, Any]]:
     """Buy against rent: this answer, the naive one and renting everything, each against this answer."""
-    answer = res.answer
+    answer, b = res.answer, res.buy_vs_rent
     label = "this answer" + ("" if answer is None else f": {SOURCES[answer.source]}")
-    compare = [{"answer": label, "total_usd": costs.get("total_usd"),
-                "cash_outlay_usd": costs.get("cash_outlay_usd")},
-               {"answer": "naive: each job's cheapest setup bought separately", "total_usd": naive.get("total_usd"),
-                "cash_outlay_usd": naive.get("cash_outlay_usd")},
-               {"answer": "rent everything (cheapest rental per run)", "total_usd": _rent_all_usd(res),
+    compare = [{"answer": label, "total_usd": b.answer_usd, "cash_outlay_usd": b.answer_cash_outlay_usd},
+               {"answer": "naive: each job's cheapest setup bought separately", "total_usd": b.naive_usd,
+                "cash_outlay_usd": b.naive_cash_outlay_usd},
+               {"answer": "rent everything (cheapest rental per run)", "total_usd": b.rent_all_usd,
                 "cash_outlay_usd": 0.0}]
     for row in compare:
         tot = row["total_usd"]
-        row["vs_answer_usd"] = None if tot is None or not costs else tot - costs["total_usd"]
+        row["vs_answer_usd"] = None if tot is None or b.answer_usd is None else tot - b.answer_usd
     return compare
 
 
-def _summary(res: ProcureResult, costs: dict[str, float], naive: dict[str, float],
-             resale_assumption: dict[str, Any], stale_prices: list[str]) -> dict[str, Any]:
+def _summary(res: ProcureResult, costs: dict[str, float], resale_assumption: dict[str, Any],
+             stale_prices: list[str]) -> dict[str, Any]:
     """The summary: status and bound, the solver and candidates, costs against both baselines, resale."""
-    pr, answer, gen, p = res.problem, res.answer, res.generation, res.problem.portfolio
+    pr, answer, gen, p, b = res.problem, res.answer, res.generation, res.problem.portfolio, res.buy_vs_rent
     savings = None
-    if costs and naive:
-        savings = {"usd": naive["total_usd"] - costs["total_usd"],
-                   "percent": 100.0 * (naive["total_usd"] - costs["total_usd"]) / naive["total_usd"]}
+    if b.answer_usd is not None and b.naive_usd is not None:
+        savings = {"usd": b.naive_usd - b.answer_usd,
+                   "percent": 100.0 * (b.naive_usd - b.answer_usd) / b.naive_usd}
     return {
-        "portfolio": p.name, "status": res.status, "gap": None if answer is None else answer.gap,
+        "portfolio": p.name, "status": res.status, "gap": res.gap,
         "answer_from": None if answer is None else answer.source,
-        "bound_usd": None if answer is None or answer.bound_cents is None else answer.bound_cents / 100.0,
+        "bound_usd": res.bound_usd,
         "solve_s": None if answer is None or answer.solver is None else answer.solver.wall_s,
         "solver_status": None if answer is None or answer.solver is None else answer.solver.status,
         "limit": {"wall_s": res.limit.wall_s, "deterministic": res.limit.deterministic},
         "candidates_s": gen.seconds, "candidates_complete": gen.complete, "jobs_refined": gen.jobs_refined,
         "horizon_hours": p.horizon_h, "lifetime_months": p.lifetime_months,
         "jobs": len(pr.runs), "runs": len(pr.inst.runs),
-        "own_options": sum(len(r.own) for r in pr.inst.runs), "total_usd": costs.get("total_usd"),
-        "naive_usd": naive.get("total_usd"), "rent_all_usd": _rent_all_usd(res), "savings_vs_naive": savings,
+        "own_options": sum(len(r.own) for r in pr.inst.runs), "total_usd": b.answer_usd,
+        "naive_usd": b.naive_usd, "rent_all_usd": b.rent_all_usd, "savings_vs_naive": savings,
         "cash_outlay_usd": costs.get("cash_outlay_usd"),
         "unamortised_at_end_usd": costs.get("unamortised_at_end_usd"),
         "resale_at_end_usd": costs.get("resale_at_end_usd"),

@@ -22,7 +22,9 @@ from planner.core.errors import InputError
 from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, Scenario
 from planner.memory.estimate import estimate_resolved
 from planner.perf.arguments import step_arguments
-from planner.perf.timing import GpuPerf, job_time_s, model_flops, step_time_s
+from planner.perf.flops import model_flops
+from planner.perf.hardware import GpuPerf
+from planner.perf.timing import job_time_s, step_time_s
 from planner.scenario import legality
 from planner.scenario.resolve import resolve, uneven_pp_allowed
 from planner.search.request import METHOD_LADDER, MIN_RELAXED_SEQ_LEN

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.perf.timing import JOB_STARTUP_S, billed_gpus, model_flops, step_time_s
+from planner.perf.flops import model_flops
+from planner.perf.timing import JOB_STARTUP_S, billed_gpus, step_time_s
 from planner.search.cpsat import (
     TIER_WEIGHT,
     budget_units,

@@ -18,14 +18,9 @@ from planner.memory.breakdown import (
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
 from planner.perf.arguments import step_arguments
-from planner.perf.timing import (
-    GpuPerf,
-    billed_gpus,
-    job_cost_usd,
-    job_time_s,
-    model_flops,
-    step_time_s,
-)
+from planner.perf.flops import model_flops
+from planner.perf.hardware import GpuPerf
+from planner.perf.timing import billed_gpus, job_cost_usd, job_time_s, step_time_s
 from planner.search.request import CLASS_KEYS, SearchRequest, gpu_limit
 
 

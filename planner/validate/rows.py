@@ -8,20 +8,29 @@ Each row describes a real run in columns: the layout, and the recipe facts of it
 module reads those columns into scenario keys. It reads no source name, date, commit or prose
 ``notes``, and knows no per-row figure: only architecture facts of the models (their published
 configs) and what a named framework does (litgpt's modules, FSDP2 in torchtitan and torchtune).
+The file and its cells are read in planner.validate.cells; the layout and what the sharding
+implementation does, in planner.validate.row_layout.
 """
 
 from __future__ import annotations
 
-import csv
 import re
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from planner import catalog
 from planner.catalog.store import UnknownName
-from planner.core.errors import InputError
-from planner.validate.sharding import zero_stage_of
+from planner.validate.cells import (
+    RowText,
+    Unmodelable,
+    cell,
+    framework_of,
+    no,
+    num,
+    text_of,
+    version_of,
+    yes,
+)
+from planner.validate.row_layout import deepspeed_zero, fsdp2, layout
 
 #: Architecture facts the CSV columns lack, from each model's published Hugging Face config.json
 #: (norm type, gated MLP, biases, tied embeddings, head size, norms per layer).
@@ -81,14 +90,6 @@ BNB_DROPPED_MATMUL_INPUT = (0, 43, 2)
 #: int8 copy of the input, only for a trainable weight.
 BNB_INT8_KEEPS_INPUT = (0, 40, 0)
 BNB_INT8_DROPPED_TRANSPOSE = (0, 45, 0)
-#: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
-#: (11 bytes per element; ``x.float().sum()``, 4, before): a row's ``deepspeed`` release before
-#: it sets ``zero_overflow_check_bytes`` 4.
-DEEPSPEED_MASKED_OVERFLOW_CHECK = (0, 13, 3)
-#: DeepSpeed 0.14.1 (2024-04, PR #5301) copies ZeRO-Offload's FP32 partition to the GPU at the
-#: step; PR #7309 (merged 2025-05-23) casts it on the host again, taken as from 0.17.0, the first
-#: minor release after it (``zero_offload_gpu_copy``).
-DEEPSPEED_OFFLOAD_GPU_COPY = ((0, 14, 1), (0, 17, 0))
 
 _TARGETS = {"q": "q", "k": "k", "v": "v", "o": "o", "proj": "o", "output": "lm_head",
             "lm_head": "lm_head", "gate": "gate", "up": "up", "down": "down"}
@@ -97,33 +98,6 @@ _FUSED_TARGETS = {"query_key_value": ("q", "k", "v"), "c_attn": ("q", "k", "v"),
                   "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up"),
                   # GPT-2 / GPTBigCode: ``c_proj`` names both attn.c_proj and mlp.c_proj
                   "c_proj": ("o", "down"), "c_fc": ("up",)}
-
-
-def read_csv(path: str | Path, required: tuple[str, ...]) -> list[dict[str, str]]:
-    """The rows of a measured-runs CSV; one line per missing ``required`` column, or no file."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError([f"{path}: no such file"])
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
-        if missing:
-            raise InputError([f"{path}: missing column {c}" for c in missing])
-        return list(reader)
-
-
-class Unmodelable(ValueError):
-    """A row the planner cannot express; the message says why."""
-
-
-def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
-    text = (row.get(key) or "").strip()
-    if not text:
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        raise Unmodelable(f"{key} {text!r}: not a number") from None
 
 
 def model_of(row: dict[str, str]) -> dict[str, Any]:
@@ -146,48 +120,23 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
             raise Unmodelable(f"model {name!r}: architecture unknown beyond the CSV columns") from None
         base = dict(facts)
     for col in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_position"):
-        value = _num(row, col)
+        value = num(row, col)
         if value is not None:
             base[col] = int(value)
     base.pop("params_b", None)
     base.pop("official_params_b", None)
     base["id"] = key
-    if _framework(row) == "litgpt":
+    if framework_of(row) == "litgpt":
         base.update(LITGPT_MODEL)
-    if _no(row, "qk_norm"):
+    if no(row, "qk_norm"):
         base["qk_norm"] = False  # the run's model had no per-head q/k norm (a Llama-shaped stand-in)
-    if _no(row, "norm_fp32"):
+    if no(row, "norm_fp32"):
         base["norm_upcast"] = False  # RMSNorm computed in the input dtype (lit-gpt before PR #606)
-    if _yes(row, "mqa_sdpa_math"):
+    if yes(row, "mqa_sdpa_math"):
         base["mqa_sdpa_math"] = True  # multi-query K/V not expanded: SDPA's math path
-    if _yes(row, "mask_clamp"):
+    if yes(row, "mask_clamp"):
         base["eager_mask_clamp"] = True  # the stack's eager attention clamps with torch.max
     return base
-
-
-def _cell(row: dict[str, str], key: str) -> str:
-    return (row.get(key) or "").strip().lower()
-
-
-def _yes(row: dict[str, str], key: str) -> bool:
-    return _cell(row, key) in ("yes", "true", "1")
-
-
-def _no(row: dict[str, str], key: str) -> bool:
-    return _cell(row, key) in ("no", "false", "0")
-
-
-def _framework(row: dict[str, str]) -> str:
-    return _cell(row, "framework")
-
-
-def _version(text: str) -> tuple[int, ...] | None:
-    """``0.42.0`` -> (0, 42, 0); ``<0.43.2`` (only known to be older) -> just below (0, 43, 2)."""
-    found = re.search(r"(\d+(?:\.\d+)*)", text)
-    if not found:
-        return None
-    version = tuple(int(x) for x in found.group(1).split("."))
-    return version[:-1] + (version[-1] - 1,) if text.startswith("<") else version
 
 
 def lora_targets(text: str) -> list[str]:
@@ -209,16 +158,6 @@ def lora_targets(text: str) -> list[str]:
     return out
 
 
-def _checkpointing(text: str) -> str:
-    text = text.lower()
-    if text.startswith("selective"):
-        return "selective"
-    # "no (the flag was not passed)": a qualified no is still no
-    return "none" if text == "" or re.match(r"(no|off|false|none)\b", text) else "full"
-
-
-
-
 #: ``kernels`` cells: the layer kernels a run used (Workload.kernels); blank = standard.
 KERNELS = ("standard", "fused_rmsnorm", "unsloth")
 #: ``loss_impl`` cells -> the workload's ``loss`` (and the names other files use for them).
@@ -231,30 +170,6 @@ LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunk
 #: AutoAWQ's GEMM checkpoints pack int4 weights with an FP16 scale and an int4 zero point per group
 #: of 128 inputs, as GPTQ does: the same bytes per weight (``awq`` reads as ``gptq``).
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}
-#: ``framework`` values on the Hugging Face stack, when a file has no ``hf_model`` column.
-HF_FRAMEWORKS = frozenset({"hf-trainer", "hf-accelerate", "trl", "axolotl", "llama-factory", "peft"})
-
-
-@dataclass(frozen=True)
-class RowText:
-    """The cells of a row the readers below look at, lower-cased once."""
-
-    method: str
-    opt: str
-    prec: str
-    framework: str  # the ``framework`` column
-    hf_stack: bool  # a transformers model trained with PEFT / the Trainer (``hf_model``)
-
-
-def _text_of(row: dict[str, str]) -> RowText:
-    method = row["method"].strip()
-    if method not in ("full", "lora", "qlora"):
-        raise Unmodelable(f"method {method!r}: only full, lora and qlora runs are modelled")
-    if method == "lora" and _cell(row, "quant_bits") == "8":
-        method = "qlora"  # LoRA over an LLM.int8 base: the planner's quantized-base LoRA, 8 bits
-    framework = _framework(row)
-    hf = _yes(row, "hf_model") if _cell(row, "hf_model") else framework in HF_FRAMEWORKS
-    return RowText(method, row["optimizer"].lower(), row["precision"].lower(), framework, hf)
 
 
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
@@ -262,7 +177,7 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     fp32_master = "fp32 master" in t.prec and "no fp32 master" not in t.prec
     # DeepSpeed's ZeRO optimizers keep FP32 partitions of the weights they train, whatever the
     # 16-bit dtype (its bf16 as its fp16 mode); FP32 training keeps them as the weights.
-    deepspeed = "deepspeed" in t.opt or _deepspeed_zero(row)
+    deepspeed = "deepspeed" in t.opt or deepspeed_zero(row)
     if fp32_master or deepspeed and t.method == "full" and not t.prec.startswith(("fp32", "float32")):
         precision = "mixed"
     elif ("-mixed" in t.prec or t.prec.startswith("amp_bf16")) and "fp16" not in t.prec:
@@ -278,11 +193,11 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     wl: dict[str, Any] = {"precision": precision,
                           "optimizer": "adam8bit" if "8bit" in t.opt or "8-bit" in t.opt else "adamw",
                           "optimizer_paged": "paged" in t.opt}
-    if _yes(row, "rope_cache"):
+    if yes(row, "rope_cache"):
         wl["rope_cache_per_layer"] = True
-    if _yes(row, "kv_cache"):
+    if yes(row, "kv_cache"):
         wl["keeps_kv_cache"] = True
-    if _yes(row, "optimizer_in_bwd"):
+    if yes(row, "optimizer_in_bwd"):
         wl["optimizer_step"] = "in_backward"
     elif ("fused" in t.opt or "hybridadam" in t.opt or t.framework in MEGATRON_FRAMEWORKS
           or "deepspeed" in t.opt and not _torch_adamw(t.opt)):
@@ -316,7 +231,7 @@ def _torch_step(t: RowText, row: dict[str, str]) -> str | None:
     kept two intermediates (``exp_avg_sq_sqrt`` and ``denom``; PyTorch PR #104898 kept one
     from 2.1). ``<2.1`` (a run before 2.1's release, 1.x or 2.0)
     reads as one at a time: 1.x's default and 2.0's under FSDP1, the least memory of the two."""
-    text = _cell(row, "torch")
+    text = cell(row, "torch")
     if not text:
         return None
     if text in ("<2.0", "<2.1"):
@@ -328,21 +243,9 @@ def _torch_step(t: RowText, row: dict[str, str]) -> str | None:
     if (major, minor) < (2, 0):
         return "for_loop"
     if (major, minor) == (2, 0):
-        fsdp1 = _cell(row, "zero_or_fsdp").startswith("fsdp") and not _fsdp2(t, row)
+        fsdp1 = cell(row, "zero_or_fsdp").startswith("fsdp") and not fsdp2(t, row)
         return "for_loop" if fsdp1 else "foreach_torch20"
     return None
-
-
-def _fsdp2(t: RowText, row: dict[str, str]) -> bool:
-    """FSDP2 (``fully_shard``): named in the sharding cell, or torchtitan's and torchtune's
-    distributed recipes (FSDP2 since v0.3), unless the cell says FSDP1."""
-    fsdp = _cell(row, "zero_or_fsdp")
-    return "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune"))
-
-
-def _deepspeed_zero(row: dict[str, str]) -> bool:
-    """The row's sharding cell names a DeepSpeed ZeRO stage (``zero1``, ``zero2 (...)``, ...)."""
-    return _cell(row, "zero_or_fsdp").startswith("zero")
 
 
 def _torch_adamw(opt: str) -> bool:
@@ -356,17 +259,17 @@ def _torch_adamw(opt: str) -> bool:
 def _adapters(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     """Adapters in the row's ``adapter_dtype`` (unstated: FP32 under Hugging Face PEFT, its
     default, else the parameter dtype), rank, targets and dropout (unstated: none)."""
-    dtype = _cell(row, "adapter_dtype") or ("fp32" if t.hf_stack else "compute")
-    return {"adapter_dtype": dtype, "lora_rank": int(_num(row, "lora_rank", 8)),
+    dtype = cell(row, "adapter_dtype") or ("fp32" if t.hf_stack else "compute")
+    return {"adapter_dtype": dtype, "lora_rank": int(num(row, "lora_rank", 8)),
             "lora_targets": lora_targets(row.get("lora_targets", "")) or ["all"],
-            "lora_dropout": float(_num(row, "lora_dropout", 0.0)),
-            "modules_to_save": modules_to_save(_cell(row, "modules_to_save"))}
+            "lora_dropout": float(num(row, "lora_dropout", 0.0)),
+            "modules_to_save": modules_to_save(cell(row, "modules_to_save"))}
 
 
 def _evaluation(row: dict[str, str]) -> dict[str, Any]:
     """``eval_batch``: the per-GPU batch of the evaluation passes the run makes during training
     (blank: none, or not known from the source)."""
-    n = _num(row, "eval_batch")
+    n = num(row, "eval_batch")
     return {"eval_micro_batch": int(n)} if n else {}
 
 
@@ -383,31 +286,31 @@ def _quantized_base(row: dict[str, str]) -> dict[str, Any]:
     """The quantized base of a row: 4-bit (``quant_impl``, ``double_quant``) or LLM.int8
     (``quant_bits`` 8), how its script readied it (``kbit_prep``) and what its bitsandbytes
     kept on the matmuls' contexts (``bitsandbytes``)."""
-    quant = QUANT_IMPLS.get(_cell(row, "quant_impl") or "bnb-nf4")
+    quant = QUANT_IMPLS.get(cell(row, "quant_impl") or "bnb-nf4")
     if quant is None:
         raise Unmodelable(f"quant_impl {row.get('quant_impl')!r}: one of {', '.join(QUANT_IMPLS)}")
-    version = _version(_cell(row, "bitsandbytes"))
-    if _cell(row, "quant_bits") == "8":  # LLM.int8; a blank version is the current release
-        return {"quant_bits": 8, "kbit_prep": _cell(row, "kbit_prep") or "none",
+    version = version_of(cell(row, "bitsandbytes"))
+    if cell(row, "quant_bits") == "8":  # LLM.int8; a blank version is the current release
+        return {"quant_bits": 8, "kbit_prep": cell(row, "kbit_prep") or "none",
                 "bnb_keeps_input": None if version is None else version >= BNB_INT8_KEEPS_INPUT,
                 "int8_keeps_transposed": version is not None and version < BNB_INT8_DROPPED_TRANSPOSE}
-    return {"quant_type": quant, "double_quant": _yes(row, "double_quant"),
-            "kbit_prep": _cell(row, "kbit_prep") or "none",
+    return {"quant_type": quant, "double_quant": yes(row, "double_quant"),
+            "kbit_prep": cell(row, "kbit_prep") or "none",
             "bnb_keeps_input": quant == "nf4" and version is not None and version < BNB_DROPPED_MATMUL_INPUT}
 
 
 def _loss(row: dict[str, str]) -> dict[str, Any]:
     """The loss's implementation (``loss_impl``) and torch.compile (``compile``)."""
     wl: dict[str, Any] = {}
-    impl = _cell(row, "loss_impl")
+    impl = cell(row, "loss_impl")
     if impl:
         if impl not in LOSS_IMPLS:
             raise Unmodelable(f"loss_impl {impl!r}: one of {', '.join(LOSS_IMPLS)}")
         if LOSS_IMPLS[impl] != "standard":
             wl["loss"] = LOSS_IMPLS[impl]
-    if _yes(row, "compile"):
+    if yes(row, "compile"):
         wl["compile"] = True
-    kernels = _cell(row, "kernels")
+    kernels = cell(row, "kernels")
     if kernels:
         if kernels not in KERNELS:
             raise Unmodelable(f"kernels {kernels!r}: one of {', '.join(KERNELS)}")
@@ -416,114 +319,39 @@ def _loss(row: dict[str, str]) -> dict[str, Any]:
 
 
 def _workload(t: RowText, row: dict[str, str]) -> dict[str, Any]:
-    wl: dict[str, Any] = {"method": t.method, "seq_len": int(_num(row, "seq_len")),
-                          "micro_batch": int(_num(row, "micro_batch")), **_precision_and_optimizer(t, row)}
+    wl: dict[str, Any] = {"method": t.method, "seq_len": int(num(row, "seq_len")),
+                          "micro_batch": int(num(row, "micro_batch")), **_precision_and_optimizer(t, row)}
     if t.method != "full":
         wl.update(_adapters(t, row))
     if t.method == "qlora":
         wl.update(_quantized_base(row))
     # The row's peak came at its first step: no earlier step's logits beside it (litgpt before
     # 2024 put the longest sample into the first batch).
-    if _yes(row, "peak_at_first_step"):
+    if yes(row, "peak_at_first_step"):
         wl["peak_at_first_step"] = True
     wl.update(_loss(row))
     wl.update(_evaluation(row))
     wl["fp8"] = "float8" in t.prec
-    if _num(row, "grad_accum") is not None:
-        wl["grad_accum"] = int(_num(row, "grad_accum"))
+    if num(row, "grad_accum") is not None:
+        wl["grad_accum"] = int(num(row, "grad_accum"))
     return wl
-
-
-def _layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
-    """Degrees, sharding, offload, checkpointing and attention as the row states them."""
-    offload = row.get("cpu_offload", "").lower()
-    lay: dict[str, Any] = {
-        "gpus": int(_num(row, "gpus", 1)), "tp": int(_num(row, "tp", 1)),
-        "pp": int(_num(row, "pp", 1)), "cp": int(_num(row, "cp", 1)),
-        "zero": zero_stage_of(row.get("zero_or_fsdp", "")),
-        "checkpointing": _checkpointing(row.get("grad_ckpt", "")),
-        "attention": "eager" if row.get("flash_attn", "").strip() == "eager" else "flash",
-        "activation_offload": "activations" in offload,
-    }
-    # One GPU shards nothing, but DeepSpeed's ZeRO-1/2 optimizer still flattens the gradients
-    # and copies them to FP32 at the step (its recipe, below): only other stage-1/2 cells drop.
-    deepspeed_12 = _deepspeed_zero(row) and lay["zero"] < 3
-    if lay["gpus"] == 1 and lay["zero"] and "optimizer" not in offload and not deepspeed_12:
-        lay["zero"] = 0 if lay["zero"] < 3 else 3
-    if "params" in offload:
-        lay["offload"] = "optimizer+params"
-        lay["zero"] = 3
-    elif "optimizer" in offload and "paged" not in offload:  # ZeRO-Offload: states and step on CPU
-        lay["offload"] = "optimizer"
-        lay["zero"] = max(lay["zero"], 1)
-    lay.update(_sharding_recipe(t, row, lay["zero"], grad_accum))
-    if int(_num(row, "layers", 1)) % lay["pp"]:
-        lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
-    if lay["tp"] > 1:
-        # sequence parallelism (TP also shards the norm and dropout regions): on unless the
-        # row says the run had none (torchtitan, NeMo and Megatron-Bridge recipes use it)
-        lay["sp"] = not _no(row, "sequence_parallel")
-    return lay
-
-
-def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int) -> dict[str, Any]:
-    """What the row's ZeRO/FSDP implementation does beyond its stage."""
-    out: dict[str, Any] = {}
-    fsdp = row.get("zero_or_fsdp", "").lower()
-    # DeepSpeed ZeRO-1/2 gradient buckets (reduce_bucket_size, twice with overlap_comm).
-    if _num(row, "zero_reduce_bucket"):
-        out["zero_bucket_elements"] = int(_num(row, "zero_reduce_bucket"))
-    # FSDP1 with a full state dict (litgpt's FSDPStrategy always uses state_dict_type="full")
-    # gathers it at saves, one unit at a time (the detailed profile's "full state dict" phase).
-    if zero == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp or "lightning fsdpstrategy" in fsdp):
-        out["full_state_dict"] = True
-    litgpt = t.framework == "litgpt"
-    # Lightning Fabric's ``no_backward_sync`` (litgpt's loop between optimizer steps) is FSDP1's
-    # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU. The Hugging
-    # Face Trainer does the same under FSDP: ``model.no_sync()`` on every micro-batch but the
-    # last (``_no_sync_in_gradient_accumulation``: all but DeepSpeed and SageMaker, 2023), then
-    # accelerate's ``accumulate`` (no_sync unless ``sync_each_batch``, added in 2024).
-    hf_loop = t.framework in HF_FRAMEWORKS and "fsdp" in fsdp and "sync_each_batch" not in fsdp
-    if (litgpt and zero == 3 or hf_loop and zero >= 2) and grad_accum > 1:
-        out["unsharded_grad_accumulation"] = True
-    # Lightning's FSDPStrategy sets ``use_orig_params=True`` (torch >= 2.0) and litgpt wraps each
-    # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
-    if litgpt and zero == 3 and t.method == "lora":
-        out["fsdp_mixed_units"] = True
-    # What ZeRO-Offload (stage 1/2) holds on the GPU in the DeepSpeed release that ran.
-    release = _version(_cell(row, "deepspeed"))
-    if release is not None:
-        if release < DEEPSPEED_MASKED_OVERFLOW_CHECK:
-            out["zero_overflow_check_bytes"] = 4
-        first, fixed = DEEPSPEED_OFFLOAD_GPU_COPY
-        out["zero_offload_gpu_copy"] = first <= release < fixed
-    # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
-    if zero == 3 and ("zero3" in fsdp or "zero-3" in fsdp or "deepspeed" in fsdp):
-        out["zero_impl"] = "deepspeed"
-    # DeepSpeed's ZeRO-1/2 (stage_1_and_2.py; not Megatron-DeepSpeed's BF16_Optimizer, whose FP32
-    # gradient buffer the row's precision cell states).
-    if zero in (1, 2) and _deepspeed_zero(row) and "bf16_optimizer" not in fsdp:
-        out["zero_impl"] = "deepspeed"
-    if zero == 3 and _fsdp2(t, row):
-        out["fsdp_version"] = 2
-    return out
 
 
 def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
-    t = _text_of(row)
+    t = text_of(row)
     wl = _workload(t, row)
-    algorithm = _cell(row, "algorithm").lower()
+    algorithm = cell(row, "algorithm").lower()
     if algorithm == "dpo":  # chosen/rejected pairs against a reference (micro_batch: pairs)
         wl["algorithm"] = "dpo"
-        reference = _cell(row, "reference")
+        reference = cell(row, "reference")
         if reference:  # model (blank), precomputed log-probabilities, or none (ORPO, SimPO)
             if reference not in ("model", "precomputed", "none"):
                 raise Unmodelable(f"reference {reference!r}: model, precomputed or none")
             wl["reference"] = reference
     elif algorithm not in ("", "sft"):  # GRPO, PPO, KTO, ...: not read as supervised steps
         raise Unmodelable(f"algorithm {algorithm!r}: only sft and dpo steps are modelled")
-    lay = _layout(t, row, wl.get("grad_accum", 1))
+    lay = layout(t, row, wl.get("grad_accum", 1))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
             "workload": wl, "layout": lay}
 
@@ -531,4 +359,4 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
 def measured_bytes(row: dict[str, str]) -> float:
     """The measured peak in bytes: ``measured_unit`` GiB, or GB = 1e9 (the default)."""
     value = float(row["measured_gb"])
-    return value * 2**30 if _cell(row, "measured_unit") == "gib" else value * 1e9
+    return value * 2**30 if cell(row, "measured_unit") == "gib" else value * 1e9

@@ -15,7 +15,8 @@ from typing import Any
 
 from planner.core.errors import InputError
 from planner.validate.before import MEMORY_COLUMN, MEMORY_SCALE, figures, recorded
-from planner.validate.rows import Unmodelable, measured_bytes, read_csv, scenario_of
+from planner.validate.cells import Unmodelable, read_csv
+from planner.validate.rows import measured_bytes, scenario_of
 
 #: The view of the prediction each measure kind is compared with.
 KIND_VIEW = {"max_allocated": "allocated_bytes", "max_reserved": "reserved_bytes",

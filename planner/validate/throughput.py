@@ -1,8 +1,8 @@
 """``planner validate --kind throughput``: predict the tokens/s per GPU of measured training runs.
 
 Each row of ``data/measured_throughput.csv`` states a run's model, card, layout, batch, method,
-precision and recompute; this module reads them into the arguments of
-:func:`planner.perf.timing.step_time_s` and predicts tokens/s per GPU =
+precision and recompute; planner.validate.throughput_cases reads them into the arguments of
+:func:`planner.perf.timing.step_time_s`, and this module predicts tokens/s per GPU =
 micro_batch · dp · grad_accum · seq_len / (step time · GPUs). The figures: median absolute
 percentage error (MdAPE), shares within 10 % and 25 %, the share of measured values inside the
 band the catalog's utilisation priors give, per source; and the same on the same rows for the
@@ -16,7 +16,6 @@ minimising the median absolute log error (Nelder–Mead on log-parameters, pure 
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
@@ -25,22 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from planner import catalog
-from planner.core.arch import LORA_TARGETS, exact_lora_params, has_full_architecture, seed_lora_params
 from planner.core.errors import InputError
-from planner.core.specs import GpuSpec, ModelSpec
 from planner.perf import timing
-from planner.perf.timing import PRIOR, GpuPerf, ModelFlops, TimeParams, model_flops, step_time_s
+from planner.perf.flops import ModelFlops
+from planner.perf.hardware import GpuPerf
+from planner.perf.timing import PRIOR, TimeParams, step_time_s
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, figures, recorded
-from planner.validate.rows import Unmodelable, model_of, read_csv
-from planner.validate.sharding import zero_stage_of
+from planner.validate.cells import Unmodelable, read_csv
+from planner.validate.throughput_cases import ThroughputCase, case_of, lenient_num
 
 REQUIRED_COLUMNS = ("id", "source", "model", "planner_model", "method", "planner_gpu", "gpus", "tp",
                     "pp", "cp", "dp", "seq_len", "micro_batch", "grad_accum", "tokens_per_s_per_gpu")
 #: The naive baseline: 6N FLOPs per token (N: active parameters) at 40 % of the dense 16-bit peak.
 BASELINE_MFU = 0.40
-#: LoRA rank where a row does not state it (NeMo's LoRA recipes use 32; PEFT's default is 8).
-DEFAULT_LORA_RANK = 16
 #: Parameters the fit moves, each within bounds (the fit works on their logarithms).
 #: Each is the physical range its docstring in :class:`planner.perf.timing.TimeParams` gives.
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
@@ -53,215 +49,6 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "attention_efficiency": (0.4, 1.0),
     "launch_s_per_layer": (0.0005, 0.005),
 }
-#: Words that name a stack fusing element-wise ops into its GEMMs and neighbours: torch.compile,
-#: and Megatron-Core's Transformer Engine layers (fused norm-linear, bias-activation, FP8 casts),
-#: which NeMo and Megatron-Bridge run and which any FP8 recipe needs. Stacks that use a few TE
-#: modules inside Hugging Face model code (NeMo AutoModel) keep their unfused element-wise ops.
-#: Phrases that say a run was *not* compiled (removed before :data:`FUSED_WORDS` are looked for).
-NOT_COMPILED = r"compile\s*[=:]\s*(no|false|off)|\b(no|not|without)\s+(torch\.)?compile\b"
-#: Phrases that say a run did *not* offload ("no CPU offload", "offload: false"), removed before
-#: the sharding cell is searched for "offload".
-NOT_OFFLOADED = r"\b(no|not|without)\s+(cpu\s+)?offload\w*|offload\w*\s*[=:]\s*(no|false|off|none)"
-FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge")
-#: Sources whose runs predate fused attention kernels (FlashAttention appeared in May 2022 and
-#: reached Megatron-LM in 2023): their attention ran the unfused math path (the whole s×s
-#: square and its softmax in memory). Cards without FlashAttention-2 run it too.
-PRE_FLASH_SOURCES = ("megatron-korthikanti-2022", "oneflow-dlperf-megatron-v100")
-
-
-# --------------------------------------------------------------------------------------------
-# Rows -> step-time arguments
-
-
-@dataclass(frozen=True)
-class ThroughputCase:
-    """One measured run, read into the time model's arguments."""
-
-    id: str
-    source: str
-    model: str
-    gpu: str
-    method: str
-    measured: float  # tokens/s per GPU
-    before: float | None  # the prediction recorded when the row was added (planner.validate.before)
-    mf: ModelFlops
-    gpu_spec: GpuSpec
-    x: dict[str, Any]
-    tokens_per_step: float
-    gpus: int
-    gpus_per_node: int
-
-
-def _num(row: dict[str, str], key: str, default: float | None = None) -> float | None:
-    text = (row.get(key) or "").strip()
-    try:
-        return float(text) if text else default
-    except ValueError:
-        return default
-
-
-def _model(row: dict[str, str]) -> ModelSpec:
-    """The catalog model the row names, else its architecture (rows.model_of), else its columns."""
-    name = row.get("planner_model", "").strip()
-    if name and name != "explicit":
-        try:
-            return catalog.get_model(name)
-        except catalog.UnknownName as exc:
-            raise Unmodelable(str(exc)) from None
-    try:
-        return ModelSpec.model_validate(model_of(row))
-    except Unmodelable:
-        pass
-    cols = {k: int(_num(row, k)) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
-            if _num(row, k) is not None}
-    if not {"layers", "hidden"} <= set(cols):
-        raise Unmodelable("model: neither a catalog name nor layers and hidden")
-    gated = row.get("gated_mlp", "").strip().lower() in ("yes", "true", "1")
-    tied = row.get("tied_embeddings", "").strip().lower() in ("yes", "true", "1")
-    spec = {"id": row["model"].strip().lower(), **cols, "gated_mlp": gated, "tied_embeddings": tied}
-    if not gated:  # GPT-style: LayerNorm, learned positions
-        spec.update(norm="layernorm", position="learned", max_position=int(_num(row, "seq_len")))
-    if _num(row, "params_b") is not None and not {"heads", "vocab"} <= set(cols):
-        spec["params_b"] = _num(row, "params_b")
-    return ModelSpec.model_validate(spec)
-
-
-def checkpointing_of(text: str) -> int:
-    """0 none, 1 selective, 2 full; an unstated recipe default is read as none."""
-    t = text.strip().lower()
-    if t.startswith("selective"):
-        return 1
-    if t.startswith("full"):
-        return 2
-    return 0
-
-
-def _virtual_stages(row: dict[str, str], model: ModelSpec) -> int:
-    notes = row.get("notes", "")
-    found = re.search(r"\bVP\s*=\s*(\d+)", notes)
-    if found:
-        return int(found.group(1))
-    # Korthikanti et al.: "interleaved schedule m=3 for 175B/530B".
-    found = re.search(r"interleaved schedule m=(\d+) for ([\w/]+)", notes)
-    if found and any(size.lower() in row.get("model", "").lower() + row.get("planner_model", "")
-                     for size in found.group(2).split("/")):
-        return int(found.group(1))
-    return 1
-
-
-def _fused(row: dict[str, str]) -> bool:
-    text = " ".join((row.get("source", ""), row.get("precision", ""), row.get("notes", ""))).lower()
-    if row.get("source", "").startswith("nemo-automodel"):
-        text = text.replace("te +", "")
-    text = re.sub(NOT_COMPILED, "", text)
-    return any(re.search(w, text) for w in FUSED_WORDS)
-
-
-def _text(row: dict[str, str]) -> str:
-    return " ".join((row.get("precision", ""), row.get("notes", ""))).lower()
-
-
-def adapter_dtype_of(row: dict[str, str]) -> str:
-    """``fp32`` where the row says its adapters were FP32 (PEFT's default), else ``compute``:
-    the LoRA rows of the other sources run their adapters in the 16-bit compute dtype
-    (DeepSpeed's and Megatron's BF16 engines cast every parameter; torchtune builds them so)."""
-    return "fp32" if re.search(r"fp32 (peft )?adapters", _text(row)) else "compute"
-
-
-def optimizer_bytes_of(row: dict[str, str]) -> float:
-    """Bytes per parameter of the row's optimizer step: torch's foreach AdamW where the row says
-    so, else a fused step; states in BF16 where the row says they are (in the parameters' dtype,
-    the parameters BF16), else FP32 beside a 16-bit weight copy."""
-    text = _text(row)
-    bf16_states = bool(re.search(r"states in (the parameters' dtype|bf16)", text)) and "bf16" in text
-    # one tensor at a time: the foreach step's passes, kernel by kernel
-    stepwise = "foreach" in text or "one tensor at a time" in text
-    return timing.optimizer_bytes_per_param("foreach" if stepwise else "fused", 2.0 if bf16_states else 4.0)
-
-
-def named_lora_targets(row: dict[str, str]) -> tuple[str, ...] | None:
-    """The LoRA-adapted modules the row's notes name ("LoRA rank 16 on q,v", "on all linear"),
-    the ones a dense layer has; None where the notes name none."""
-    found = re.search(r"lora rank \d+ on (all linear|[a-z]+(?:,[a-z]+)*)", row.get("notes", "").lower())
-    if found is None:
-        return None
-    named = found.group(1)
-    targets = LORA_TARGETS if named == "all linear" else tuple(t for t in named.split(",") if t in LORA_TARGETS)
-    return targets or LORA_TARGETS
-
-
-def targets_of(row: dict[str, str]) -> int:
-    """LoRA-adapted linear modules per layer the row's notes name (all linear: 7; "q,v": 2)."""
-    return len(named_lora_targets(row) or LORA_TARGETS)
-
-
-def optimizer_host_s_of(row: dict[str, str], model: ModelSpec, method: str, targets: int) -> float:
-    """Host seconds of an AdamW step that goes one tensor at a time (where the row says so):
-    :data:`~planner.perf.timing.FOR_LOOP_LAUNCHES_PER_TENSOR` launches per trainable tensor —
-    a full run's nine per layer (four attention and three MLP weights, two norms) and its
-    embedding, head and final norm; a LoRA run's A and B per adapted module."""
-    if "one tensor at a time" not in _text(row):
-        return 0.0
-    tensors = model.layers * 9 + 3 if method == "full" else model.layers * 2 * targets
-    return tensors * timing.FOR_LOOP_LAUNCHES_PER_TENSOR * timing.HOST_S_PER_LAUNCH
-
-
-def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
-    """Adapter parameters: exact over the modules the notes name ("LoRA rank 16 on q,v", "on all
-    linear") for a dense model the catalog describes in full, else L·18·r·H."""
-    targets = named_lora_targets(row)
-    if targets is None or model.moe is not None or not has_full_architecture(model):
-        return float(seed_lora_params(model, rank))
-    return float(exact_lora_params(model, rank, targets))
-
-
-def case_of(row: dict[str, str]) -> ThroughputCase:
-    """The time model's arguments a row describes (raises :class:`Unmodelable`)."""
-    method = row["method"].strip().lower()
-    if method not in ("full", "lora", "qlora"):
-        raise Unmodelable(f"method {method!r}: only full, lora and qlora runs are modelled")
-    try:
-        gpu = catalog.get_gpu(row["planner_gpu"].strip())
-    except catalog.UnknownName as exc:
-        raise Unmodelable(str(exc)) from None
-    model = _model(row)
-    mf = model_flops(model)
-    notes = row.get("notes", "")
-    tp, pp, cp = (int(_num(row, k, 1)) for k in ("tp", "pp", "cp"))
-    gpus = int(_num(row, "gpus", 1))
-    dp = int(_num(row, "dp", gpus // (tp * pp * cp)))
-    ep_found = re.search(r"\bEP\s*=\s*(\d+)", notes)
-    ep = int(ep_found.group(1)) if ep_found and model.moe is not None else 1
-    seq, mb = int(_num(row, "seq_len")), int(_num(row, "micro_batch", 1))
-    # unstated accumulation: what the stated global batch implies (global = mb·dp·ga), else 1
-    ga = int(_num(row, "grad_accum", max(1, int(_num(row, "global_batch", 0)) // (mb * dp))))
-    mbs = re.search(r"micro_batch column holds LBS.*?MBS\s*=\s*(\d+)", notes)
-    if mbs and int(mbs.group(1)) < mb and mb % int(mbs.group(1)) == 0:  # NeMo AutoModel: LBS, MBS
-        ga, mb = ga * (mb // int(mbs.group(1))), int(mbs.group(1))
-    sharding = row.get("zero_fsdp", "")
-    zero = zero_stage_of(sharding)
-    offload = 2 if re.search(r"offload", re.sub(NOT_OFFLOADED, "", sharding.lower())) else 0
-    if offload:
-        zero = 3
-    code = {"full": 0, "lora": 1, "qlora": 2}[method]
-    rank = int(_num(row, "lora_rank", DEFAULT_LORA_RANK))
-    n_lora = 0.0 if code == 0 else lora_params_of(row, model, rank)
-    fp8 = "fp8" in row.get("precision", "").lower()
-    x = {"method": code, "checkpointing": checkpointing_of(row.get("checkpointing", "")), "offload": offload,
-             "zero": zero, "seq_len": seq, "micro_batch": mb, "grad_accum": ga, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep,
-             "n_lora": n_lora, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
-             "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
-             "fused": int(_fused(row)),
-             "adapter_bytes": 0.0 if code == 0 else timing.adapter_bytes_per_token(n_lora, rank, adapter_dtype_of(row)),
-             "optimizer_bytes": optimizer_bytes_of(row),
-             "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
-             "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
-    node = int(_num(row, "gpus_per_node", gpu.gpus_per_node) or gpu.gpus_per_node)
-    measured = _num(row, "tokens_per_s_per_gpu")
-    if measured is None or measured <= 0:
-        raise Unmodelable("tokens_per_s_per_gpu: missing")
-    return ThroughputCase(row["id"], row["source"].strip(), row["model"].strip(), gpu.id, method,
-                          measured, recorded(row, THROUGHPUT_COLUMN, THROUGHPUT_SCALE), mf, gpu, x, float(mb * dp * ga * seq), gpus, min(node, gpus))
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,7 +219,7 @@ def cases_of(rows: list[dict[str, str]]) -> tuple[list[ThroughputCase], list[Thr
             reason = "; ".join(exc.problems) if isinstance(exc, InputError) else str(exc)
             unmodelled.append(ThroughputResult(row["id"], row.get("source", ""), row.get("model", ""),
                                                row.get("planner_gpu", ""), row.get("method", ""),
-                                               _num(row, "tokens_per_s_per_gpu", 0.0) or 0.0,
+                                               lenient_num(row, "tokens_per_s_per_gpu", 0.0) or 0.0,
                                                None, None, None, None, reason,
                                                recorded(row, THROUGHPUT_COLUMN, THROUGHPUT_SCALE)))
     return cases, unmodelled

@@ -18,7 +18,8 @@ from typing import Any
 
 from planner import catalog
 from planner.core.errors import InputError
-from planner.validate.rows import Unmodelable, read_csv, scenario_of
+from planner.validate.cells import Unmodelable, read_csv
+from planner.validate.rows import scenario_of
 
 REQUIRED_COLUMNS = ("id", "verdict", "model", "method", "seq_len", "micro_batch", "gpus", "gpu_type")
 VERDICTS = ("ran", "oom")

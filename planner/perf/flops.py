@@ -1,0 +1,99 @@
+"""FLOPs of a trained token: the weights' FLOPs per parameter (full or adapter training, the
+recomputed forward, DPO's reference forward), the attention scores, and the share routed experts
+take (planner.perf.timing turns them into time).
+
+Pure formulas on numpy arrays or scalars; every constant is named here with its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
+from planner.core.codes import FULL
+from planner.core.specs import ModelSpec
+
+#: Weight FLOPs per parameter per token: 6 for full training (forward 2, backward 4: activation
+#: and weight gradients); 4 for LoRA/QLoRA, whose frozen base needs no weight gradients
+#: (catalog-facts §9); +2 with full recomputation (the forward runs twice).
+FULL_FLOPS_PER_PARAM = 6.0
+ADAPTER_FLOPS_PER_PARAM = 4.0
+RECOMPUTE_FLOPS_PER_PARAM = 2.0
+#: A forward alone: 2 FLOPs per parameter and token (DPO's reference policy), and its share of a
+#: training step's attention FLOPs and element-wise traffic (forward 1, backward 2).
+FORWARD_FLOPS_PER_PARAM = 2.0
+FORWARD_SHARE = 1.0 / 3.0
+#: Attention-score FLOPs per token and layer, forward + backward, for the full s×s square:
+#: 12·s·d (QKᵀ and AV, 2·s·d each forward, backward twice that; d = heads·head_dim;
+#: Narayanan et al. 2021). Causal kernels (FlashAttention, SDPA, cuDNN) skip the masked half:
+#: :data:`CAUSAL_SHARE` of it is executed. The forward alone is a third (recomputed once by
+#: full or selective checkpointing).
+ATTENTION_FLOPS_COEFF = 12.0
+CAUSAL_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """Per-token FLOP counts and sizes of one model (scalars)."""
+
+    params: float  # N (total)
+    active_params: float  # N used per token (MoE: active experts only)
+    layers: int
+    hidden: int
+    attn_width: int  # heads · head_dim
+    kv_width: int  # kv_heads · head_dim
+    moe_layers: int = 0  # layers with routed experts
+    experts_per_token: int = 0  # top-k routing
+    expert_params: float = 0.0  # routed-expert parameters (what expert parallelism shards)
+    experts: int = 0  # routed experts per MoE layer
+    heads: int = 1
+
+
+def model_flops(model: ModelSpec) -> ModelFlops:
+    n = float(total_params(model))
+    active = n
+    if has_full_architecture(model) and model.moe is not None and model.params_b is None:
+        active = float(param_counts(model).active)
+    heads = model.heads or max(1, model.hidden // 128)
+    head_dim = model.head_dim_eff or model.hidden // heads
+    kv = model.kv_heads_eff or heads
+    moe_layers = sum(1 for i in range(model.layers) if is_moe_layer(model, i))
+    return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim,
+                      moe_layers, model.moe.active if model.moe is not None else 0,
+                      float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads)
+
+
+def linear_flops_per_token(mf: ModelFlops, *, method: Any, checkpointing: Any, n_lora: Any = 0.0,
+                           saved_head: Any = 0.0) -> Any:
+    """FLOPs of the linear layers per trained token (weights, adapters, recomputed forward).
+    ``saved_head``: parameters of an LM head a LoRA run trains in full (``modules_to_save``),
+    which adds its weight gradient; a trained embedding's gradient is a scatter, no GEMM."""
+    per_param = np.where(method == FULL, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
+    recompute = np.where(checkpointing == 2, RECOMPUTE_FLOPS_PER_PARAM * mf.active_params, 0.0)
+    head_grad = np.where(method == FULL, 0.0, (FULL_FLOPS_PER_PARAM - ADAPTER_FLOPS_PER_PARAM) * saved_head)
+    return per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora + head_grad + recompute
+
+
+def attention_flops_per_token(mf: ModelFlops, *, seq_len: Any, checkpointing: Any) -> Any:
+    """Executed attention-score FLOPs per token (causal), with the recomputed forward."""
+    full = ATTENTION_FLOPS_COEFF * CAUSAL_SHARE * mf.layers * seq_len * mf.attn_width
+    return full * np.where(checkpointing >= 1, 4.0 / 3.0, 1.0)
+
+
+def expert_active_share(mf: ModelFlops) -> Any:
+    """Share of the active parameters that sit in routed experts (0 for dense models)."""
+    routed = mf.expert_params * mf.experts_per_token / np.maximum(mf.experts, 1)
+    return np.where(mf.experts > 0, routed / np.maximum(mf.active_params, 1.0), 0.0)
+
+
+def flops_per_token(mf: ModelFlops, *, method: Any, seq_len: Any, checkpointing: Any, n_lora: Any = 0.0) -> Any:
+    """Hardware FLOPs per trained token (arrays broadcast).
+
+    ``method`` code: 0 full, 1 LoRA, 2 QLoRA (see planner.memory.seed.METHODS); ``checkpointing``
+    code: 0 none, 1 selective (recomputes the attention core), 2 full (recomputes the forward).
+    """
+    return (linear_flops_per_token(mf, method=method, checkpointing=checkpointing, n_lora=n_lora)
+            + attention_flops_per_token(mf, seq_len=seq_len, checkpointing=checkpointing))

@@ -1,0 +1,88 @@
+"""A GPU type as the time model sees it (:class:`GpuPerf`: dense peaks, utilisation, the
+bandwidths of its links and memory), and the time of collectives over those links: ring
+all-reduce and all-gather, and hierarchical collectives across nodes as NCCL runs them.
+
+Where the catalog gives no bandwidth, the stated defaults below stand in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.core.specs import GpuSpec
+
+#: Bandwidth assumed where the catalog has none: PCIe 4.0 x16 (~25 GB/s usable per direction)
+#: inside a node, 100 Gb/s Ethernet (12.5 GB/s) between nodes, and 1 TB/s device memory.
+DEFAULT_INTRA_NODE_GBPS = 25.0
+DEFAULT_INTER_NODE_GBPS = 12.5
+DEFAULT_MEMORY_GBPS = 1000.0
+
+
+@dataclass(frozen=True)
+class GpuPerf:
+    """What the time model needs of a GPU type (arrays over GPU types, or scalars)."""
+
+    peak_flops: Any  # dense 16-bit FLOP/s
+    utilization: Any  # hardware-FLOPs utilisation of the tensor-core work (planner.perf.timing)
+    intra_bps: Any  # bytes/s between GPUs of a node
+    inter_bps: Any  # bytes/s between nodes
+    gpus_per_node: Any
+    price_usd_per_hour: Any  # per GPU; NaN if unknown
+    memory_bps: Any = DEFAULT_MEMORY_GBPS * 1e9  # device memory bandwidth, bytes/s
+    peak_fp8_flops: Any = float("nan")  # dense FP8 FLOP/s; NaN where the card has none
+    #: Speed of the memory-bound kernels relative to the band's middle: u / u_mid when a
+    #: utilisation other than the middle is asked for (the band's slow and fast ends), so that the
+    #: band moves all of the GPU's own work, not only its GEMMs.
+    kernel_speed: Any = 1.0
+
+    @classmethod
+    def of(cls, gpu: GpuSpec, utilization: float | None = None) -> GpuPerf:
+        mid = utilization_mid(gpu)
+        util = utilization if utilization is not None else mid
+        price = gpu.price_on_demand_usd_per_hour
+        return cls(
+            peak_flops=(gpu.peak_tflops_16bit or 0.0) * 1e12,
+            utilization=util,
+            intra_bps=(gpu.intra_node_gbps or DEFAULT_INTRA_NODE_GBPS) * 1e9,
+            inter_bps=(gpu.inter_node_gbps or DEFAULT_INTER_NODE_GBPS) * 1e9,
+            gpus_per_node=gpu.gpus_per_node,
+            price_usd_per_hour=float("nan") if price is None else price,
+            memory_bps=(gpu.memory_bandwidth_gbps or DEFAULT_MEMORY_GBPS) * 1e9,
+            peak_fp8_flops=float("nan") if gpu.fp8_dense_tflops is None else gpu.fp8_dense_tflops * 1e12,
+            kernel_speed=util / mid,
+        )
+
+
+def utilization_mid(gpu: GpuSpec) -> float:
+    """The catalog band's middle: the geometric mean of ``utilization_low`` and ``_high``."""
+    return math.sqrt(gpu.utilization_low * gpu.utilization_high)
+
+
+def ring_allreduce_s(n_bytes: Any, group: Any, bps: Any) -> Any:
+    """Ring all-reduce: each GPU sends and receives 2·(g−1)/g of the buffer."""
+    return np.where(group > 1, 2.0 * (group - 1) / np.maximum(group, 1) * n_bytes / bps, 0.0)
+
+
+def ring_allgather_s(n_bytes: Any, group: Any, bps: Any) -> Any:
+    """All-gather (or reduce-scatter) of a buffer of ``n_bytes`` in total: (g−1)/g of it moves."""
+    return np.where(group > 1, (group - 1) / np.maximum(group, 1) * n_bytes / bps, 0.0)
+
+
+def group_collective_s(n_bytes: Any, group: Any, inner: Any, node: Any, intra_bps: Any, inter_bps: Any,
+                       factor: float) -> Any:
+    """A collective over ``group`` GPUs whose members are ``inner`` ranks apart (the degrees laid
+    out inside it: tp·cp for data parallelism), ``factor`` 2 for an all-reduce, 1 for an
+    all-gather or a reduce-scatter. Hierarchical, as NCCL runs it across nodes: the members
+    inside a node exchange over the node's link, and the nodes exchange (n−1)/n of the buffer
+    over the NICs of the group's members in each node (one NIC per GPU, all used at once:
+    NCCL's rings and trees run one channel per NIC)."""
+    group = np.asarray(group, dtype=float)
+    per_node = np.minimum(np.maximum(np.floor(node / np.maximum(inner, 1)), 1.0), group)
+    nodes = np.ceil(group / per_node)
+    intra = np.where(per_node > 1, factor * (per_node - 1) / per_node * n_bytes / intra_bps, 0.0)
+    inter = np.where(nodes > 1, factor * (nodes - 1) / nodes * n_bytes / (per_node * inter_bps), 0.0)
+    return np.where(group > 1, intra + inter, 0.0)

@@ -1,0 +1,117 @@
+"""A measured run's layout as its row states it: degrees, ZeRO/FSDP stage, offload, checkpointing,
+attention and sequence parallelism, and what the named ZeRO/FSDP implementation and release do
+beyond the stage (DeepSpeed's buckets and overflow check, ZeRO-Offload's GPU copy, FSDP1's full
+state dict and unsharded accumulation, FSDP2).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from planner.validate.cells import HF_FRAMEWORKS, RowText, cell, no, num, version_of
+from planner.validate.sharding import zero_stage_of
+
+#: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
+#: (11 bytes per element; ``x.float().sum()``, 4, before): a row's ``deepspeed`` release before
+#: it sets ``zero_overflow_check_bytes`` 4.
+DEEPSPEED_MASKED_OVERFLOW_CHECK = (0, 13, 3)
+#: DeepSpeed 0.14.1 (2024-04, PR #5301) copies ZeRO-Offload's FP32 partition to the GPU at the
+#: step; PR #7309 (merged 2025-05-23) casts it on the host again, taken as from 0.17.0, the first
+#: minor release after it (``zero_offload_gpu_copy``).
+DEEPSPEED_OFFLOAD_GPU_COPY = ((0, 14, 1), (0, 17, 0))
+
+
+def _checkpointing(text: str) -> str:
+    text = text.lower()
+    if text.startswith("selective"):
+        return "selective"
+    # "no (the flag was not passed)": a qualified no is still no
+    return "none" if text == "" or re.match(r"(no|off|false|none)\b", text) else "full"
+
+
+def fsdp2(t: RowText, row: dict[str, str]) -> bool:
+    """FSDP2 (``fully_shard``): named in the sharding cell, or torchtitan's and torchtune's
+    distributed recipes (FSDP2 since v0.3), unless the cell says FSDP1."""
+    fsdp = cell(row, "zero_or_fsdp")
+    return "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune"))
+
+
+def deepspeed_zero(row: dict[str, str]) -> bool:
+    """The row's sharding cell names a DeepSpeed ZeRO stage (``zero1``, ``zero2 (...)``, ...)."""
+    return cell(row, "zero_or_fsdp").startswith("zero")
+
+
+def layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
+    """Degrees, sharding, offload, checkpointing and attention as the row states them."""
+    offload = row.get("cpu_offload", "").lower()
+    lay: dict[str, Any] = {
+        "gpus": int(num(row, "gpus", 1)), "tp": int(num(row, "tp", 1)),
+        "pp": int(num(row, "pp", 1)), "cp": int(num(row, "cp", 1)),
+        "zero": zero_stage_of(row.get("zero_or_fsdp", "")),
+        "checkpointing": _checkpointing(row.get("grad_ckpt", "")),
+        "attention": "eager" if row.get("flash_attn", "").strip() == "eager" else "flash",
+        "activation_offload": "activations" in offload,
+    }
+    # One GPU shards nothing, but DeepSpeed's ZeRO-1/2 optimizer still flattens the gradients
+    # and copies them to FP32 at the step (its recipe, below): only other stage-1/2 cells drop.
+    deepspeed_12 = deepspeed_zero(row) and lay["zero"] < 3
+    if lay["gpus"] == 1 and lay["zero"] and "optimizer" not in offload and not deepspeed_12:
+        lay["zero"] = 0 if lay["zero"] < 3 else 3
+    if "params" in offload:
+        lay["offload"] = "optimizer+params"
+        lay["zero"] = 3
+    elif "optimizer" in offload and "paged" not in offload:  # ZeRO-Offload: states and step on CPU
+        lay["offload"] = "optimizer"
+        lay["zero"] = max(lay["zero"], 1)
+    lay.update(_sharding_recipe(t, row, lay["zero"], grad_accum))
+    if int(num(row, "layers", 1)) % lay["pp"]:
+        lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
+    if lay["tp"] > 1:
+        # sequence parallelism (TP also shards the norm and dropout regions): on unless the
+        # row says the run had none (torchtitan, NeMo and Megatron-Bridge recipes use it)
+        lay["sp"] = not no(row, "sequence_parallel")
+    return lay
+
+
+def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int) -> dict[str, Any]:
+    """What the row's ZeRO/FSDP implementation does beyond its stage."""
+    out: dict[str, Any] = {}
+    fsdp = row.get("zero_or_fsdp", "").lower()
+    # DeepSpeed ZeRO-1/2 gradient buckets (reduce_bucket_size, twice with overlap_comm).
+    if num(row, "zero_reduce_bucket"):
+        out["zero_bucket_elements"] = int(num(row, "zero_reduce_bucket"))
+    # FSDP1 with a full state dict (litgpt's FSDPStrategy always uses state_dict_type="full")
+    # gathers it at saves, one unit at a time (the detailed profile's "full state dict" phase).
+    if zero == 3 and ("state_dict_type=full" in fsdp or "fsdp1" in fsdp or "lightning fsdpstrategy" in fsdp):
+        out["full_state_dict"] = True
+    litgpt = t.framework == "litgpt"
+    # Lightning Fabric's ``no_backward_sync`` (litgpt's loop between optimizer steps) is FSDP1's
+    # ``no_sync``: gradients accumulate unsharded, the whole model's on every GPU. The Hugging
+    # Face Trainer does the same under FSDP: ``model.no_sync()`` on every micro-batch but the
+    # last (``_no_sync_in_gradient_accumulation``: all but DeepSpeed and SageMaker, 2023), then
+    # accelerate's ``accumulate`` (no_sync unless ``sync_each_batch``, added in 2024).
+    hf_loop = t.framework in HF_FRAMEWORKS and "fsdp" in fsdp and "sync_each_batch" not in fsdp
+    if (litgpt and zero == 3 or hf_loop and zero >= 2) and grad_accum > 1:
+        out["unsharded_grad_accumulation"] = True
+    # Lightning's FSDPStrategy sets ``use_orig_params=True`` (torch >= 2.0) and litgpt wraps each
+    # ``Block`` whole, so a LoRA layer's frozen weights share its flat parameter's gradient.
+    if litgpt and zero == 3 and t.method == "lora":
+        out["fsdp_mixed_units"] = True
+    # What ZeRO-Offload (stage 1/2) holds on the GPU in the DeepSpeed release that ran.
+    release = version_of(cell(row, "deepspeed"))
+    if release is not None:
+        if release < DEEPSPEED_MASKED_OVERFLOW_CHECK:
+            out["zero_overflow_check_bytes"] = 4
+        first, fixed = DEEPSPEED_OFFLOAD_GPU_COPY
+        out["zero_offload_gpu_copy"] = first <= release < fixed
+    # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
+    if zero == 3 and ("zero3" in fsdp or "zero-3" in fsdp or "deepspeed" in fsdp):
+        out["zero_impl"] = "deepspeed"
+    # DeepSpeed's ZeRO-1/2 (stage_1_and_2.py; not Megatron-DeepSpeed's BF16_Optimizer, whose FP32
+    # gradient buffer the row's precision cell states).
+    if zero in (1, 2) and deepspeed_zero(row) and "bf16_optimizer" not in fsdp:
+        out["zero_impl"] = "deepspeed"
+    if zero == 3 and fsdp2(t, row):
+        out["fsdp_version"] = 2
+    return out
