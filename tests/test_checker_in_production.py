@@ -39,7 +39,7 @@ def test_plan_raw_drops_what_the_checker_rejects(monkeypatch):
 
 def test_one_host_ram_rule():
     from planner import catalog
-    from planner.core.specs import HOST_RAM_USABLE_SHARE
+    from planner.core.values import HOST_RAM_USABLE_SHARE
 
     h100 = catalog.get_gpu("h100")
     assert h100.host_ram_budget_bytes == h100.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE

@@ -11,7 +11,7 @@ import pytest
 
 import planner
 from planner.core.arch import exact_lora_params
-from planner.core.specs import ModelSpec
+from planner.core.entries import ModelSpec
 from planner.memory import activations as act
 from planner.memory.inventory import LayerRecipe
 from planner.memory.logits import loss_bytes

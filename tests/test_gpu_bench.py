@@ -26,7 +26,7 @@ def test_parameter_count_of_a_grid_shape():
     8·(2·768² + 2·768·256 + 3·768·2048 + 2·768) + 2·32000·768 + 768 = 99,496,704 — the count
     planner.core.arch gives for the same architecture."""
     from planner.core.arch import param_counts
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
 
     run = gpu_memory.grid(quick=True)[0]
     assert gpu_memory.params_of(run) == 99_496_704

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from truth.harness import peak_bytes as _peak_bytes
 
-from planner.core.specs import ModelSpec
+from planner.core.entries import ModelSpec
 from planner.memory.logits import loss_bytes
 
 

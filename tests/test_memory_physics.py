@@ -130,7 +130,7 @@ def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
 
 
 def test_offloaded_optimizer_has_no_gpu_step_temporaries():
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
@@ -147,7 +147,7 @@ def test_paged_adamw_has_no_list_wide_step_temporaries():
     """bitsandbytes' paged AdamW (``paged_adamw_32bit``) updates one tensor per kernel: none of
     torch's foreach copy of exp_avg_sq (Llama 2 70B full FT, FSDP over 16 A100s: the HF blog's
     run, whose script defaulted to it, fits only without that 17 GB copy)."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
@@ -166,7 +166,7 @@ def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
     Unsharded Llama-2-7B: the largest tensor is the 32,000 x 4,096 embedding. Under FSDP1 the
     stepped tensors are the units' flat shards (on torch 2.0 FlatParameter is not a plain
     Parameter, so torch falls back to this path), a layer's 202M parameters over the ranks."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
@@ -191,7 +191,7 @@ def test_one_tensor_step_of_adapters_and_fused_projections():
     vocabulary sizes it only where the LM head is adapted (A of the head, r x 32,000) or
     trained whole. A fused-QKV model without a large vocabulary (an untied 1,000-word head): its
     fused q/k/v weight, 3h x h, outweighs the MLP's h x 2h."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
@@ -218,7 +218,7 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time():
     its partition at a time (sub_group_size 1e9 elements by default): a 7B model on two GPUs
     (3.4e9 elements each) holds the sub-group's gradient and foreach root, 2 x 4 GB, where FSDP
     steps its whole 3.4e9-element shard at once."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
@@ -287,7 +287,7 @@ def test_fsdp_qlora_70b_on_two_24gb_gpus():
 
 
 def test_full_state_dict_phase_holds_one_unit():
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.detailed import detailed_peak
 
     model = ModelSpec(id="m", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000)
@@ -303,7 +303,7 @@ def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
     """A QLoRA forward with the cache on (FP32 norms over the 4-bit base, no checkpointing)
     holds FP32 K and V of every layer beside the saved tensors until the loss's forward is done:
     a phase of its own. Under checkpointing Hugging Face turns the cache off: nothing changes."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.detailed import detailed_peak
     from planner.memory.logits import eval_loss_bytes
 
@@ -352,7 +352,7 @@ def test_llama_8b_full_zero0_plan_on_b200_is_feasible():
 def test_reserved_view_is_the_largest_over_phases():
     """``max_memory_reserved`` is the most the segments ever held: a phase of churning
     activations can need more reserved memory than the phase with the most allocated."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=128256)
     wl = Workload(method="full", precision="mixed", seq_len=2048, micro_batch=4, optimizer_step="fused")
@@ -375,7 +375,7 @@ def test_gather_buffers_are_the_root_and_two_layer_units():
     all-gathered for backward"; FSDP1 does not free the root after forward); beside it the rate
     limiter keeps two layer units in flight (the one computing, the one prefetched)."""
     from planner.core.arch import param_counts
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 

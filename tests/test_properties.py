@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Overrides, Workload
 from planner.memory.seed import seed_memory
 
 MODEL = ModelSpec(id="m", params_b=7, layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)

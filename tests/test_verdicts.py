@@ -71,7 +71,7 @@ def test_a_model_no_hub_hosts_is_read_from_the_row_s_dimensions():
     got = judge_row(row)
     assert got.judged_fit is not None
     from planner.core.arch import param_counts
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.validate.rows import model_of
 
     total = param_counts(ModelSpec(**model_of(row))).total
@@ -89,7 +89,7 @@ def test_architecture_facts_give_the_published_parameter_counts(row_id, publishe
     """Models the catalog does not hold are read from the row's dimensions with their family's
     facts, found by the model cell's first word (``gpt-neox-20b`` is not the tied GPT-2)."""
     from planner.core.arch import param_counts
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.validate.rows import model_of
 
     row = next(r for r in read_rows(VERDICTS) if r["id"] == row_id)

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from planner.core.entries import MLASpec, ModelSpec, MoESpec
 from planner.core.errors import InputError
-from planner.core.specs import MLASpec, ModelSpec, MoESpec
 from planner.core.textfiles import is_dir, is_file, load_json
 
 #: model_type -> extra facts the config does not state but the architecture implies.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from planner.catalog.store import UnknownName, catalog_dir, load_catalog_file, normalize_name
-from planner.core.specs import StackSpec
+from planner.core.entries import StackSpec
 
 
 @lru_cache(maxsize=1)

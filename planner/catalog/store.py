@@ -20,8 +20,8 @@ from typing import Generic, TypeVar
 
 import yaml
 
+from planner.core.entries import GpuSpec, ModelSpec
 from planner.core.errors import excerpt
-from planner.core.specs import GpuSpec, ModelSpec
 from planner.core.textfiles import is_dir, is_file
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # planner/

@@ -12,7 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.core.specs import DEFAULT_MAX_GPUS, Layout, Scenario, Workload
+from planner.core.specs import Layout, Scenario, Workload
+from planner.core.values import DEFAULT_MAX_GPUS
 from planner.memory.breakdown import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS
 from planner.memory.profiles import PROFILES
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.core.entries import ModelSpec
 from planner.core.memo import by_spec
-from planner.core.specs import LORA_TARGETS, ModelSpec
+from planner.core.values import LORA_TARGETS
 
 
 class ArchitectureIncomplete(ValueError):

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import get_args
 
-from planner.core.specs import (
-                                Attention,
-                                Checkpointing,
-                                Kernels,
-                                Loss,
-                                Method,
-                                Offload,
-                                Optimizer,
-                                Precision,
-                                ZeroImpl,
+from planner.core.values import (
+                       Attention,
+                       Checkpointing,
+                       Kernels,
+                       Loss,
+                       Method,
+                       Offload,
+                       Optimizer,
+                       Precision,
+                       ZeroImpl,
 )
 
 METHODS: tuple[str, ...] = get_args(Method)

@@ -1,4 +1,5 @@
-"""Typed schemas: catalog entries (GPUs, models) and the scenario format.
+"""The scenario format, typed: workload, layout, overrides, search space, constraints (catalog
+entries are in planner.core.entries, the shared value types in planner.core.values).
 
 Validation happens here, at the edge, strictly: unknown keys are errors (``extra="forbid"``), so a
 typo'd key in a scenario file is reported rather than silently dropped. Past this module, code
@@ -7,270 +8,37 @@ trusts its inputs. Counts accept YAML's ``1e9`` (read as a string) wherever an i
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AliasChoices,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    model_validator,
+from pydantic import AliasChoices, BeforeValidator, Discriminator, Field, Tag
+
+from planner.core.entries import ModelSpec
+from planner.core.values import (
+    LORA_TARGETS,
+    MAX_GPUS,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    MAX_TOKENS,
+    Attention,
+    Checkpointing,
+    Count,
+    Kernels,
+    Loss,
+    Method,
+    NonNegCount,
+    NonNegFloat,
+    Objective,
+    Offload,
+    Optimizer,
+    PosFloat,
+    Precision,
+    Profile,
+    QuantType,
+    StrictModel,
+    ZeroImpl,
+    parse_count,
+    parse_number,
 )
-
-# --------------------------------------------------------------------------------------------
-# Value types
-
-
-def _parse_number(value: Any) -> Any:
-    """Accept ``"1e9"`` and ``"7_000"`` (YAML reads both as strings); reject booleans."""
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not true/false")  # noqa: TRY004 - pydantic reports ValueErrors
-    if isinstance(value, str):
-        text = value.strip().replace("_", "")
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"must be a number, got {value!r}") from None
-    return value
-
-
-def _parse_count(value: Any) -> Any:
-    value = _parse_number(value)
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"must be a whole number, got {value:g}")
-        value = int(value)
-    return value
-
-
-#: A positive whole number (accepts ``1e9``).
-Count = Annotated[int, BeforeValidator(_parse_count), Field(ge=1)]
-#: A non-negative whole number.
-NonNegCount = Annotated[int, BeforeValidator(_parse_count), Field(ge=0)]
-#: A non-negative real number (accepts ``4e9``).
-NonNegFloat = Annotated[float, BeforeValidator(_parse_number), Field(ge=0, allow_inf_nan=False)]
-PosFloat = Annotated[float, BeforeValidator(_parse_number), Field(gt=0, allow_inf_nan=False)]
-
-#: Upper bounds that catch absurd input (a typo of three extra zeros) without limiting real use.
-MAX_GPUS = 1_000_000
-#: "Up to 1,024 GPUs" unless the scenario says otherwise (``search.max_gpus``).
-DEFAULT_MAX_GPUS = 1024
-#: Share of a node's host RAM that offloaded states may take (the OS, data loaders and pinned
-#: buffers need the rest): a guess, stated.
-HOST_RAM_USABLE_SHARE = 0.8
-MAX_SEQ_LEN = 16 * 1024 * 1024
-#: The largest token budget a scenario may ask for: 10^15, about 28 times the largest published
-#: pre-training run (Qwen3, 36 trillion tokens; Qwen3 technical report, Yang et al. 2025). A
-#: larger figure is a typo (``1e300``), and would plan jobs of 10^295 days.
-MAX_TOKENS = 1e15
-MAX_MICRO_BATCH = 1_000_000
-
-Method = Literal["full", "lora", "qlora", "inference"]
-Optimizer = Literal["adamw", "adam8bit", "paged_adamw8bit", "sgd"]
-Precision = Literal["mixed", "bf16", "fp16", "fp32"]
-Checkpointing = Literal["none", "selective", "full"]
-Attention = Literal["eager", "flash"]
-Offload = Literal["none", "optimizer", "optimizer+params"]
-ZeroImpl = Literal["fsdp", "deepspeed"]
-Profile = Literal["seed", "detailed"]
-Objective = Literal["gpus", "hourly", "cost", "time"]
-Vendor = Literal["nvidia", "amd", "huawei", "intel", "google"]
-QuantType = Literal["nf4", "torchao-nf4", "gptq"]
-
-#: Linear layers LoRA can adapt, in PEFT's Llama naming (``all`` = every one of them).
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Catalog entries
-
-
-class GpuSpec(StrictModel):
-    """One GPU type. Memory in MiB as nvidia-smi (or the vendor's tool) reports it."""
-
-    id: str
-    name: str
-    vendor: Vendor
-    aliases: list[str] = []
-    architecture: str
-    memory_mib: Annotated[int, Field(gt=0)]
-    memory_mib_kind: Literal["nvidia-smi", "vendor-tool", "nominal"]
-    memory_source: str
-    bf16_dense_tflops: float | None
-    fp16_dense_tflops: float | None
-    fp8_dense_tflops: float | None
-    tflops_source: str
-    supports_bf16: bool
-    supports_flash_attn2: bool
-    memory_bandwidth_gbps: float | None
-    gpus_per_node: Annotated[int, Field(ge=1)]
-    nvlink_domain: Annotated[int, Field(ge=1)]
-    p2p: bool
-    intra_node_gbps: float | None
-    inter_node_gbps: float | None
-    whole_node_only: bool
-    host_ram_per_node_gib: float | None
-    price_on_demand_usd_per_hour: float | None
-    price_on_demand_source: str | None
-    price_spot_usd_per_hour: float | None
-    price_spot_source: str | None
-    price_purchase_usd: float | None
-    price_purchase_source: str | None
-    price_retrieved: str | None
-    utilization_low: Annotated[float, Field(gt=0, le=1)]
-    utilization_high: Annotated[float, Field(gt=0, le=1)]
-    utilization_source: str
-    notes: str | None = None
-
-    @property
-    def memory_bytes(self) -> int:
-        from planner.core.units import mib_to_bytes
-
-        return mib_to_bytes(self.memory_mib)
-
-    @property
-    def host_ram_budget_bytes(self) -> float:
-        """Host RAM per node that offloaded states may take (inf when the node's RAM is unknown):
-        the one host-RAM rule of the search, the checker and the config warnings."""
-        if self.host_ram_per_node_gib is None:
-            return math.inf
-        return self.host_ram_per_node_gib * 2**30 * HOST_RAM_USABLE_SHARE
-
-    @property
-    def peak_tflops_16bit(self) -> float | None:
-        """Dense 16-bit tensor peak: BF16 where supported, else FP16."""
-        return self.bf16_dense_tflops if self.supports_bf16 else self.fp16_dense_tflops
-
-
-class MoESpec(StrictModel):
-    """Mixture of experts: ``first_dense_layers`` dense layers, then MoE layers."""
-
-    experts: Count
-    active: Count
-    expert_ffn: Count
-    shared_experts: NonNegCount = 0
-    shared_ffn: NonNegCount = 0
-    first_dense_layers: NonNegCount = 0
-    moe_every: Count = 1
-
-
-class MLASpec(StrictModel):
-    """Multi-head latent attention (DeepSeek-V2/V3)."""
-
-    q_lora_rank: NonNegCount | None = None
-    kv_lora_rank: Count
-    qk_nope_head_dim: Count
-    qk_rope_head_dim: Count
-    v_head_dim: Count
-
-
-class ModelSpec(StrictModel):
-    """A transformer's architecture. ``params_b`` overrides the count computed from it.
-
-    Catalog entries carry every field; a scenario may give only ``params_b``, ``layers`` and
-    ``hidden`` (enough for the ``seed`` profile), or a full architecture.
-    """
-
-    id: str = "custom"
-    name: str | None = None
-    hf_repo: str | None = None
-    aliases: list[str] = []
-    family: str | None = None
-    layers: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=100_000)]
-    hidden: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=10_000_000)]
-    heads: Count | None = None
-    kv_heads: Count | None = None
-    head_dim: Count | None = None
-    ffn: Count | None = None
-    vocab: Count | None = None
-    tied_embeddings: bool = False
-    gated_mlp: bool = True
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    norms_per_layer: NonNegCount = 2
-    fused_qkv: bool = False  # one QKV linear (Qwen v1 c_attn, GPT-NeoX, litgpt): one LoRA input
-    #: Whose module code saves the activations: Hugging Face transformers/PEFT, or litgpt's GPT
-    #: (q, k, v split as views of the fused QKV output; LoRA q/v updates zero-padded).
-    impl: Literal["hf", "litgpt"] = "hf"
-    norm_upcast: bool = True  # RMSNorm computes in FP32 (False: litgpt before Oct 24, 2023)
-    #: The RMSNorm scales by its weight in FP32 and casts after (Gemma 1-3:
-    #: ``x.float() * (1 + weight.float())``; OLMo 2), so a trainable weight keeps the FP32
-    #: normalised x.
-    norm_fp32_scale: bool = False
-    #: FFN-wide tensors the (ungated) MLP's activation keeps beyond its input: 3 for the GELU
-    #: written out in Python (transformers' ``gelu_new``: GPT-2, GPT-J, Phi-1.5/2, CodeGen keep
-    #: the tanh, 0.5·x and 1 + tanh), 0 for a kernel (``gelu``, ``gelu_pytorch_tanh``, ReLU).
-    activation_saved_copies: NonNegCount = 0
-    #: The (ungated) MLP's activation keeps its output, not its input (ReLU: OPT), and that
-    #: output is the down projection's saved input: one FFN-wide tensor instead of two.
-    activation_keeps_output: bool = False
-    #: Eager attention's softmax runs in FP32 and is cast back (Llama and most since); False:
-    #: in the compute dtype (transformers' GPT-2), keeping only the e-byte probabilities.
-    softmax_fp32: bool = True
-    #: litgpt before Oct 24, 2023 (PR #667) left multi-query K/V unexpanded, so PyTorch's SDPA
-    #: (no grouped-query kernels before 2.5) ran its math path, keeping the s² probabilities.
-    mqa_sdpa_math: bool = False
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
-    #: tanh soft-capping of the attention scores / of the final logits (Gemma 2): the tanh keeps
-    #: its output for backward, and capped scores cannot go through SDPA's fused kernels.
-    attention_softcap: bool = False
-    logit_softcap: bool = False
-    #: The stack's eager attention clamps the masked scores from below with ``torch.max``, which
-    #: keeps its input for backward: one more s²-sized tensor per layer. transformers' Llama
-    #: before 4.31.0 and OPT before 4.49.0 did, as does Baichuan-7B's remote code; today's
-    #: releases do not.
-    eager_mask_clamp: bool = False
-    position: Literal["rope", "learned", "alibi", "none"] = "rope"
-    max_position: Count | None = None
-    moe: MoESpec | None = None
-    mla: MLASpec | None = None
-    params_b: Annotated[float | None, BeforeValidator(_parse_number), Field(gt=0, le=100_000)] = None
-    official_params_b: float | None = None
-    params_source: str | None = None
-    notes: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> ModelSpec:
-        if (self.kv_heads is not None and self.heads is not None
-                and (self.kv_heads > self.heads or self.heads % self.kv_heads)):
-            raise ValueError(
-                f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})"
-            )
-        if self.moe is not None and self.moe.active > self.moe.experts:
-            raise ValueError("moe.active must not exceed moe.experts")
-        return self
-
-    @property
-    def kv_heads_eff(self) -> int | None:
-        return self.kv_heads if self.kv_heads is not None else self.heads
-
-    @property
-    def head_dim_eff(self) -> int | None:
-        if self.head_dim is not None:
-            return self.head_dim
-        if self.heads:
-            return self.hidden // self.heads
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# Scenario
-
-
-#: The loss's implementation (``Workload.loss``) and the layer kernels (``Workload.kernels``).
-Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace",
-               "chunked_head", "chunked_head_in_forward", "rowwise", "rowwise_fp32"]
-Kernels = Literal["standard", "fused_rmsnorm", "unsloth"]
 
 
 class Workload(StrictModel):
@@ -279,12 +47,12 @@ class Workload(StrictModel):
     method: Method = "full"
     optimizer: Optimizer = "adamw"
     precision: Precision = "mixed"
-    seq_len: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_SEQ_LEN)] = 2048
-    micro_batch: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_MICRO_BATCH)] = 1
+    seq_len: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_SEQ_LEN)] = 2048
+    micro_batch: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_MICRO_BATCH)] = 1
     grad_accum: Count | None = None
     global_batch: Count | None = None
-    tokens: Annotated[float, BeforeValidator(_parse_number), Field(gt=0, le=MAX_TOKENS, allow_inf_nan=False)] | None = None
-    lora_rank: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=65_536)] = 16
+    tokens: Annotated[float, BeforeValidator(parse_number), Field(gt=0, le=MAX_TOKENS, allow_inf_nan=False)] | None = None
+    lora_rank: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=65_536)] = 16
     lora_alpha: PosFloat | None = None
     lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "all", "lm_head"]] = ["all"]
     #: Bits per quantized base weight: 4 (NF4, GPTQ) or 8 (bitsandbytes LLM.int8, ``Linear8bitLt``).
@@ -316,7 +84,7 @@ class Workload(StrictModel):
     #: Face Trainer's ``per_device_eval_batch_size``, 8 unless set, whatever the training batch);
     #: unset: no evaluation during training. The detailed profile sizes an evaluation phase: a
     #: forward without gradients at this batch, its logits and its loss, beside the model states.
-    eval_micro_batch: Annotated[int | None, BeforeValidator(_parse_count),
+    eval_micro_batch: Annotated[int | None, BeforeValidator(parse_count),
                                 Field(ge=1, le=MAX_MICRO_BATCH)] = None
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: QuantType = "nf4"
@@ -334,7 +102,7 @@ class Workload(StrictModel):
     # otherwise; norms FP32), "none"
     kbit_prep: Literal["none", "peft", "trl"] = "none"
     adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
-    lora_dropout: Annotated[float, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = 0.0
+    lora_dropout: Annotated[float, BeforeValidator(parse_number), Field(ge=0, lt=1)] = 0.0
     grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)
     optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
     # how the optimizer steps: "foreach" (torch's multi-tensor default on CUDA: one
@@ -418,13 +186,13 @@ class Layout(StrictModel):
     """How the work is laid out on hardware: systems choices that do not change what is trained."""
 
     gpu: str | None = None
-    gpus: Annotated[int | None, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = None
-    dp: Annotated[int | None, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = None
-    tp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
-    pp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
-    cp: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    gpus: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    dp: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    tp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    pp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    cp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
     #: Expert parallelism (MoE): routed experts split over ep ranks carved out of dp (ep | dp).
-    ep: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    ep: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
     sp: bool = False
     zero: Literal[0, 1, 2, 3] = 0
     offload: Offload = "none"
@@ -436,7 +204,7 @@ class Layout(StrictModel):
     #: Pipeline stages of unequal layer counts when pp does not divide the layers (torchtitan
     #: splits a 126-layer model over 8 stages); the detailed profile sizes the heaviest stage.
     uneven_pp: bool = False
-    pp_virtual_stages: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1024)] = 1
+    pp_virtual_stages: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=1024)] = 1
     unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
     full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once
     #: FSDP1 with ``use_orig_params=True`` and units that hold frozen and trainable weights (a
@@ -490,72 +258,14 @@ class Overrides(StrictModel):
     base_bytes_per_param: Annotated[PosFloat | None, Field(le=MAX_BYTES_PER_PARAM)] = None
     #: Share of the card kept free; unset: the profile's fit rule (seed: 10 % reserve; detailed:
     #: predicted bytes needed plus a fit margin within capacity, planner.memory.estimate).
-    reserve: Annotated[float | None, BeforeValidator(_parse_number), Field(ge=0, lt=1)] = None
-
-
-class StackRecipe(StrictModel):
-    """A stack's defaults where memory and time depend on them (``catalogs/stacks.yaml``,
-    ``recipe:``). Each is a key of the scenario's of the same name (``Layout`` for the sharding
-    keys, ``Workload`` for the loss, kernels and compile): a plan naming the stack is estimated
-    and timed with them unless the scenario sets its own."""
-
-    #: How its ZeRO-3/FSDP frees gathered parameters (``Layout.fsdp_version``: 1 for FSDP1 and
-    #: DeepSpeed's record_stream frees, 2 for FSDP2).
-    fsdp_version: Literal[1, 2] = 1
-    #: Who implements its ZeRO stages (``Layout.zero_impl``): DeepSpeed copies its gradient
-    #: partition to FP32 at the step, and at stage 3 keeps a flat gradient partition.
-    zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
-    #: Its training loop under FSDP accumulates gradients unsharded between optimizer steps
-    #: (``Layout.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
-    #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).
-    unsharded_grad_accumulation: bool = False
-    #: Element-wise work fused into fewer kernels (Transformer Engine in Megatron-Core; the time
-    #: model's ``fused_elementwise_share``). Time only: no scenario key of its own.
-    fused_kernels: bool = False
-    #: The loss's implementation, the norm and activation kernels, torch.compile (``Workload``).
-    loss: Loss = "standard"
-    kernels: Kernels = "standard"
-    compile: bool = False
-
-
-class StackSpec(StrictModel):
-    """A training stack (framework and launcher) and what it can run, each fact with its source
-    (``catalogs/stacks.yaml``). The search names, for every plan, a stack that runs all of it."""
-
-    id: str
-    name: str
-    versions: str
-    vendors: list[Vendor]
-    methods: list[Literal["full", "lora", "qlora"]]
-    #: 4-bit bases it trains QLoRA on, and the vendors where that quantisation runs.
-    quant_types: list[QuantType] = []
-    qlora_vendors: list[Vendor] = []
-    #: ZeRO stages (0 = DDP, 3 = FSDP full shard) in general, with QLoRA, and with pipelines.
-    zero: list[Literal[0, 1, 2, 3]]
-    zero_with_qlora: list[Literal[0, 1, 2, 3]] = []
-    zero_with_pp: list[Literal[0, 1, 2, 3]] = []
-    offload: list[Offload]
-    checkpointing: list[Checkpointing]
-    #: Model parallelism: which methods it runs with TP > 1 / PP > 1; CP, EP and SP at all.
-    tp_methods: list[Literal["full", "lora", "qlora"]] = []
-    pp_methods: list[Literal["full", "lora", "qlora"]] = []
-    cp: bool = False
-    ep: bool = False
-    sp: bool = False
-    #: It trains whole modules beside LoRA adapters (``Workload.modules_to_save``: PEFT's
-    #: ``modules_to_save``, axolotl's ``lora_modules_to_save``).
-    modules_to_save: bool = False
-    #: What its training loop does by default where memory and time depend on it.
-    recipe: StackRecipe = StackRecipe()
-    sources: list[dict[str, str]] = []
-    notes: str | None = None
+    reserve: Annotated[float | None, BeforeValidator(parse_number), Field(ge=0, lt=1)] = None
 
 
 class SearchSpace(StrictModel):
     """Candidate lists and limits for ``planner plan`` (None = the whole space)."""
 
     gpu_types: list[str] | None = None
-    max_gpus: Annotated[int | None, BeforeValidator(_parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    max_gpus: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
     micro_batch: list[Count] | None = None
     attention: list[Attention] | None = None
     checkpointing: list[Checkpointing] | None = None
@@ -572,7 +282,7 @@ class SearchSpace(StrictModel):
     distinct: Literal["layout", "none"] = "layout"
     #: Stacks a plan may use (catalogs/stacks.yaml ids), in order of preference; None = all.
     stacks: list[str] | None = None
-    utilization: Annotated[float | None, BeforeValidator(_parse_number), Field(gt=0, le=1)] = None
+    utilization: Annotated[float | None, BeforeValidator(parse_number), Field(gt=0, le=1)] = None
 
 
 class Constraints(StrictModel):
@@ -607,5 +317,5 @@ class Scenario(StrictModel):
     search: SearchSpace = SearchSpace()
     constraints: Constraints = Constraints()
     objective: Objective | None = None  # default: cost with a token budget, else gpus
-    top: Annotated[int, BeforeValidator(_parse_count), Field(ge=1, le=1000)] = 10
+    top: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=1000)] = 10
     time_limit_s: PosFloat = 30.0

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from planner.core.errors import InputError, format_validation_error
-from planner.core.specs import Count, PosFloat, StrictModel, _parse_number
+from planner.core.values import Count, PosFloat, StrictModel, parse_number
 
 #: Hours in an average month (365.25 · 24 / 12), for lifetimes given in months.
 HOURS_PER_MONTH = 730.5
@@ -65,7 +65,7 @@ def _date(value: Any) -> Any:
 
 
 Date = Annotated[dt.date, BeforeValidator(_date)]
-Hours = Annotated[float, BeforeValidator(_parse_number), Field(ge=0, allow_inf_nan=False)]
+Hours = Annotated[float, BeforeValidator(parse_number), Field(ge=0, allow_inf_nan=False)]
 
 
 class PriceFile(StrictModel):
@@ -107,9 +107,9 @@ class Portfolio(StrictModel):
     max_price_age_days: PosFloat = 180.0
     power_usd_per_gpu_hour: PerGpu = DEFAULT_POWER_USD_PER_GPU_HOUR
     hosting_usd_per_gpu_hour: PerGpu = DEFAULT_HOSTING_USD_PER_GPU_HOUR
-    purchase_unit_gpus: dict[str, Annotated[int, BeforeValidator(_parse_number),
+    purchase_unit_gpus: dict[str, Annotated[int, BeforeValidator(parse_number),
                                             Field(ge=1, le=MAX_PURCHASE_UNIT)]] = Field(default_factory=dict)
-    max_gpus_per_job: Annotated[int, BeforeValidator(_parse_number), Field(ge=1, le=100_000)] = 1024
+    max_gpus_per_job: Annotated[int, BeforeValidator(parse_number), Field(ge=1, le=100_000)] = 1024
     time_limit_s: PosFloat = 30.0
     time_unit_hours: PosFloat = 1.0
     defaults: dict[str, Any] = Field(default_factory=dict)

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.core.arch import _attention_dims, _dims, lora_module_shapes
+from planner.core.entries import ModelSpec
 from planner.core.memo import by_spec
-from planner.core.specs import ModelSpec
 from planner.memory.attention import (
     attention_is_eager,
     attention_kernel,

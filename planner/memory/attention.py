@@ -11,7 +11,7 @@ beyond the saved tensors, and eager attention's causal mask. Symbols as in
 from __future__ import annotations
 
 from planner.core.arch import _attention_dims, _dims
-from planner.core.specs import ModelSpec
+from planner.core.entries import ModelSpec
 from planner.memory.inventory import FP32, Inventory, LayerRecipe
 
 

@@ -11,7 +11,8 @@ of a step.
 from __future__ import annotations
 
 from planner.core.arch import _dims, lora_adapters, lora_module_shapes, param_counts
-from planner.core.specs import Layout, ModelSpec, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Workload
 from planner.core.units import zero_degree
 from planner.memory.model_states import (
     StateParts,

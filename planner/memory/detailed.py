@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from planner.core.arch import _attention_dims, _dims, param_counts
-from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Overrides, Workload
 from planner.core.units import zero_degree
 from planner.memory.buffers import buffer_terms, deepspeed_zero3, gathers_units
 from planner.memory.model_states import (

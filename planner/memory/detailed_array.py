@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from planner.core.arrays import unique_rows
-from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Overrides, Workload
 from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode
 from planner.memory.detailed import detailed_memory
 

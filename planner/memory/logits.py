@@ -12,8 +12,8 @@ chunked LoRA head; and the peak of an evaluation forward's loss. Symbols as in
 from __future__ import annotations
 
 from planner.core.arch import _dims
+from planner.core.entries import ModelSpec
 from planner.core.memo import by_spec
-from planner.core.specs import ModelSpec
 from planner.memory.inventory import FP32
 
 #: Tokens per sequence chunk of litgpt's LoRA ``lm_head`` and chunked cross-entropy

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.core.arch import ParamCounts, _attention_dims, _dims, expert_params, lora_adapters, param_counts
-from planner.core.specs import ModelSpec, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Workload
 
 #: Bytes per element by dtype name.
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

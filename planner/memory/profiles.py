@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Overrides, Workload
 from planner.memory.breakdown import MemoryBreakdown, dpo_codes
 from planner.memory.detailed import detailed_memory
 from planner.memory.detailed_array import detailed_components

@@ -18,7 +18,8 @@ import numpy as np
 
 from planner.core.arch import expert_params, seed_lora_params, total_params
 from planner.core.codes import FULL, INFERENCE, LORA, QLORA
-from planner.core.specs import Layout, ModelSpec, Overrides, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Overrides, Workload
 from planner.core.units import DTYPE_BYTES, zero_degree
 from planner.memory.breakdown import (
     ATTENTION,

@@ -11,7 +11,8 @@ bytes, inputs kept on autograd contexts, a returned KV cache, and an evaluation 
 from __future__ import annotations
 
 from planner.core.arch import _dims
-from planner.core.specs import Layout, ModelSpec, Workload
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Workload
 from planner.memory import activations as act
 from planner.memory.attention import eager_mask_bytes
 from planner.memory.inventory import FP32, LayerRecipe

@@ -14,7 +14,7 @@ import numpy as np
 
 from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
 from planner.core.codes import FULL
-from planner.core.specs import ModelSpec
+from planner.core.entries import ModelSpec
 
 #: Weight FLOPs per parameter per token: 6 for full training (forward 2, backward 4: activation
 #: and weight gradients); 4 for LoRA/QLoRA, whose frozen base needs no weight gradients

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.core.specs import GpuSpec
+from planner.core.entries import GpuSpec
 
 #: Bandwidth assumed where the catalog has none: PCIe 4.0 x16 (~25 GB/s usable per direction)
 #: inside a node, 100 Gb/s Ethernet (12.5 GB/s) between nodes, and 1 TB/s device memory.

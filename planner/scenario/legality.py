@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from planner.core.codes import CHECKPOINTING, METHODS, OFFLOADS
-from planner.core.specs import GpuSpec, ModelSpec, StackSpec
+from planner.core.entries import GpuSpec, ModelSpec, StackSpec
 
 #: Offload codes: the schema's values in order (none, optimizer, optimizer+params).
 OFFLOAD_CODES, METHOD_CODES, CHECKPOINT_CODES = OFFLOADS, METHODS, CHECKPOINTING  # planner.core.codes

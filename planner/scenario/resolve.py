@@ -16,8 +16,9 @@ from planner import catalog
 from planner.catalog.hf_config import ConfigError
 from planner.catalog.store import UnknownName
 from planner.core.arch import has_full_architecture
+from planner.core.entries import GpuSpec, ModelSpec
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
-from planner.core.specs import GpuSpec, Layout, ModelSpec, Scenario, Workload
+from planner.core.specs import Layout, Scenario, Workload
 from planner.scenario import legality
 from planner.scenario.files import deep_merge, read_scenario_file
 

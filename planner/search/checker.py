@@ -18,8 +18,10 @@ from planner import catalog
 from planner.catalog.stacks import get_stack, stacks
 from planner.catalog.store import UnknownName
 from planner.core.codes import ATTENTION, CHECKPOINTING, METHODS, OFFLOADS
+from planner.core.entries import GpuSpec
 from planner.core.errors import InputError
-from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, Scenario
+from planner.core.specs import Scenario
+from planner.core.values import DEFAULT_MAX_GPUS
 from planner.memory.estimate import estimate_resolved
 from planner.perf.arguments import step_arguments
 from planner.perf.flops import model_flops

@@ -11,8 +11,9 @@ import numpy as np
 
 from planner import catalog
 from planner.catalog.stacks import get_stack, stacks
+from planner.core.entries import GpuSpec, StackSpec
 from planner.core.errors import InputError
-from planner.core.specs import DEFAULT_MAX_GPUS, GpuSpec, StackSpec
+from planner.core.values import DEFAULT_MAX_GPUS
 from planner.memory.breakdown import (
     ATTENTION,
     CHECKPOINTING,

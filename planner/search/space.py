@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.core.specs import GpuSpec
+from planner.core.entries import GpuSpec
 from planner.memory.breakdown import (
     ATTENTION,
     CHECKPOINTING,

@@ -13,7 +13,7 @@ from typing import Any
 
 from planner import catalog
 from planner.core.arch import LORA_TARGETS, exact_lora_params, has_full_architecture, seed_lora_params
-from planner.core.specs import GpuSpec, ModelSpec
+from planner.core.entries import GpuSpec, ModelSpec
 from planner.perf import timing
 from planner.perf.flops import ModelFlops, model_flops
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, recorded

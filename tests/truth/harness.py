@@ -146,7 +146,7 @@ def measure(model, shape: Shape, *, autocast: bool = False) -> Measured:
 
 def spec_of(shape: Shape):
     """The planner's ModelSpec for the same architecture."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
 
     return ModelSpec(layers=shape.layers, hidden=shape.h, heads=shape.heads, kv_heads=shape.kv_heads,
                      head_dim=shape.h // shape.heads, ffn=shape.f, vocab=shape.vocab,

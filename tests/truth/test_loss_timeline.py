@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from harness import peak_bytes as _peak_bytes
 from torch.profiler import ProfilerActivity, profile
 
-from planner.core.specs import ModelSpec
+from planner.core.entries import ModelSpec
 from planner.memory.logits import LOSS_CHUNKS, loss_bytes
 
 HIDDEN = 64

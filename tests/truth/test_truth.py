@@ -152,7 +152,7 @@ def test_sdpa_math_path_for_unexpanded_multi_query():
     path (no fused kernel took grouped queries before 2.5): what it saves is the scaled q, K and
     V broadcast to every head (copies ``bmm`` keeps) and the softmax output, as modelled for
     litgpt before Oct 2023 (``mqa_sdpa_math``). FP32 here, which the CPU does not upcast."""
-    from planner.core.specs import ModelSpec
+    from planner.core.entries import ModelSpec
     from planner.memory.attention import litgpt_attention
     from planner.memory.inventory import Inventory, LayerRecipe
 
