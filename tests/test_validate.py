@@ -320,3 +320,17 @@ def test_every_data_file_reads_sharding_words_alike(words, stage):
     from planner.validate.sharding import zero_stage_of
 
     assert zero_stage_of(words) == stage
+
+
+def test_deepspeed_stage_words_are_read_from_the_one_table():
+    """A data file's sharding cell names a DeepSpeed ZeRO stage through planner.core.codes' words
+    (the readers' and the exporter's table), whatever its case and separators."""
+    from planner.core.codes import DS_ZERO_STAGE_WORDS
+    from planner.validate.sharding import names_deepspeed_stage
+
+    for stage, words in DS_ZERO_STAGE_WORDS.items():
+        for word in words:
+            assert names_deepspeed_stage(word.upper(), stage)
+            assert not names_deepspeed_stage(word, *(s for s in DS_ZERO_STAGE_WORDS if s != stage))
+    assert names_deepspeed_stage("ZeRO-3 + offload", 3) and names_deepspeed_stage("zero2 (overlap_comm)")
+    assert not names_deepspeed_stage("FSDP full_shard") and not names_deepspeed_stage("DDP")

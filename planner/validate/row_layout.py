@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from planner.validate.cells import HF_FRAMEWORKS, RowText, cell, no, num, version_of
-from planner.validate.sharding import zero_stage_of
+from planner.validate.sharding import names_deepspeed_stage, zero_stage_of
 
 #: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
 #: (11 bytes per element; ``x.float().sum()``, 4, before): a row's ``deepspeed`` release before
@@ -39,7 +39,7 @@ def fsdp2(t: RowText, row: dict[str, str]) -> bool:
 
 def deepspeed_zero(row: dict[str, str]) -> bool:
     """The row's sharding cell names a DeepSpeed ZeRO stage (``zero1``, ``zero2 (...)``, ...)."""
-    return cell(row, "zero_or_fsdp").startswith("zero")
+    return names_deepspeed_stage(cell(row, "zero_or_fsdp"))
 
 
 def layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int
         first, fixed = DEEPSPEED_OFFLOAD_GPU_COPY
         out["zero_offload_gpu_copy"] = first <= release < fixed
     # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
-    if zero == 3 and ("zero3" in fsdp or "zero-3" in fsdp or "deepspeed" in fsdp):
+    if zero == 3 and (names_deepspeed_stage(fsdp, 3) or "deepspeed" in fsdp):
         out["zero_impl"] = "deepspeed"
     # DeepSpeed's ZeRO-1/2 (stage_1_and_2.py; not Megatron-DeepSpeed's BF16_Optimizer, whose FP32
     # gradient buffer the row's precision cell states).

@@ -35,3 +35,10 @@ def zero_stage_of(text: str) -> int:
     if _names_stage(t, 1) or "distributedoptimizer" in t or "distopt" in t:
         return 1
     return 0
+
+
+def names_deepspeed_stage(text: str, *stages: int) -> bool:
+    """The text names DeepSpeed's ZeRO stage (any of ``stages``, default every one): ``zero3``,
+    ``ZeRO-3``, ``stage 3`` (planner.core.codes' words; case, spaces, hyphens, underscores aside)."""
+    squeezed = _squeezed(text)
+    return any(_names_stage(squeezed, stage) for stage in (stages or tuple(DS_ZERO_STAGE_WORDS)))

@@ -15,7 +15,7 @@ from planner.launch.importers.peft import read_lora, read_targets
 TT_OPTIM = {"AdamW": "adamw", "Adam": "adamw", "AdamW8bit": "adam8bit", "PagedAdamW8bit": "paged_adamw8bit",
             "SGD": "sgd", "PagedAdamW": "adamw", "PagedAdamW32bit": "adamw"}
 #: torchtune's losses: the chunked cross-entropy over whole logits, and the one that runs the head per
-#: chunk of tokens (memory/activations.py: ``chunked_head``).
+#: chunk of tokens (memory/logits.py: ``chunked_head``).
 TT_LOSS = {"CEWithChunkedOutputLoss": "chunked", "LinearCrossEntropyLoss": "chunked_head",
            "CrossEntropyLoss": "standard"}
 #: torchtune keys that leave memory per GPU alone, and tuning the planner does not model.
