@@ -6,6 +6,8 @@ Python API::
     est = planner.estimate("scenarios/case-b-7b-full-zero3.yaml")
     est = planner.estimate(model="llama-3.1-8b", method="qlora", gpu="rtx-4090", seq_len=2048)
     est.total_bytes, est.fits, est.components
+    plans = planner.plan(model="llama-3.1-8b", method="lora", tokens=1e8, tp=[1, 2]).to_frame()
+    fleet = planner.procure("scenarios/portfolios/team-h1-procurement.yaml").to_frame()
 """
 
 from __future__ import annotations
