@@ -148,3 +148,28 @@ def test_dpo_log_probabilities_as_the_trainer_takes_them():
     assert saved == 4 * v * tokens and peak == pytest.approx(6 * v * tokens + 4 * v * tokens / rows)
     assert resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo"}}).workload.loss_impl == "rowwise"
     assert resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo", "loss": "chunked"}}).workload.loss_impl == "chunked"
+
+
+def test_a_dpo_plan_exports_trl_s_dpo_config():
+    """A DPO plan's Trainer file is TRL's DPOConfig: pairs per device, each sequence capped at the
+    plan's length, the precomputed reference where the plan takes it; a reference-free plan keeps
+    plain TrainingArguments and says which TRL trainer takes them."""
+    import json
+
+    from planner.launch.exporters import export_resolved
+
+    base = {"profile": "seed", "model": "llama-3.1-8b",
+            "workload": {"method": "lora", "algorithm": "dpo", "micro_batch": 3, "grad_accum": 2, "seq_len": 1536},
+            "layout": {"gpu": "h100", "gpus": 1}}
+    for reference in ("model", "precomputed"):
+        raw = {**base, "workload": {**base["workload"], "reference": reference}}
+        bundle = export_resolved(resolve(raw), formats=("hf",))
+        body = json.loads(bundle.files["dpo_config.json"])
+        assert "training_args.json" not in bundle.files
+        assert (body["per_device_train_batch_size"], body["max_length"]) == (3, 1536)
+        assert body["precompute_ref_log_probs"] is (reference == "precomputed")
+    free = export_resolved(resolve({**base, "workload": {**base["workload"], "reference": "none"}}), formats=("hf",))
+    assert "dpo_config.json" not in free.files and "training_args.json" in free.files
+    assert any(line.startswith("hf: ") and "ORPOTrainer" in line for line in free.notes)
+    sft = export_resolved(resolve({**base, "workload": {**base["workload"], "algorithm": "sft"}}), formats=("hf",))
+    assert "training_args.json" in sft.files and "dpo_config.json" not in sft.files

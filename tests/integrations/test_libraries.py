@@ -399,3 +399,62 @@ def test_torchtune_parser_merges_the_overrides_over_the_base(plan):
     cfg.optimizer_in_bwd = True
     with pytest.raises(RuntimeError, match="optimizer in bwd"):
         recipes.FullFinetuneRecipeSingleDevice(cfg)
+
+
+#: DPO plans: a full fine-tuning with its frozen reference copy under ZeRO-3, and LoRA, whose
+#: reference is the base with the adapters disabled (no second model).
+DPO_PLANS = {
+    "dpo-full-zero3": {"model": "llama-3.1-8b", "workload": {
+        "method": "full", "algorithm": "dpo", "micro_batch": 2, "grad_accum": 2, "seq_len": 16},
+        "layout": {"gpu": "h100", "gpus": 8, "zero": 3, "checkpointing": "full"}},
+    "dpo-lora": {"model": "llama-3.1-8b", "workload": {
+        "method": "lora", "algorithm": "dpo", "micro_batch": 2, "grad_accum": 2, "seq_len": 16,
+        "lora_rank": 4, "lora_alpha": 8, "lora_targets": ["q", "v"]},
+        "layout": {"gpu": "h100", "gpus": 1, "checkpointing": "none"}},
+}
+
+
+def _word_tokenizer(transformers, tmp_path):
+    """A word-level tokenizer over the tiny model's vocabulary, built here (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<eos>", "<unk>"] + [f"w{i}" for i in range(TINY["vocab_size"] - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                                unk_token="<unk>")
+
+
+@pytest.mark.parametrize("name", sorted(DPO_PLANS))
+def test_trl_dpo_trainer_runs_two_steps_with_the_exported_config(name, tmp_path):
+    """The exported dpo_config.json is TRL's DPOConfig: DPOTrainer takes it and trains two steps on
+    CPU, a pair per example as the plan counts them, with a reference model exactly where the plan
+    charged one (a frozen copy for full fine-tuning; none for LoRA, the adapters disabled)."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    trl = pytest.importorskip("trl", reason="trl is not installed")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    rs = resolve({"name": name, "profile": "seed", **DPO_PLANS[name]})
+    bundle = export_resolved(rs, formats=("hf", "deepspeed"))
+    assert "training_args.json" not in bundle.files
+    body = _json(bundle, "dpo_config.json")
+    assert body["max_length"] == rs.workload.seq_len and body["precompute_ref_log_probs"] is False
+    body.pop("deepspeed", None)  # its engine needs a process group; the config itself is checked above
+    body["bf16"] = False  # CPU
+    args = trl.DPOConfig(**body, output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=2, report_to=[],
+                         save_strategy="no", logging_strategy="no", dataloader_num_workers=0)
+    assert args.per_device_train_batch_size == rs.workload.micro_batch  # pairs
+    model_dir = tmp_path / "model"
+    _tiny_llama(transformers, _json(bundle, "model_kwargs.json")).save_pretrained(model_dir)
+    tokenizer = _word_tokenizer(transformers, tmp_path)
+    tokenizer.save_pretrained(model_dir)
+    peft_config = None
+    if "lora_config.json" in bundle.files:
+        peft = pytest.importorskip("peft", reason="peft is not installed")
+        peft_config = peft.LoraConfig(**_json(bundle, "lora_config.json"))
+    pairs = datasets.Dataset.from_list([{"prompt": "w1 w2 w3", "chosen": " w4 w5", "rejected": " w6 w7 w8"}] * 8)
+    trainer = trl.DPOTrainer(model=str(model_dir), args=args, train_dataset=pairs, processing_class=tokenizer,
+                             peft_config=peft_config)
+    assert (trainer.ref_model is not None) == rs.workload.reference_copy
+    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainer.train().global_step == 2
+    assert any(not (p.detach() == trained[n]).all() for n, p in trainer.model.named_parameters() if p.requires_grad)

@@ -50,7 +50,11 @@ def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
             args["gradient_checkpointing"] = False
             args["fsdp_config"] = {"activation_checkpointing": True}
     files = {"training_args.json": args}
-    out.need(fmt, "output_dir, learning_rate, num_train_epochs or max_steps in training_args.json")
+    if wl.algorithm == "dpo":
+        dpo = dpo_config(ctx, out, args)
+        if dpo is not None:
+            files = {"dpo_config.json": dpo}
+    out.need(fmt, f"output_dir, learning_rate, num_train_epochs or max_steps in {next(iter(files))}")
 
     kwargs: dict = {"attn_implementation": ctx.hf_attention}
     if ctx.needs_fa2 and not ctx.has_fa2:
@@ -74,6 +78,24 @@ def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
     if ctx.lora:
         files["lora_config.json"] = lora_config(ctx, out)
     return files
+
+
+def dpo_config(ctx: Ctx, out: Bundle, args: dict) -> dict | None:
+    """TRL's DPOConfig (TrainingArguments and the preference keys) for a DPO plan: a pair is one
+    example, so the batch sizes count pairs as the plan's do; ``max_length`` caps each sequence
+    (prompt and completion) at the plan's sequence length. LoRA and QLoRA name no reference model:
+    DPOTrainer with a ``peft_config`` takes the base with the adapters disabled as the reference,
+    which is what the plan sized. A reference-free plan (ORPO, SimPO) is TRL's ORPOTrainer or
+    CPOTrainer, whose configs take the same TrainingArguments (``training_args.json``)."""
+    wl = ctx.wl
+    if wl.reference == "none":
+        out.note("hf", "a reference-free plan (ORPO, SimPO) runs on TRL's ORPOTrainer or CPOTrainer "
+                       "(loss_type='simpo'): pass training_args.json to ORPOConfig or CPOConfig")
+        return None
+    out.need("hf", "beta in dpo_config.json (TRL's default is 0.1); the dataset's prompt, chosen "
+                   "and rejected columns")
+    return {**args, "max_length": wl.seq_len, "precompute_ref_log_probs": wl.reference == "precomputed",
+            "padding_free": False}
 
 
 def lora_config(ctx: Ctx, out: Bundle) -> dict:
