@@ -77,3 +77,18 @@ def test_a_stack_the_scenario_does_not_allow_is_flagged(good):
     raw = {**RAW, "search": {**RAW["search"], "stacks": [good["stack"]]}}
     assert check_plan(raw, good) == []
     assert any("allowed stacks" in line for line in check_plan(raw, {**good, "stack": other}))
+
+
+def test_the_budget_is_checked_in_the_units_the_search_decides_it(good):
+    """Budget and cost in 1e-4 USD, the cost rounded up and the budget down, as the search states
+    the constraint: a budget the plan meets to the unit passes, one unit less is flagged."""
+    import math
+
+    units = math.ceil(good["cost_usd"] * 1e4)
+    assert check_plan({**RAW, "constraints": {"budget_usd": units / 1e4}}, good) == []
+    assert any("budget" in line for line in check_plan({**RAW, "constraints": {"budget_usd": (units - 1) / 1e4}}, good))
+
+
+def test_an_empty_fleet_is_no_fleet_for_the_search_and_the_checker():
+    result = plan_raw({**copy.deepcopy(RAW), "constraints": {"fleet": {}}})
+    assert result.plans and result.checker_rejected == []

@@ -94,7 +94,7 @@ def pp_even(model: ModelSpec, pp: Any, *, uneven: bool = False) -> Verdict:
 def cp_sequence(seq_len: Any, cp: Any) -> Verdict:
     """Context parallelism splits the sequence evenly."""
     return Verdict("cp", np.asarray(seq_len) % np.asarray(cp) == 0,
-                   f"does not divide workload.seq_len {seq_len}")
+                   f"does not divide the {seq_len}-token sequence")
 
 
 def ep_moe(model: ModelSpec, ep: Any) -> Verdict:

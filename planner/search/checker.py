@@ -29,6 +29,7 @@ from planner.perf.hardware import GpuPerf
 from planner.perf.timing import job_time_s, step_time_s
 from planner.scenario import legality
 from planner.scenario.resolve import resolve, uneven_pp_allowed
+from planner.search.cpsat import budget_units, cost_units, deadline_ms, time_ms
 from planner.search.request import METHOD_LADDER, MIN_RELAXED_SEQ_LEN
 from planner.search.results import Plan, plan_scenario
 
@@ -114,7 +115,7 @@ def _choice_problems(sc: Scenario, gpu: GpuSpec, p: dict[str, Any]) -> list[str]
     max_gpus = s.max_gpus or DEFAULT_MAX_GPUS
     if p["gpus"] > max_gpus:
         problems.append(f"gpus {p['gpus']} > max_gpus {max_gpus}")
-    if cons.fleet is not None:
+    if cons.fleet:  # an empty fleet is no fleet, as the search reads it
         have = {catalog.get_gpu(k).id: v for k, v in cons.fleet.items()}.get(gpu.id, 0)
         if p["gpus"] > have:
             problems.append(f"fleet has {have} × {gpu.id}, plan uses {p['gpus']}")
@@ -196,13 +197,15 @@ def _time_cost_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
     step = step_time_s(model_flops(rs.model), GpuPerf.of(gpu, sc.search.utilization), None, **x)
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=x["micro_batch"],
                          dp=p["dp"], grad_accum=p["grad_accum"]))
-    cost = t / 3600.0 * hourly if hourly is not None else None
+    cost = t / 3600.0 * billed * price if price is not None else None
     if p["time_s"] is None or not math.isclose(p["time_s"], t, rel_tol=REL_TOL):
         problems.append(f"time: plan says {p['time_s']}, recomputed {t}")
     if cost is not None and (p["cost_usd"] is None or not math.isclose(p["cost_usd"], cost, rel_tol=REL_TOL)):
         problems.append(f"cost: plan says {p['cost_usd']}, recomputed {cost}")
-    if cons.budget_usd is not None and (cost is None or cost > cons.budget_usd):
+    # the scenario's limits in the units every constraint is stated in (1e-4 USD, ms), rounded as
+    # the search rounds them: a cost up, a budget down
+    if cons.budget_usd is not None and (cost is None or cost_units(cost) > budget_units(cons.budget_usd)):
         problems.append(f"cost {cost} over the budget {cons.budget_usd}")
-    if cons.deadline_hours is not None and t > cons.deadline_hours * 3600:
+    if cons.deadline_hours is not None and time_ms(t) > deadline_ms(cons.deadline_hours * 3600):
         problems.append(f"time {t / 3600:.2f} h past the deadline {cons.deadline_hours} h")
     return problems
