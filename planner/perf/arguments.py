@@ -47,14 +47,6 @@ def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
     return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
 
 
-def adapter_traffic_of(rs: ResolvedScenario) -> dict[str, float]:
-    """``adapter_bytes``: LoRA's side-path memory traffic per token as the time model takes it,
-    from the adapted width (n_lora / rank) and the adapters' dtype (the time model charges it to
-    LoRA and QLoRA columns only)."""
-    wl = rs.workload
-    return {"adapter_bytes": adapter_bytes_per_token(n_lora_of(rs), wl.lora_rank, wl.adapter_dtype)}
-
-
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
                    seq_len: Any, micro_batch: Any, grad_accum: Any, tp: Any, pp: Any, cp: Any, ep: Any,
                    dp: Any, attention: Any, fused: Any, intra_only: bool = False) -> dict[str, Any]:
@@ -62,10 +54,14 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
     ``rs`` (categorical values as codes; ``micro_batch`` counts the workload's samples, a DPO
     pair being two sequences). ``intra_only`` prices every group at the in-node link."""
     wl, lay = rs.workload, rs.layout
+    n_lora = n_lora_of(rs)
     x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
              micro_batch=micro_batch * wl.sequences_per_sample, grad_accum=grad_accum, tp=tp, pp=pp,
-             cp=cp, ep=ep, dp=dp, n_lora=np.where(np.asarray(method) == FULL, 0.0, n_lora_of(rs)),
-             **saved_modules_of(rs), **adapter_traffic_of(rs),
+             cp=cp, ep=ep, dp=dp, n_lora=np.where(np.asarray(method) == FULL, 0.0, n_lora),
+             **saved_modules_of(rs),
+             # LoRA's side-path memory traffic per token, from the adapted width (n_lora / rank) and
+             # the adapters' dtype (the time model charges it to LoRA and QLoRA columns only)
+             adapter_bytes=adapter_bytes_per_token(n_lora, wl.lora_rank, wl.adapter_dtype),
              attention=attention, fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
     if wl.reference_forward:

@@ -156,9 +156,15 @@ def legal(verdicts: Iterable[Verdict]) -> Any:
     return ok
 
 
+def first_broken(verdicts: Iterable[Verdict]) -> Verdict | None:
+    """The first rule one layout breaks, or None."""
+    return next((v for v in verdicts if not bool(v.legal)), None)
+
+
 def first_fault(verdicts: Iterable[Verdict]) -> str | None:
     """The first broken rule's message for one layout, or None."""
-    return next((v.why for v in verdicts if not bool(v.legal)), None)
+    broken = first_broken(verdicts)
+    return None if broken is None else broken.why
 
 
 def problems(verdicts: Iterable[Verdict], values: dict[str, Any], *, prefix: str = "layout.",

@@ -67,9 +67,14 @@ def _memory_problems(gpu: GpuSpec, est, p: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _nodes(gpu: GpuSpec, gpus: int) -> int:
+    """Nodes the GPUs take: ⌈GPUs / GPUs per node⌉."""
+    return -(-gpus // gpu.gpus_per_node)
+
+
 def _billed_gpus(gpu: GpuSpec, gpus: int) -> int:
     """GPUs paid for: whole nodes where the card is rented only so."""
-    return -(-gpus // gpu.gpus_per_node) * gpu.gpus_per_node if gpu.whole_node_only else gpus
+    return _nodes(gpu, gpus) * gpu.gpus_per_node if gpu.whole_node_only else gpus
 
 
 def _count_problems(gpu: GpuSpec, p: dict[str, Any]) -> list[str]:
@@ -79,7 +84,7 @@ def _count_problems(gpu: GpuSpec, p: dict[str, Any]) -> list[str]:
         problems.append("gpus ≠ dp·tp·pp·cp")
     if p.get("ep", 1) > 1 and p["dp"] % p["ep"]:
         problems.append(f"ep {p['ep']} does not divide dp {p['dp']}")
-    if "nodes" in p and p["nodes"] != -(-p["gpus"] // gpu.gpus_per_node):
+    if "nodes" in p and p["nodes"] != _nodes(gpu, p["gpus"]):
         problems.append(f"nodes {p['nodes']} ≠ ⌈{p['gpus']} / {gpu.gpus_per_node}⌉")
     return problems
 

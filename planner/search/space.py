@@ -96,7 +96,7 @@ def _legal_values(values: Sequence[Any], rules_of: Any, rejected: Counter) -> li
     rule it breaks."""
     out = []
     for value in values:
-        fault = next((v for v in rules_of(value) if not bool(v.legal)), None)
+        fault = legality.first_broken(rules_of(value))
         if fault is None:
             out.append(value)
         else:
