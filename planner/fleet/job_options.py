@@ -26,7 +26,7 @@ from planner.fleet.portfolio import JobRun
 from planner.scenario.files import deep_merge
 from planner.scenario.resolve import resolve
 from planner.search.candidates import SearchOutcome
-from planner.search.columns import Evaluated, feasible, lower_bounds
+from planner.search.columns import Evaluated, feasible, lower_bounds, take_rows
 from planner.search.cpsat import time_ms
 from planner.search.evaluate import evaluate, gpu_table
 from planner.search.lattice import build_lattice, fitting_start
@@ -190,7 +190,7 @@ def _best_per_count(req: SearchRequest, table, cls, ci: np.ndarray, dp: np.ndarr
     """Best-first over (type, count) groups: the fastest feasible column of each."""
     empty = Evaluated(np.zeros(0, dtype=np.int64), {}, np.zeros(0), np.zeros(0, dtype=np.int64), {})
     if len(ci) == 0:
-        return _pareto(_take(empty, np.zeros(0, dtype=np.int64)))
+        return _pareto(take_rows(empty, np.zeros(0, dtype=np.int64)))
     a = cls.a
     lb = _pair_bounds(req, table, cls, ci, dp)
     group = a["gpu"][ci] * 10_000_000 + dp * (a["tp"] * a["pp"] * a["cp"])[ci]
@@ -245,10 +245,6 @@ def _best_per_count(req: SearchRequest, table, cls, ci: np.ndarray, dp: np.ndarr
     return _pareto(e)
 
 
-def _take(e: Evaluated, idx: np.ndarray) -> Evaluated:
-    return Evaluated(e.cls_index[idx], {k: v[idx] for k, v in e.ev.items()}, e.key[idx], e.group[idx], e.rejected)
-
-
 def _pareto(e: Evaluated) -> Evaluated:
     """Per GPU type, keep a count only if it is faster than every smaller count of that type."""
     if len(e.cls_index) == 0:
@@ -263,7 +259,7 @@ def _pareto(e: Evaluated) -> Evaluated:
         if e.ev["time_s"][j] < best:
             keep.append(j)
             best = e.ev["time_s"][j]
-    return _take(e, np.array(keep, dtype=np.int64))
+    return take_rows(e, np.array(keep, dtype=np.int64))
 
 
 def option_plan(opts: JobOptions, j: int) -> Any:
