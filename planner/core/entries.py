@@ -220,6 +220,10 @@ class StackRecipe(StrictModel):
     #: Element-wise work fused into fewer kernels (Transformer Engine in Megatron-Core; the time
     #: model's ``fused_elementwise_share``). Time only: no scenario key of its own.
     fused_kernels: bool = False
+    #: Its attention runs the card generation's own fused kernels (Transformer Engine's
+    #: DotProductAttention prefers cuDNN's fused attention on Hopper), not a portable
+    #: FlashAttention-2-class kernel (``planner.perf.hardware.NATIVE_ATTENTION_SHARE``). Time only.
+    native_attention: bool = False
     #: The loss's implementation, the norm and activation kernels, torch.compile (``Workload``).
     loss: Loss = "standard"
     kernels: Kernels = "standard"

@@ -49,10 +49,13 @@ def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
 
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
                    seq_len: Any, micro_batch: Any, grad_accum: Any, tp: Any, pp: Any, cp: Any, ep: Any,
-                   dp: Any, attention: Any, fused: Any, intra_only: bool = False) -> dict[str, Any]:
+                   dp: Any, attention: Any, fused: Any, native_attention: Any = 0,
+                   intra_only: bool = False) -> dict[str, Any]:
     """The keyword arguments of :func:`planner.perf.timing.step_time_s` for plans of scenario
     ``rs`` (categorical values as codes; ``micro_batch`` counts the workload's samples, a DPO
-    pair being two sequences). ``intra_only`` prices every group at the in-node link."""
+    pair being two sequences). ``native_attention``: the stack runs the card generation's own
+    fused attention kernels (its recipe's ``native_attention``). ``intra_only`` prices every group
+    at the in-node link."""
     wl, lay = rs.workload, rs.layout
     n_lora = n_lora_of(rs)
     x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
@@ -62,7 +65,7 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              # LoRA's side-path memory traffic per token, from the adapted width (n_lora / rank) and
              # the adapters' dtype (the time model charges it to LoRA and QLoRA columns only)
              adapter_bytes=adapter_bytes_per_token(n_lora, wl.lora_rank, wl.adapter_dtype),
-             attention=attention, fp8=int(bool(wl.fp8)), fused=fused,
+             attention=attention, native_attention=native_attention, fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
     if wl.reference_forward:
         x["reference_forward"] = 1

@@ -21,6 +21,18 @@ DEFAULT_INTRA_NODE_GBPS = 25.0
 DEFAULT_INTER_NODE_GBPS = 12.5
 DEFAULT_MEMORY_GBPS = 1000.0
 
+#: Fused attention's rate relative to the GEMMs' on a card generation, as a share of what it is on
+#: Ampere, by architecture (1 where not listed). On an A100, FlashAttention-2 reaches 50–73 % of
+#: the peak forward + backward, about the GEMMs' own share (Dao 2023); call it 0.6. On an H100
+#: the GEMMs keep their share but FlashAttention-2 and SDPA's flash backend (written for Ampere's
+#: synchronous ``mma.sync``) reach 35 % of the peak, and the kernels written for Hopper (TMA,
+#: ``wgmma``: FlashAttention-3, cuDNN's fused attention) are 1.5–2.0× faster than that (Shah et
+#: al. 2024, arXiv 2407.08608, abstract). Portable kernels: 0.35/0.6 ≈ 0.6; Hopper's own: 1.5 ×
+#: 0.35/0.6 ≈ 0.85, the low end, as the backward is the slower half. Stated, not fitted.
+#: Blackwell is left at 1: no published measurement of its attention in training.
+PORTABLE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.6}
+NATIVE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.85}
+
 
 @dataclass(frozen=True)
 class GpuPerf:
@@ -38,6 +50,10 @@ class GpuPerf:
     #: utilisation other than the middle is asked for (the band's slow and fast ends), so that the
     #: band moves all of the GPU's own work, not only its GEMMs.
     kernel_speed: Any = 1.0
+    #: Fused attention's rate relative to the GEMMs', as a share of Ampere's, for portable kernels
+    #: and for the generation's own (:data:`PORTABLE_ATTENTION_SHARE`, :data:`NATIVE_ATTENTION_SHARE`).
+    portable_attention: Any = 1.0
+    native_attention: Any = 1.0
 
     @classmethod
     def of(cls, gpu: GpuSpec, utilization: float | None = None) -> GpuPerf:
@@ -54,6 +70,8 @@ class GpuPerf:
             memory_bps=(gpu.memory_bandwidth_gbps or DEFAULT_MEMORY_GBPS) * 1e9,
             peak_fp8_flops=float("nan") if gpu.fp8_dense_tflops is None else gpu.fp8_dense_tflops * 1e12,
             kernel_speed=util / mid,
+            portable_attention=PORTABLE_ATTENTION_SHARE.get(gpu.architecture, 1.0),
+            native_attention=NATIVE_ATTENTION_SHARE.get(gpu.architecture, 1.0),
         )
 
 

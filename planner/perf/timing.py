@@ -195,13 +195,14 @@ class TimeParams:
     #: of the ≈ 10 its unfused ops make).
     fused_elementwise_share: float = 0.6
     #: Fused attention kernels (FlashAttention, cuDNN/SDPA flash) run at this share of the GEMMs'
-    #: utilisation: their FLOPs sit in softmax-interleaved tiles, the backward recomputes the
-    #: scores, and small head dimensions (64) halve the tile work per load. Physical range
-    #: 0.4–1.0: FlashAttention-2 reaches 50–73 % of an A100's peak forward + backward (about the
-    #: GEMMs' own share) but 35 % of an H100's, FlashAttention-3 and cuDNN 60–75 % (Dao 2023,
-    #: Shah et al. 2024); an H200 step of a head-dimension-64 model at 64K tokens ran its
-    #: attention at about 38 % of peak (data/README.md, third H200 session). Prior 1.0: the
-    #: GEMMs' rate, as the model had it. The eager math path is GEMMs (``attention`` 0): 1.
+    #: utilisation on Ampere-class cards: their FLOPs sit in softmax-interleaved tiles, the
+    #: backward recomputes the scores, and small head dimensions (64) halve the tile work per
+    #: load. Physical range 0.4–1.0: FlashAttention-2 reaches 50–73 % of an A100's peak forward +
+    #: backward, about the GEMMs' own share (Dao 2023). On Hopper (FlashAttention-2 at 35 % of an
+    #: H100's peak, FlashAttention-3 and cuDNN 1.5–2× that)
+    #: :data:`planner.perf.hardware.PORTABLE_ATTENTION_SHARE` and ``NATIVE_ATTENTION_SHARE`` scale
+    #: it. Prior 1.0:
+    #: the GEMMs' rate. The eager math path is GEMMs (``attention`` 0): 1.
     attention_efficiency: float = 1.0
     #: Host time per layer per micro-batch (forward and backward) of a stack that launches its
     #: kernels one by one from Python: about 100–150 kernels per layer pass (a SmolLM2-135M step
@@ -237,12 +238,12 @@ PRIOR = TimeParams()
 #: data/measured_throughput_fms.csv [--loso]``.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=389.7,
-    fp8_efficiency=0.682,
-    microbatch_half_tokens=226.9,
+    elementwise_vectors=366.9,
+    fp8_efficiency=0.672,
+    microbatch_half_tokens=264.8,
     moe_route_vectors=5.0,
-    fused_elementwise_share=0.216,
-    attention_efficiency=0.795,
+    fused_elementwise_share=0.172,
+    attention_efficiency=0.927,
     launch_s_per_layer=0.00396,
 )
 
@@ -270,6 +271,9 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     (bytes per parameter of the stored weights; default :func:`stored_weight_bytes`), ``vp``
     (virtual pipeline stages of an interleaved 1F1B schedule, default 1), ``fp8`` (linear layers in FP8, default off), ``quant`` (0 none,
     1 a 4-bit base; default: QLoRA has one), ``attention`` (0 eager, 1 fused; default fused),
+    ``native_attention`` (the fused kernel is the card generation's own: cuDNN's fused attention or
+    FlashAttention-3 on Hopper, as Transformer Engine runs them; default off: a portable
+    FlashAttention-2-class kernel),
     ``fused`` (the stack fuses element-wise ops: torch.compile, Transformer Engine; default off),
     ``reference_forward`` (DPO: the reference policy's forward on every token; default off;
     ``micro_batch`` then counts sequences, two per pair), ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
@@ -286,7 +290,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
            DeepSpeed move them), behind that micro-batch's compute
          + the optimizer step (memory-bound) and offload (PCIe and CPU Adam).
     t_microbatch = (linear FLOPs / (peak · u) [FP8: FP8 peak · u · fp8_efficiency]
-                    + attention FLOPs / (peak · u)) / micro-batch efficiency
+                    + attention FLOPs / (peak · u · attention_efficiency
+                                         · the generation's share for the kernel)) / micro-batch efficiency
                    + memory-bound bytes (element-wise ops, MoE routing, eager attention scores)
                      / memory bandwidth + QLoRA dequantisation
                    + TP all-reduces (4 per layer, 6 with full recomputation; Korthikanti et al.
@@ -343,7 +348,11 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     expert_tokens = tokens_gpu * mf.experts_per_token / np.maximum(mf.experts, 1)
     eff_expert = microbatch_efficiency(np.maximum(expert_tokens, 1e-9), p.microbatch_half_tokens)
     lin_eff = (1.0 - expert_share) / eff + expert_share / eff_expert
-    att_share = np.where(attention_kernel == 0, 1.0, p.attention_efficiency)  # eager: GEMMs
+    # Fused kernels: attention_efficiency of the GEMMs' rate, times the card generation's share for
+    # a portable kernel (FlashAttention-2) or for its own (FlashAttention-3, cuDNN).
+    native = np.asarray(x.get("native_attention", 0)) > 0
+    generation = np.where(native, perf.native_attention, perf.portable_attention)
+    att_share = np.where(attention_kernel == 0, 1.0, p.attention_efficiency * generation)  # eager: GEMMs
     t_att = att / (perf.peak_flops * util * att_share) / eff
     t_gemm = lin / lin_rate * lin_eff + t_att
     # Forward passes per micro-batch, in thirds of a step (recompute, the reference's forward),

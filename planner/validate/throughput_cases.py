@@ -33,6 +33,12 @@ NOT_COMPILED = r"compile\s*[=:]\s*(no|false|off)|\b(no|not|without)\s+(torch\.)?
 #: the sharding cell is searched for "offload".
 NOT_OFFLOADED = r"\b(no|not|without)\s+(cpu\s+)?offload\w*|offload\w*\s*[=:]\s*(no|false|off|none)"
 FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge")
+#: Words that name a stack running the card generation's own fused attention kernels
+#: (``native_attention``): Transformer Engine's DotProductAttention (Megatron-Core, NeMo,
+#: Megatron-Bridge) prefers cuDNN's fused attention on Hopper, and rows that name such kernels.
+#: Everything else runs a portable kernel (FlashAttention-2, SDPA's flash backend).
+NATIVE_ATTENTION_WORDS = (r"transformer engine", r"\(te\)", r"megatron-core", r"^nemo-", r"^megatron-bridge",
+                          r"flash-?attention-?3", r"\bfa3\b", r"cudnn")
 #: Sources whose runs predate fused attention kernels (FlashAttention appeared in May 2022 and
 #: reached Megatron-LM in 2023): their attention ran the unfused math path (the whole s×s
 #: square and its softmax in memory). Cards without FlashAttention-2 run it too.
@@ -116,12 +122,22 @@ def _virtual_stages(row: dict[str, str], model: ModelSpec) -> int:
     return 1
 
 
-def _fused(row: dict[str, str]) -> bool:
+def _stack_text(row: dict[str, str]) -> str:
+    """What a row says of its stack: source, precision and notes, lower case; NeMo AutoModel's
+    "TE +" (a few Transformer Engine modules inside Hugging Face model code) left out."""
     text = " ".join((row.get("source", ""), row.get("precision", ""), row.get("notes", ""))).lower()
     if row.get("source", "").startswith("nemo-automodel"):
-        text = text.replace("te +", "")
-    text = re.sub(NOT_COMPILED, "", text)
+        text = text.replace("nemo-automodel", "automodel").replace("te +", "")
+    return text
+
+
+def _fused(row: dict[str, str]) -> bool:
+    text = re.sub(NOT_COMPILED, "", _stack_text(row))
     return any(re.search(w, text) for w in FUSED_WORDS)
+
+
+def _native_attention(row: dict[str, str]) -> bool:
+    return any(re.search(w, _stack_text(row)) for w in NATIVE_ATTENTION_WORDS)
 
 
 def _text(row: dict[str, str]) -> str:
@@ -218,7 +234,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "zero": zero, "seq_len": seq, "micro_batch": mb, "grad_accum": ga, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep,
              "n_lora": n_lora, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
              "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
-             "fused": int(_fused(row)),
+             "fused": int(_fused(row)), "native_attention": int(_native_attention(row)),
              "adapter_bytes": 0.0 if code == 0 else timing.adapter_bytes_per_token(n_lora, rank, adapter_dtype_of(row)),
              "optimizer_bytes": optimizer_bytes_of(row),
              "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
