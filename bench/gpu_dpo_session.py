@@ -59,13 +59,15 @@ def _scenario(run: dict) -> dict:
     wl = {"method": run["method"], "algorithm": "dpo", "precision": "bf16", "optimizer": "adamw",
           "seq_len": run["seq_len"], "micro_batch": run["micro_batch"], "tokens": 1e9,
           "reference": run.get("reference", "model")}
+    recipe = {}
     if run.get("logps") == "fp32" and run.get("session", 1) > 1:
-        wl["loss"] = "rowwise_fp32"  # rows upcast before log_softmax (the first session's runs, read so since)
+        # rows upcast before log_softmax (the first session's runs, read so since)
+        recipe["loss"] = "rowwise_fp32"
     if run["method"] != "full":
         wl.update(lora_rank=16, lora_targets=["all"], adapter_dtype="fp32")
     return {"name": "dpo", "model": run["model"], "workload": wl,
             "layout": {"gpu": "h200-sxm-141gb", "gpus": 1, "checkpointing": "full" if run["checkpointing"] else "none",
-                       "attention": "flash"}}
+                       "attention": "flash"}, "recipe": recipe}
 
 
 def prepare(session: int = 1) -> list[dict]:

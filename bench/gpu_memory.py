@@ -114,9 +114,9 @@ def verdict_runs(path: Path = ROOT / "data" / "verdicts.csv", ids: tuple[str, ..
     for row_id in ids:
         row = {**rows[row_id], "model": _model_cell(rows[row_id])}
         rs = resolve(scenario_of(stated_or_least(row)))
-        m, w, lay = rs.model, rs.workload, rs.layout
+        m, w, lay, rec = rs.model, rs.workload, rs.layout, rs.recipe
         if lay.gpus != 1 or lay.zero or m.impl != "hf" or not m.gated_mlp or m.norm != "rmsnorm" \
-                or w.method not in METHODS or w.kernels != "standard" or w.quant_bits != 4:
+                or w.method not in METHODS or rec.kernels != "standard" or w.quant_bits != 4:
             raise ValueError(f"{row_id}: not a single-GPU Llama-shaped run on the Hugging Face stack")
         run = {"hidden": m.hidden, "layers": m.layers, "heads": m.heads, "kv_heads": m.kv_heads,
                "head_dim": m.head_dim or m.hidden // m.heads, "ffn": m.ffn, "vocab": m.vocab,
@@ -134,7 +134,7 @@ def verdict_runs(path: Path = ROOT / "data" / "verdicts.csv", ids: tuple[str, ..
                                      else [HF_TARGETS[t] for t in w.lora_targets]),
                        adapter_dtype="fp32" if w.adapter_dtype == "fp32" else "bf16")
         if w.method == "qlora":
-            run.update(double_quant=bool(w.double_quant), kbit_prep=w.kbit_prep != "none")
+            run.update(double_quant=bool(w.double_quant), kbit_prep=rec.kbit_prep != "none")
         runs.append(run)
     return runs
 

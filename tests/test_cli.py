@@ -154,6 +154,35 @@ def test_every_problem_reported_at_once(tmp_path):
     assert len(lines) == 2 and "layout.gpu" in lines[0] and "layout.pp" in lines[1]
 
 
+@pytest.mark.parametrize("section, key, place", [
+    ("workload", "loss", "recipe.loss"),
+    ("layout", "fsdp_version", "recipe.fsdp_version"),
+    ("layout", "zero3_impl", "recipe.zero_impl"),
+])
+def test_a_recipe_key_written_in_its_old_section_says_where_it_belongs(tmp_path, section, key, place):
+    """The stack's recipe keys live in ``recipe:``; one still written under ``workload:`` or
+    ``layout:`` is one line naming the key and its place (exit 2), not an unknown key."""
+    value = {"loss": "chunked", "fsdp_version": 2, "zero3_impl": "deepspeed"}[key]
+    text = f"model: llama-3.1-8b\n{section}: {{{key}: {value}}}\n"
+    result = run("estimate", write(tmp_path, text))
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    assert f"{section}.{key}: this key belongs in the recipe: section ({place})" in lines[0]
+    assert "Traceback" not in result.output
+    moved = f"model: llama-3.1-8b\nrecipe: {{{key}: {value}}}\n"
+    assert run("estimate", write(tmp_path, moved)).exit_code == 0
+
+
+def test_every_recipe_key_is_named_in_its_old_section():
+    """Each ``recipe:`` key was a workload or layout key once: written there, it is named with
+    its place (none is left to read as an unknown key)."""
+    from planner.core.specs import MOVED_KEYS, Recipe
+
+    places = {place for moved in MOVED_KEYS.values() for place in moved.values()}
+    assert places == {f"recipe.{k}" for k in Recipe.model_fields}
+
+
 def test_missing_file_and_missing_model():
     assert "no such file" in run("estimate", "nope.yaml").output
     assert run("estimate", "nope.yaml").exit_code == 2

@@ -112,13 +112,13 @@ def test_tight_when_headroom_inside_band():
 @pytest.mark.parametrize("change, smaller", [
     ({"layout": {"checkpointing": "full"}}, True),
     ({"layout": {"checkpointing": "selective"}}, True),
-    ({"workload": {"loss": "chunked"}}, True),
-    ({"workload": {"optimizer_step": "in_backward"}, "layout": {"checkpointing": "full"}}, True),
+    ({"recipe": {"loss": "chunked"}}, True),
+    ({"recipe": {"optimizer_step": "in_backward"}, "layout": {"checkpointing": "full"}}, True),
     ({"workload": {"micro_batch": 2}}, False),
 ])
 def test_recipe_knobs_move_memory_the_right_way(change, smaller):
     base = {"model": "llama-3.2-3b", "workload": {"method": "full", "seq_len": 4096, "precision": "bf16"}}
-    if "layout" in change and "checkpointing" in change["layout"] and "workload" in change:
+    if "layout" in change and "checkpointing" in change["layout"] and "recipe" in change:
         base = planner.scenario.files.deep_merge(base, {"layout": change["layout"]})  # vary one knob
     a = planner.estimate(base).predicted["allocated_bytes"]
     b = planner.estimate(planner.scenario.files.deep_merge(base, change)).predicted["allocated_bytes"]
@@ -147,7 +147,7 @@ def test_array_form_equals_estimates():
     ckpts = np.array([0, 2, 2])
     dps = np.array([1, 1, 4])
     zeros = np.array([0, 0, 3])
-    got = memory_components("detailed", rs.model, rs.overrides, base=(rs.workload, rs.layout),
+    got = memory_components("detailed", rs.model, rs.overrides, base=(rs.workload, rs.layout, rs.recipe),
                             method=METHODS.index("lora"), precision=PRECISIONS.index("mixed"),
                             optimizer=OPTIMIZERS.index("adamw"), checkpointing=ckpts,
                             attention=ATTENTION.index("flash"), offload=OFFLOADS.index("none"),
@@ -205,7 +205,7 @@ def test_fsdp_units_mixing_frozen_weights_give_them_gradients():
     base = {"model": "llama-2-7b", "workload": {"method": "lora", "precision": "bf16", "seq_len": 1024},
             "layout": {"gpus": 4, "zero": 3, "checkpointing": "full"}}
     plain = planner.estimate(base)
-    mixed = planner.estimate(planner.scenario.files.deep_merge(base, {"layout": {"fsdp_mixed_units": True}}))
+    mixed = planner.estimate(planner.scenario.files.deep_merge(base, {"recipe": {"fsdp_mixed_units": True}}))
     counts = param_counts(get_model("llama-2-7b"))
     layers_bytes = (counts.attention + counts.mlp) * 2
     assert plain.components.get("gradients", 0) == 0
@@ -219,7 +219,7 @@ def test_legacy_bitsandbytes_keeps_every_frozen_input():
                                                   "seq_len": 2048, "lora_targets": ["q", "v"]}}
     now = planner.estimate(base).components["activations"]
     legacy = planner.estimate(planner.scenario.files.deep_merge(
-        base, {"workload": {"bnb_keeps_input": True}})).components["activations"]
+        base, {"recipe": {"bnb_keeps_input": True}})).components["activations"]
     # per layer and token: the norms' outputs (h each) and the MLP product (f) in bf16; the
     # attention output is kept by SDPA anyway; layer 0's first norm output needs no gradient.
     model = planner.catalog.get_model("llama-3.1-8b")
@@ -240,7 +240,7 @@ def test_llm_int8_matmuls_keep_their_input_and_its_int8_copy_per_module():
     base = {"model": "llama-2-7b", "workload": wl, "layout": {"checkpointing": "none"}}
 
     def acts(**extra):
-        merged = planner.scenario.files.deep_merge(base, {"workload": extra})
+        merged = planner.scenario.files.deep_merge(base, {"recipe": extra})
         return planner.estimate(merged).components["activations"]
 
     dropped, now, with_copy = (acts(bnb_keeps_input=False), acts(),
@@ -256,18 +256,18 @@ def test_llm_int8_temporaries_follow_the_bitsandbytes_release():
     """The largest LLM.int8 temporary at 4,096 tokens is the MLP's forward: up to 0.44 an int8
     input and its col32 layout (2 bytes per input element) and int32, FP16 and cloned FP16
     results (8 bytes per output element); from 0.45 1 + 6 bytes."""
-    from planner.core.specs import Layout, Workload
+    from planner.core.specs import Layout, Recipe, Workload
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import StateParts
 
     model = planner.catalog.get_model("llama-2-7b")
     t, h, f = 4096, model.hidden, model.ffn
     for transposed, expected in ((True, t * (2 * h + 8 * f)), (False, t * (h + 6 * f))):
-        wl = Workload(method="qlora", quant_bits=8, precision="fp16", seq_len=t,
-                      int8_keeps_transposed=transposed)
+        wl = Workload(method="qlora", quant_bits=8, precision="fp16", seq_len=t)
+        recipe = Recipe(int8_keeps_transposed=transposed)
         states = StateParts(device={}, host=0.0, trainable=0.0, largest_grad=0.0)
         layout = Layout(gpus=1, dp=1)
-        assert buffer_terms(model, wl, layout, states)["dequant"] == pytest.approx(expected)
+        assert buffer_terms(model, wl, layout, states, recipe=recipe)["dequant"] == pytest.approx(expected)
 
 
 def test_soft_capped_attention_is_eager_in_litgpt_and_keeps_its_tanh():
@@ -292,9 +292,9 @@ def test_first_step_has_no_gradients_from_earlier_micro_batches():
     gradients, so the peak moves to its backward end, where its own unsharded gradients exist."""
     base = {"model": "llama-2-7b",
             "workload": {"method": "full", "precision": "bf16", "seq_len": 2048, "grad_accum": 4},
-            "layout": {"gpus": 2, "zero": 3, "unsharded_grad_accumulation": True}}
+            "layout": {"gpus": 2, "zero": 3}, "recipe": {"unsharded_grad_accumulation": True}}
     steady = planner.estimate(base)
-    first = planner.estimate(planner.scenario.files.deep_merge(base, {"workload": {"peak_at_first_step": True}}))
+    first = planner.estimate(planner.scenario.files.deep_merge(base, {"recipe": {"peak_at_first_step": True}}))
     assert steady.components["gradients"] > 0
     assert "peak phase: backward start" in steady.assumptions
     assert "peak phase: backward end" in first.assumptions
@@ -306,13 +306,13 @@ def test_inference_memory_with_the_data_parallel_degree_given_apart():
     """The layout's dp may be unset (the search passes it beside the layout): NCCL groups are
     counted with the degree given, and two replicas of a TP-2 layout need one more group."""
     from planner import catalog
-    from planner.core.specs import Layout, Overrides, Workload
+    from planner.core.specs import Layout, Overrides, Recipe, Workload
     from planner.memory.detailed import NCCL_COMMUNICATOR_BYTES, detailed_memory
 
     model = catalog.get_model("llama-3.1-8b")
     wl = Workload(method="inference", seq_len=2048, micro_batch=1)
-    one = detailed_memory(model, wl, Layout(tp=2), Overrides(), dp=1).total_bytes
-    two = detailed_memory(model, wl, Layout(tp=2), Overrides(), dp=2).total_bytes
+    one = detailed_memory(model, wl, Layout(tp=2), Overrides(), recipe=Recipe(), dp=1).total_bytes
+    two = detailed_memory(model, wl, Layout(tp=2), Overrides(), recipe=Recipe(), dp=2).total_bytes
     assert two - one == NCCL_COMMUNICATOR_BYTES
 
 

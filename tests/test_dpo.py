@@ -19,8 +19,10 @@ from planner.search.answer import plan_raw
 
 def est(profile="detailed", **workload):
     layout = workload.pop("layout", {"gpu": "h100", "gpus": 8, "zero": 3})
+    recipe = workload.pop("recipe", {})
     return estimate_resolved(resolve({"model": "llama-3.1-8b", "profile": profile,
-                                      "workload": {"seq_len": 2048, **workload}, "layout": layout}))
+                                      "workload": {"seq_len": 2048, **workload}, "layout": layout,
+                                      "recipe": recipe}))
 
 
 @pytest.mark.parametrize("profile", ["seed", "detailed"])
@@ -33,7 +35,7 @@ def test_a_pair_is_two_sequences_and_full_dpo_keeps_a_reference_copy(profile):
     assert dpo.components["activations"] == sft2.components["activations"]
     # the pair's log-probabilities, row by row in 16 bits (TRL's selective_log_softmax), not a
     # cross-entropy's FP32 upcast: those of two sequences under the loss that runs them
-    rowwise = est(profile, method="full", micro_batch=2, loss="rowwise")
+    rowwise = est(profile, method="full", micro_batch=2, recipe={"loss": "rowwise"})
     assert dpo.components.get("logits") == rowwise.components.get("logits")
     if profile == "detailed":
         assert dpo.components["logits"] < sft2.components["logits"]
@@ -146,8 +148,11 @@ def test_dpo_log_probabilities_as_the_trainer_takes_them():
     assert loss_bytes(model, 2, tokens, "rowwise", batch=rows)[:2] == (2 * v * tokens, 4 * v * tokens)
     saved, peak, _ = loss_bytes(model, 2, tokens, "rowwise_fp32", batch=rows)
     assert saved == 4 * v * tokens and peak == pytest.approx(6 * v * tokens + 4 * v * tokens / rows)
-    assert resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo"}}).workload.loss_impl == "rowwise"
-    assert resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo", "loss": "chunked"}}).workload.loss_impl == "chunked"
+    dpo = resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo"}})
+    assert dpo.recipe.loss_impl(dpo.workload.algorithm) == "rowwise"
+    chunked = resolve({"model": "llama-3.2-1b", "workload": {"algorithm": "dpo"},
+                       "recipe": {"loss": "chunked"}})
+    assert chunked.recipe.loss_impl(chunked.workload.algorithm) == "chunked"
 
 
 def test_a_dpo_plan_exports_trl_s_dpo_config():

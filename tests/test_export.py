@@ -189,7 +189,7 @@ def test_a_fused_optimizer_step_is_exported_as_the_fused_adamw():
     exported arguments back gives the same step."""
     from planner.launch.importers.hf_trainer import HF_OPTIM_STEP
 
-    fused = {**FULL_16, "workload": {**FULL_16["workload"], "optimizer_step": "fused"}}
+    fused = {**FULL_16, "recipe": {"optimizer_step": "fused"}}
     assert json.loads(_export(fused).files["training_args.json"])["optim"] == "adamw_torch_fused"
     assert HF_OPTIM_STEP["adamw_torch_fused"] == "fused"
     assert json.loads(_export(FULL_16).files["training_args.json"])["optim"] == "adamw_torch"

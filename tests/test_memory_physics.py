@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli.main import app
-from planner.core.specs import Layout, Overrides, Workload
+from planner.core.specs import Layout, Overrides, Recipe, Workload
 from planner.memory.detailed import ERROR_BANDS, detailed_memory
 from planner.memory.estimate import estimate_resolved
 from planner.scenario.resolve import resolve
@@ -66,10 +66,10 @@ def test_deepspeed_zero_offload_keeps_a_gradient_buffer_and_checks_each_gradient
     base = {"model": GPT2_13B, "workload": {"method": "full", "precision": "fp16", "optimizer": "adamw",
                                             "seq_len": 1024, "micro_batch": 1},
             "layout": {"gpu": "v100-32gb", "gpus": 1, "zero": 2, "offload": "optimizer",
-                       "checkpointing": "full", "zero_impl": "deepspeed"}}
+                       "checkpointing": "full"}, "recipe": {"zero_impl": "deepspeed"}}
 
-    def run(**layout):
-        return _estimate({**base, "layout": {**base["layout"], **layout}})
+    def run(**recipe):
+        return _estimate({**base, "recipe": {**base["recipe"], **recipe}})
 
     embedding = 50257 * 4096  # tied: the largest parameter, its gradient complete at backward end
     of_2021 = run(zero_overflow_check_bytes=4)
@@ -96,12 +96,15 @@ def test_deepspeed_fp16_step_checks_each_owned_gradient_part_first():
     from planner.memory.model_states import model_states
 
     model = catalog.get_model("llama-3.1-8b")
-    lay = Layout(zero=2, dp=32, zero_impl="deepspeed")
+    lay = Layout(zero=2, dp=32)
+    ds = Recipe(zero_impl="deepspeed")
 
-    def temp(precision, **layout):
+    def temp(precision, **recipe):
         wl = Workload(method="full", precision=precision)
-        st = model_states(model, wl, tp=1, pp=1, zero_degree=32, zero=2, offload="none", adapter_bytes=2)
-        return buffer_terms(model, wl, lay.model_copy(update=layout), st)["optimizer_temp"], st.trainable / 32
+        st = model_states(model, wl, recipe=ds, tp=1, pp=1, zero_degree=32, zero=2, offload="none",
+                          adapter_bytes=2)
+        return (buffer_terms(model, wl, lay, st, recipe=ds.model_copy(update=recipe))["optimizer_temp"],
+                st.trainable / 32)
 
     fp16, partition = temp("fp16")
     assert partition < model.vocab * model.hidden
@@ -119,14 +122,14 @@ def test_zero_offload_gpu_terms_match_a_measured_deepspeed_run():
     from planner.validate.score import read_rows, validate_rows
 
     row = next(r for r in read_rows(ROOT / "data" / "measured_calibration_more.csv") if r["id"] == "1030")
-    layout = scenario_of(row)["layout"]
-    assert layout["zero_impl"] == "deepspeed" and layout["zero_offload_gpu_copy"] is True
-    assert "zero_overflow_check_bytes" not in layout  # 0.14.2: the current check
+    recipe = scenario_of(row)["recipe"]
+    assert recipe["zero_impl"] == "deepspeed" and recipe["zero_offload_gpu_copy"] is True
+    assert "zero_overflow_check_bytes" not in recipe  # 0.14.2: the current check
     assert abs(validate_rows([row], "detailed")[0].signed_error) <= 0.05
-    older = scenario_of({**row, "deepspeed": "0.11.1"})["layout"]
+    older = scenario_of({**row, "deepspeed": "0.11.1"})["recipe"]
     assert older["zero_overflow_check_bytes"] == 4 and older["zero_offload_gpu_copy"] is False
-    assert scenario_of({**row, "deepspeed": "0.17.0"})["layout"]["zero_offload_gpu_copy"] is False
-    assert "zero_offload_gpu_copy" not in scenario_of({**row, "deepspeed": ""})["layout"]
+    assert scenario_of({**row, "deepspeed": "0.17.0"})["recipe"]["zero_offload_gpu_copy"] is False
+    assert "zero_offload_gpu_copy" not in scenario_of({**row, "deepspeed": ""})["recipe"]
 
 
 def test_offloaded_optimizer_has_no_gpu_step_temporaries():
@@ -138,9 +141,10 @@ def test_offloaded_optimizer_has_no_gpu_step_temporaries():
     wl = Workload(method="full", precision="mixed")
     for offload, expect_temp in (("none", True), ("optimizer", False), ("optimizer+params", False)):
         lay = Layout(zero=3 if offload == "optimizer+params" else 2, offload=offload, dp=2)
-        st = model_states(model, wl, tp=1, pp=1, zero_degree=2, zero=lay.zero, offload=offload,
-                          adapter_bytes=2)
-        assert (buffer_terms(model, wl, lay, st)["optimizer_temp"] > 0) is expect_temp, offload
+        st = model_states(model, wl, recipe=Recipe(), tp=1, pp=1, zero_degree=2, zero=lay.zero,
+                          offload=offload, adapter_bytes=2)
+        temp = buffer_terms(model, wl, lay, st, recipe=Recipe())["optimizer_temp"]
+        assert (temp > 0) is expect_temp, offload
 
 
 def test_paged_adamw_has_no_list_wide_step_temporaries():
@@ -153,10 +157,12 @@ def test_paged_adamw_has_no_list_wide_step_temporaries():
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     lay = Layout(zero=3, dp=16)
+    wl = Workload(method="full", precision="mixed")
     for paged, expect_temp in ((False, True), (True, False)):
-        wl = Workload(method="full", precision="mixed", optimizer_paged=paged)
-        st = model_states(model, wl, tp=1, pp=1, zero_degree=16, zero=3, offload="none", adapter_bytes=2)
-        assert (buffer_terms(model, wl, lay, st)["optimizer_temp"] > 0) is expect_temp
+        recipe = Recipe(optimizer_paged=paged)
+        st = model_states(model, wl, recipe=recipe, tp=1, pp=1, zero_degree=16, zero=3, offload="none",
+                          adapter_bytes=2)
+        assert (buffer_terms(model, wl, lay, st, recipe=recipe)["optimizer_temp"] > 0) is expect_temp
 
 
 def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
@@ -172,12 +178,14 @@ def test_one_tensor_at_a_time_step_holds_two_copies_of_the_largest_tensor():
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     temps = {}
+    wl = Workload(method="full", precision="mixed")
     for step in ("foreach", "foreach_torch20", "for_loop", "fused"):
-        wl = Workload(method="full", precision="mixed", optimizer_step=step)
+        recipe = Recipe(optimizer_step=step)
         for dp, zero in ((1, 0), (8, 3)):
-            st = model_states(model, wl, tp=1, pp=1, zero_degree=dp, zero=zero, offload="none",
-                              adapter_bytes=2)
-            temps[step, dp] = buffer_terms(model, wl, Layout(zero=zero, dp=dp), st)["optimizer_temp"]
+            st = model_states(model, wl, recipe=recipe, tp=1, pp=1, zero_degree=dp, zero=zero,
+                              offload="none", adapter_bytes=2)
+            temps[step, dp] = buffer_terms(model, wl, Layout(zero=zero, dp=dp), st,
+                                           recipe=recipe)["optimizer_temp"]
     assert temps["foreach", 1] == pytest.approx(4 * 6_738_415_616)  # FP32: every trainable element
     assert temps["foreach_torch20", 1] == pytest.approx(2 * temps["foreach", 1])  # and ``denom``
     assert temps["for_loop", 1] == pytest.approx(2 * 4 * 32_000 * 4_096)
@@ -196,10 +204,11 @@ def test_one_tensor_step_of_adapters_and_fused_projections():
     from planner.memory.model_states import model_states
 
     def temp(model: ModelSpec, **workload) -> float:
-        wl = Workload(precision="mixed", optimizer_step="for_loop", **workload)
-        st = model_states(model, wl, tp=1, pp=1, zero_degree=1, zero=0, offload="none",
+        wl = Workload(precision="mixed", **workload)
+        recipe = Recipe(optimizer_step="for_loop")
+        st = model_states(model, wl, recipe=recipe, tp=1, pp=1, zero_degree=1, zero=0, offload="none",
                           adapter_bytes=4)
-        return buffer_terms(model, wl, Layout(dp=1), st)["optimizer_temp"]
+        return buffer_terms(model, wl, Layout(dp=1), st, recipe=recipe)["optimizer_temp"]
 
     llama = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     assert temp(llama, method="lora", lora_rank=16) == pytest.approx(2 * 4 * 16 * 11_008)
@@ -224,16 +233,19 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time():
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
     wl = Workload(method="full", precision="mixed")
-    st = model_states(model, wl, tp=1, pp=1, zero_degree=2, zero=3, offload="none", adapter_bytes=2)
-    ds = buffer_terms(model, wl, Layout(zero=3, dp=2, zero_impl="deepspeed"), st)["optimizer_temp"]
-    fsdp = buffer_terms(model, wl, Layout(zero=3, dp=2), st)["optimizer_temp"]
+    st = model_states(model, wl, recipe=Recipe(), tp=1, pp=1, zero_degree=2, zero=3, offload="none",
+                      adapter_bytes=2)
+    lay = Layout(zero=3, dp=2)
+    ds = buffer_terms(model, wl, lay, st, recipe=Recipe(zero_impl="deepspeed"))["optimizer_temp"]
+    fsdp = buffer_terms(model, wl, lay, st, recipe=Recipe())["optimizer_temp"]
     assert ds == pytest.approx(2 * 4 * 1e9)
     assert fsdp == pytest.approx(4 * 6_738_415_616 / 2)
     # One tensor at a time, DeepSpeed's stepped tensor is the flat FP32 sub-group (two copies
     # of it beside its FP32 gradient), FSDP1's a unit's flat shard (a layer over the ranks).
-    loop = wl.model_copy(update={"optimizer_step": "for_loop"})
-    ds = buffer_terms(model, loop, Layout(zero=3, dp=2, zero_impl="deepspeed"), st)["optimizer_temp"]
-    fsdp = buffer_terms(model, loop, Layout(zero=3, dp=2), st)["optimizer_temp"]
+    loop = Recipe(optimizer_step="for_loop")
+    ds_loop = loop.model_copy(update={"zero_impl": "deepspeed"})
+    ds = buffer_terms(model, wl, lay, st, recipe=ds_loop)["optimizer_temp"]
+    fsdp = buffer_terms(model, wl, lay, st, recipe=loop)["optimizer_temp"]
     assert ds == pytest.approx(4 * 1e9 + 2 * 4 * 1e9)
     assert fsdp == pytest.approx(2 * 4 * (4 * 4096**2 + 3 * 4096 * 11008) / 2)
 
@@ -247,15 +259,16 @@ def test_per_layer_rotary_tables_of_a_200k_context_model():
     from planner.memory.model_states import model_states, rope_cache_bytes
 
     yi = catalog.get_model("yi-34b").model_copy(update={"max_position": 200_000})
-    old = Workload(method="full", precision="fp16", rope_cache_per_layer=True)
-    assert rope_cache_bytes(yi, old) == 60 * 2 * 200_000 * 128 * 2
-    assert rope_cache_bytes(yi, old, pp=4) == 15 * 2 * 200_000 * 128 * 2
-    assert rope_cache_bytes(yi, Workload(method="full", precision="fp16")) == 0  # current stacks
+    wl = Workload(method="full", precision="fp16")
+    old = Recipe(rope_cache_per_layer=True)
+    assert rope_cache_bytes(yi, wl, old) == 60 * 2 * 200_000 * 128 * 2
+    assert rope_cache_bytes(yi, wl, old, pp=4) == 15 * 2 * 200_000 * 128 * 2
+    assert rope_cache_bytes(yi, wl, Recipe()) == 0  # current stacks
 
-    def weights(wl, zero):
-        return model_states(yi, wl, tp=1, pp=1, zero_degree=8, zero=zero, offload="none",
+    def weights(recipe, zero):
+        return model_states(yi, wl, recipe=recipe, tp=1, pp=1, zero_degree=8, zero=zero, offload="none",
                             adapter_bytes=2).device["weights"]
-    plain = Workload(method="full", precision="fp16")
+    plain = Recipe()
     for zero in (0, 3):  # a buffer is not sharded
         assert weights(old, zero) - weights(plain, zero) == pytest.approx(6.144e9)
 
@@ -272,17 +285,17 @@ def test_fsdp_qlora_70b_on_two_24gb_gpus():
     rank0_only=True)``): the GPU never holds the whole 70B model (the old figure was 159 GB)."""
     raw = {"model": "llama-2-70b",
            "workload": {"method": "qlora", "precision": "mixed", "seq_len": 2048,
-                        "micro_batch": 2, "grad_accum": 2, "lora_rank": 8, "kbit_prep": "none",
-                        "double_quant": False},
+                        "micro_batch": 2, "grad_accum": 2, "lora_rank": 8, "double_quant": False},
            "layout": {"gpu": "rtx-4090", "gpus": 2, "zero": 3, "offload": "optimizer+params",
-                      "checkpointing": "full", "full_state_dict": True}}
+                      "checkpointing": "full"},
+           "recipe": {"kbit_prep": "none", "full_state_dict": True}}
     est = _estimate(raw)
     measured = 19.6 * GB  # nvidia-smi, with memory to spare: the device view
     assert 10 * GB < est.total_bytes < 24 * GB
     assert abs(est.predicted["device_bytes"] - measured) / measured <= ERROR_BANDS["qlora"]
     assert "full state dict" not in " ".join(est.assumptions)
     # the save phase itself: one unit beside the states at rest, far below the step's peak
-    no_save = _estimate({**raw, "layout": {**raw["layout"], "full_state_dict": False}})
+    no_save = _estimate({**raw, "recipe": {**raw["recipe"], "full_state_dict": False}})
     assert est.total_bytes == no_save.total_bytes
 
 
@@ -292,8 +305,8 @@ def test_full_state_dict_phase_holds_one_unit():
 
     model = ModelSpec(id="m", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000)
     wl = Workload(method="lora", precision="bf16", micro_batch=1, seq_len=16)
-    lay = Layout(zero=3, full_state_dict=True, checkpointing="full")
-    peak = detailed_peak(model, wl, lay, Overrides(), dp=8, grad_accum=1)
+    lay = Layout(zero=3, checkpointing="full")
+    peak = detailed_peak(model, wl, lay, Overrides(), recipe=Recipe(full_state_dict=True), dp=8, grad_accum=1)
     layer_bytes = (8192 * 8192 * 2 + 8192 * 1024 * 2 + 3 * 8192 * 28672) * 2
     assert peak.parts.get("buffers", 0) < 3 * layer_bytes  # never the whole 140 GB model
 
@@ -308,13 +321,12 @@ def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
     from planner.memory.logits import eval_loss_bytes
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
-    base = {"method": "qlora", "precision": "fp16", "micro_batch": 1, "seq_len": 1024,
-            "kbit_prep": "peft", "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+    wl = Workload(method="qlora", precision="fp16", micro_batch=1, seq_len=1024,
+                  lora_targets=["q", "k", "v", "o", "gate", "up", "down"])
 
     def peak(ckpt, **kw):
-        wl = Workload(**base, **kw)
         return detailed_peak(model, wl, Layout(checkpointing=ckpt, attention="eager"), Overrides(),
-                             dp=1, grad_accum=1)
+                             recipe=Recipe(kbit_prep="peft", **kw), dp=1, grad_accum=1)
 
     plain, kept = peak("none"), peak("none", keeps_kv_cache=True)
     assert "end of forward" not in plain.phase_needed and kept.phase == "end of forward"
@@ -355,12 +367,13 @@ def test_reserved_view_is_the_largest_over_phases():
     from planner.core.entries import ModelSpec
 
     model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=128256)
-    wl = Workload(method="full", precision="mixed", seq_len=2048, micro_batch=4, optimizer_step="fused")
-    totals = [detailed_memory(model, wl, Layout(cp=2, zero=z, checkpointing="selective",
-                                                attention="eager"), Overrides(), dp=2).total_bytes
+    wl = Workload(method="full", precision="mixed", seq_len=2048, micro_batch=4)
+    fused = Recipe(optimizer_step="fused")
+    totals = [detailed_memory(model, wl, Layout(cp=2, zero=z, checkpointing="selective", attention="eager"),
+                              Overrides(), recipe=fused, dp=2).total_bytes
               for z in range(4)]
     assert totals == sorted(totals, reverse=True)
-    mem = detailed_memory(model, wl, Layout(zero=1), Overrides(), dp=2)
+    mem = detailed_memory(model, wl, Layout(zero=1), Overrides(), recipe=fused, dp=2)
     p = mem.predicted
     assert p["allocated_bytes"] <= p["reserved_bytes"] <= p["device_bytes"]
     assert p["needed_bytes"] == mem.total_bytes <= p["device_bytes"]
@@ -383,8 +396,9 @@ def test_gather_buffers_are_the_root_and_two_layer_units():
     c = param_counts(model)
     wl = Workload(method="lora", precision="bf16")
     lay = Layout(zero=3, dp=8)
-    st = model_states(model, wl, tp=1, pp=1, zero_degree=8, zero=3, offload="none", adapter_bytes=2)
-    buf = buffer_terms(model, wl, lay, st)
+    st = model_states(model, wl, recipe=Recipe(), tp=1, pp=1, zero_degree=8, zero=3, offload="none",
+                      adapter_bytes=2)
+    buf = buffer_terms(model, wl, lay, st, recipe=Recipe())
     layer = (c.attention + c.mlp) / model.layers * 2
     assert buf["gather"] == pytest.approx((c.embedding + c.lm_head) * 2 + 2 * layer)
     assert buf["unit"] == pytest.approx(max(layer, c.embedding * 2))  # what a save gathers
@@ -417,13 +431,13 @@ def test_fsdp1_gathers_fragment_more_than_fsdp2():
     raw = {"model": "llama-2-7b", "workload": {"method": "lora", "seq_len": 2048, "micro_batch": 4},
            "layout": {"gpus": 2, "zero": 3, "checkpointing": "full"}}
     one = _estimate(raw).predicted
-    two = _estimate({**raw, "layout": {**raw["layout"], "fsdp_version": 2}}).predicted
+    two = _estimate({**raw, "recipe": {"fsdp_version": 2}}).predicted
     assert one["allocated_bytes"] == two["allocated_bytes"]
     assert one["reserved_bytes"] > two["reserved_bytes"]
     # replicated data parallelism gathers nothing: the version is moot
     flat = {**raw, "layout": {"gpus": 2, "zero": 2, "checkpointing": "full"}}
     assert (_estimate(flat).predicted
-            == _estimate({**flat, "layout": {**flat["layout"], "fsdp_version": 2}}).predicted)
+            == _estimate({**flat, "recipe": {"fsdp_version": 2}}).predicted)
 
 
 def test_saved_activations_keep_the_unsharded_share():
@@ -435,7 +449,7 @@ def test_saved_activations_keep_the_unsharded_share():
         raw = {"model": model, "workload": {"method": "full", "seq_len": 2048, "micro_batch": 8},
                "layout": {"gpus": 8, "zero": 3, "checkpointing": "none"}}
         one = _estimate(raw).predicted
-        two = _estimate({**raw, "layout": {**raw["layout"], "fsdp_version": 2}}).predicted
+        two = _estimate({**raw, "recipe": {"fsdp_version": 2}}).predicted
         assert one["allocated_bytes"] == two["allocated_bytes"]
         return one["reserved_bytes"] - two["reserved_bytes"]
 
@@ -562,24 +576,23 @@ UNSLOTH_70B = {"model": "llama-3.3-70b",
 MAX_CONTEXT_TOLERANCE = 0.08
 
 
-@pytest.mark.parametrize("seq_len, extra_workload, extra_layout", [
+@pytest.mark.parametrize("seq_len, extra_recipe, extra_layout", [
     # Unsloth: its kernels, CCE, offloaded checkpointing (the blog's settings)
     (89389, {"kernels": "unsloth", "loss": "cce"}, {"activation_offload": True}),
     # TRL's SFTTrainer after prepare_model_for_kbit_training: FP32 norms, 16-bit embeddings
     (6916, {"kbit_prep": "trl"}, {}),
 ])
-def test_unsloth_and_hf_max_context_meet_an_80gb_card(seq_len, extra_workload, extra_layout):
+def test_unsloth_and_hf_max_context_meet_an_80gb_card(seq_len, extra_recipe, extra_layout):
     raw = {**UNSLOTH_70B,
-           "workload": {**UNSLOTH_70B["workload"], "seq_len": seq_len, **extra_workload},
-           "layout": {**UNSLOTH_70B["layout"], **extra_layout}}
+           "workload": {**UNSLOTH_70B["workload"], "seq_len": seq_len},
+           "layout": {**UNSLOTH_70B["layout"], **extra_layout}, "recipe": extra_recipe}
     est = _estimate(raw)
     card = est.capacity_bytes
     assert abs(est.total_bytes - card) / card <= MAX_CONTEXT_TOLERANCE
     longer = _estimate({**raw, "workload": {**raw["workload"], "seq_len": int(1.3 * seq_len)}})
     assert longer.total_bytes > card
-    if "kernels" in extra_workload:  # before Unsloth's kernels and CCE were modelled: 118.5 GB
-        generic = _estimate({**raw, "workload": {**raw["workload"], "kernels": "standard",
-                                                 "loss": "fused"}})
+    if "kernels" in extra_recipe:  # before Unsloth's kernels and CCE were modelled: 118.5 GB
+        generic = _estimate({**raw, "recipe": {**raw["recipe"], "kernels": "standard", "loss": "fused"}})
         assert generic.total_bytes > 1.2 * card
 
 
@@ -630,18 +643,17 @@ def test_deepspeed_zero3_keeps_a_flat_gradient_partition_and_an_fp32_copy_at_the
     (13 % low without it)."""
     from planner.validate.score import read_rows, validate_rows
 
-    raw = {"model": "llama-2-7b", "workload": {"method": "full", "seq_len": 4096, "micro_batch": 2,
-                                               "optimizer_step": "fused"},
-           "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}}
+    raw = {"model": "llama-2-7b", "workload": {"method": "full", "seq_len": 4096, "micro_batch": 2},
+           "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}, "recipe": {"optimizer_step": "fused"}}
     fsdp = _estimate(raw)
-    ds = _estimate({**raw, "layout": {**raw["layout"], "zero_impl": "deepspeed"}})
+    ds = _estimate({**raw, "recipe": {**raw["recipe"], "zero_impl": "deepspeed"}})
     n = fsdp.params / 8
     assert ds.predicted["allocated_bytes"] - fsdp.predicted["allocated_bytes"] == pytest.approx(2 * n, rel=0.02)
     assert ds.components.get("gradients", 0) == pytest.approx(2 * n, rel=0.02)
     row = next(r for r in read_rows(ROOT / "data" / "measured_calibration_more.csv") if r["id"] == "1033")
     assert abs(validate_rows([row], "detailed")[0].signed_error) <= 0.06
     # the key's earlier name still reads
-    old_key = _estimate({**raw, "layout": {**raw["layout"], "zero3_impl": "deepspeed"}})
+    old_key = _estimate({**raw, "recipe": {**raw["recipe"], "zero3_impl": "deepspeed"}})
     assert old_key.total_bytes == ds.total_bytes
 
 
@@ -730,8 +742,9 @@ def test_trl_casts_the_embeddings_back_to_16_bits_only_under_bf16_with_a_4bit_ba
     def weights(precision, bits=4, prep="trl"):
         return _estimate({"model": "llama-2-7b",
                           "workload": {"method": "qlora", "precision": precision, "quant_bits": bits,
-                                       "kbit_prep": prep, "seq_len": 512},
-                          "layout": {"gpus": 1, "checkpointing": "full"}}).components["weights"]
+                                       "seq_len": 512},
+                          "layout": {"gpus": 1, "checkpointing": "full"},
+                          "recipe": {"kbit_prep": prep}}).components["weights"]
 
     ends = 2 * 32_000 * 4_096
     assert weights("fp16") - weights("mixed") == pytest.approx(2 * ends)
@@ -758,9 +771,9 @@ def test_a_trained_embedding_gives_the_first_lora_layer_an_input_that_needs_a_gr
     model = catalog.get_model("llama-2-7b")
     wl = Workload(method="lora")
     lay = Layout(checkpointing="none")
-    assert not _recipe(model, wl, lay, first_layer=True).input_requires_grad
+    assert not _recipe(model, wl, lay, Recipe(), first_layer=True).input_requires_grad
     trained = wl.model_copy(update={"modules_to_save": ["embed_tokens"]})
-    assert _recipe(model, trained, lay, first_layer=True).input_requires_grad
+    assert _recipe(model, trained, lay, Recipe(), first_layer=True).input_requires_grad
 
 
 def test_an_evaluation_pass_at_the_trainers_default_batch_is_its_own_phase():
@@ -789,14 +802,14 @@ def test_an_evaluation_pass_at_the_trainers_default_batch_is_its_own_phase():
     full = {"model": "llama-2-7b", "workload": {"method": "full", "seq_len": 512, "micro_batch": 1,
                                                 "eval_micro_batch": 64},
             "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}}
-    fsdp = detailed_memory(*_parts(full), dp=8)
-    ds = detailed_memory(*_parts({**full, "layout": {**full["layout"], "zero_impl": "deepspeed"}}), dp=8)
+    fsdp = _detailed(full, dp=8)
+    ds = _detailed({**full, "recipe": {"zero_impl": "deepspeed"}}, dp=8)
     assert ds.phase_bytes["evaluation"] > fsdp.phase_bytes["evaluation"]
 
 
-def _parts(raw):
+def _detailed(raw, *, dp):
     rs = resolve({"profile": "detailed", **raw})
-    return rs.model, rs.workload, rs.layout, rs.overrides
+    return detailed_memory(rs.model, rs.workload, rs.layout, rs.overrides, recipe=rs.recipe, dp=dp)
 
 
 def test_eval_micro_batch_outside_detailed_training_is_said_to_change_nothing():

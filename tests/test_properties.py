@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.core.entries import ModelSpec
-from planner.core.specs import Layout, Overrides, Workload
+from planner.core.specs import Layout, Overrides, Recipe, Workload
 from planner.memory.seed import seed_memory
 
 MODEL = ModelSpec(id="m", params_b=7, layers=32, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
@@ -115,11 +115,6 @@ detailed_workloads = st.builds(
     seq_len=st.sampled_from([512, 2048, 8192]),
     micro_batch=st.integers(1, 8),
     lora_rank=st.sampled_from([8, 64]),
-    optimizer_step=st.sampled_from(["foreach", "foreach_torch20", "for_loop", "fused", "in_backward"]),
-    loss=st.sampled_from(["standard", "chunked", "fused", "compiled"]),
-    kbit_prep=st.sampled_from(["none", "trl"]),
-    grad_dtype=st.sampled_from(["param", "fp32"]),
-    keeps_kv_cache=st.booleans(),
 )
 detailed_layouts = st.builds(
     Layout,
@@ -131,19 +126,29 @@ detailed_layouts = st.builds(
     offload=st.sampled_from(["none", "optimizer"]),
     checkpointing=st.sampled_from(["none", "selective", "full"]),
     attention=st.sampled_from(["eager", "flash"]),
+)
+detailed_recipes = st.builds(
+    Recipe,
+    optimizer_step=st.sampled_from(["foreach", "foreach_torch20", "for_loop", "fused", "in_backward"]),
+    loss=st.sampled_from(["standard", "chunked", "fused", "compiled"]),
+    kbit_prep=st.sampled_from(["none", "trl"]),
+    grad_dtype=st.sampled_from(["param", "fp32"]),
+    keeps_kv_cache=st.booleans(),
     full_state_dict=st.booleans(),
 )
 
 
-def detailed_total(workload: Workload, layout: Layout, dp: int, grad_accum: int | None = None) -> int:
-    return detailed_memory(DETAILED_MODEL, workload, layout, Overrides(), dp=dp,
+def detailed_total(workload: Workload, layout: Layout, recipe: Recipe, dp: int,
+                   grad_accum: int | None = None) -> int:
+    return detailed_memory(DETAILED_MODEL, workload, layout, Overrides(), recipe=recipe, dp=dp,
                            grad_accum=grad_accum).total_bytes
 
 
 @settings(max_examples=150, deadline=None)
-@given(detailed_workloads, detailed_layouts, dps, grad_accums)
-def test_detailed_components_sum_to_total_and_are_never_negative(workload, layout, dp, grad_accum):
-    mem = detailed_memory(DETAILED_MODEL, workload, layout, Overrides(), dp=dp, grad_accum=grad_accum)
+@given(detailed_workloads, detailed_layouts, detailed_recipes, dps, grad_accums)
+def test_detailed_components_sum_to_total_and_are_never_negative(workload, layout, recipe, dp, grad_accum):
+    mem = detailed_memory(DETAILED_MODEL, workload, layout, Overrides(), recipe=recipe, dp=dp,
+                          grad_accum=grad_accum)
     assert sum(mem.components.values()) == mem.total_bytes
     assert all(v >= 0 for v in mem.components.values())
     assert mem.host_bytes >= 0
@@ -157,32 +162,32 @@ def test_detailed_components_sum_to_total_and_are_never_negative(workload, layou
     assert min(phases.values()) > 0
     stages = {name.removesuffix(" (last stage)") for name in phases}
     assert {"backward start", "backward end"} <= stages
-    assert ("optimizer step" in stages) == (workload.optimizer_step != "in_backward")
+    assert ("optimizer step" in stages) == (recipe.optimizer_step != "in_backward")
 
 
 @settings(max_examples=150, deadline=None)
-@given(detailed_workloads, detailed_layouts, st.sampled_from([32, 64, 256]))
-def test_detailed_never_rises_with_dp_at_a_fixed_global_batch(workload, layout, global_batch):
+@given(detailed_workloads, detailed_layouts, detailed_recipes, st.sampled_from([32, 64, 256]))
+def test_detailed_never_rises_with_dp_at_a_fixed_global_batch(workload, layout, recipe, global_batch):
     """dp from 2 up, the global batch fixed: grad_accum = global / (dp · micro-batch) falls to 1
     on the way (the case of a search that bisects on dp)."""
     totals = []
     for dp in (2, 4, 8, 16, 32, 64):
         ga = max(1, global_batch // (dp * workload.micro_batch))
-        totals.append(detailed_total(workload, layout, dp, ga))
+        totals.append(detailed_total(workload, layout, recipe, dp, ga))
     assert totals == sorted(totals, reverse=True)
 
 
 @settings(max_examples=150, deadline=None)
-@given(detailed_workloads, detailed_layouts, grad_accums)
-def test_detailed_never_rises_with_dp_at_a_fixed_grad_accum(workload, layout, grad_accum):
-    totals = [detailed_total(workload, layout, dp, grad_accum) for dp in (2, 4, 8, 64)]
+@given(detailed_workloads, detailed_layouts, detailed_recipes, grad_accums)
+def test_detailed_never_rises_with_dp_at_a_fixed_grad_accum(workload, layout, recipe, grad_accum):
+    totals = [detailed_total(workload, layout, recipe, dp, grad_accum) for dp in (2, 4, 8, 64)]
     assert totals == sorted(totals, reverse=True)
 
 
 @settings(max_examples=150, deadline=None)
-@given(detailed_workloads, detailed_layouts.filter(lambda lay: lay.pp == 1),
+@given(detailed_workloads, detailed_layouts.filter(lambda lay: lay.pp == 1), detailed_recipes,
        st.sampled_from([2, 4, 8, 64]), grad_accums)
-def test_detailed_higher_zero_stage_never_needs_more(workload, layout, dp, grad_accum):
+def test_detailed_higher_zero_stage_never_needs_more(workload, layout, recipe, dp, grad_accum):
     """Without pipeline parallelism. Under PP, FSDP keeps each stage's parameters unsharded for
     the whole step and accumulates unsharded gradients in its FP32 reduce dtype (torchtitan,
     FSDP2 ``to_accumulated_grad_if_needed``): there ZeRO-3 holds more than ZeRO-1, as it does
@@ -191,8 +196,9 @@ def test_detailed_higher_zero_stage_never_needs_more(workload, layout, dp, grad_
     sharded over two GPUs need not repay; and with FSDP1/DeepSpeed gathers (``fsdp_version`` 1)
     its reserved view adds the fragmentation of ``record_stream`` frees."""
     def views(z: int, version: int) -> dict[str, int]:
-        lay = layout.model_copy(update={"zero": z, "offload": "none", "fsdp_version": version})
-        return detailed_memory(DETAILED_MODEL, workload, lay, Overrides(), dp=dp,
+        lay = layout.model_copy(update={"zero": z, "offload": "none"})
+        return detailed_memory(DETAILED_MODEL, workload, lay, Overrides(),
+                               recipe=recipe.model_copy(update={"fsdp_version": version}), dp=dp,
                                grad_accum=grad_accum).predicted
 
     for version in (1, 2):
@@ -205,18 +211,18 @@ def test_detailed_higher_zero_stage_never_needs_more(workload, layout, dp, grad_
 
 
 @settings(max_examples=150, deadline=None)
-@given(detailed_workloads, detailed_layouts, dps, grad_accums)
-def test_detailed_more_checkpointing_never_needs_more(workload, layout, dp, grad_accum):
-    levels = [detailed_total(workload, layout.model_copy(update={"checkpointing": c}), dp, grad_accum)
+@given(detailed_workloads, detailed_layouts, detailed_recipes, dps, grad_accums)
+def test_detailed_more_checkpointing_never_needs_more(workload, layout, recipe, dp, grad_accum):
+    levels = [detailed_total(workload, layout.model_copy(update={"checkpointing": c}), recipe, dp, grad_accum)
               for c in ("none", "selective", "full")]
     assert levels == sorted(levels, reverse=True)
 
 
 @settings(max_examples=150, deadline=None)
-@given(detailed_workloads, detailed_layouts, dps, grad_accums)
-def test_detailed_more_tensor_parallelism_never_needs_more(workload, layout, dp, grad_accum):
+@given(detailed_workloads, detailed_layouts, detailed_recipes, dps, grad_accums)
+def test_detailed_more_tensor_parallelism_never_needs_more(workload, layout, recipe, dp, grad_accum):
     """TP from 1 to 2 to 4 at a fixed dp (the first TP group adds its NCCL communicator, which
     the sharded states of a 8B model outweigh)."""
-    totals = [detailed_total(workload, layout.model_copy(update={"tp": t}), dp, grad_accum)
+    totals = [detailed_total(workload, layout.model_copy(update={"tp": t}), recipe, dp, grad_accum)
               for t in (1, 2, 4)]
     assert totals == sorted(totals, reverse=True)

@@ -24,6 +24,24 @@ def _plans(raw):
     return plan_raw(raw).plans
 
 
+def test_a_stack_s_recipe_is_the_scenario_s_recipe_keys():
+    """Every default a stack's recipe sets (``StackRecipe``) but the time-only ``fused_kernels``
+    and ``native_attention`` is a key of the scenario's ``recipe:`` (``Recipe``) of the same type, default and aliases:
+    what the stack sets, a scenario may set instead."""
+    from planner.core.entries import StackRecipe
+    from planner.core.specs import Recipe
+
+    time_only = {"fused_kernels", "native_attention"}
+    stack_keys = set(StackRecipe.model_fields) - time_only
+    assert stack_keys <= set(Recipe.model_fields)
+    for key in stack_keys:
+        mine, theirs = StackRecipe.model_fields[key], Recipe.model_fields[key]
+        assert mine.annotation == theirs.annotation, key
+        assert mine.default == theirs.default, key
+        assert mine.validation_alias == theirs.validation_alias, key
+    assert not time_only & set(Recipe.model_fields)
+
+
 def test_every_stack_entry_is_complete_and_has_sources():
     ids = [s.id for s in stacks()]
     assert len(ids) == len(set(ids)) >= 5
@@ -128,7 +146,7 @@ def test_a_plan_s_memory_is_its_stack_s_recipe():
     assert check_plan(raw, plan) == []
     version = get_stack(plan.stack).recipe.fsdp_version
     pinned = {v: planner.estimate({**{k: w for k, w in raw.items() if k != "name"},
-                                   "layout": {**raw["layout"], "fsdp_version": v}}) for v in (1, 2)}
+                                   "recipe": {"fsdp_version": v}}) for v in (1, 2)}
     assert plan.memory["total_bytes"] == pinned[version].total_bytes
     assert pinned[1].total_bytes == pinned[2].total_bytes
     assert pinned[1].predicted["device_bytes"] > pinned[2].predicted["device_bytes"]
@@ -149,8 +167,8 @@ def test_a_deepspeed_stack_plans_with_deepspeed_s_zero_3():
     plan = got.plans[0]
     assert plan.stack == "hf-deepspeed" and check_plan(raw, plan) == []
     body = {k: v for k, v in raw.items() if k not in ("name", "search")}
-    pinned = {impl: planner.estimate({**body, "layout": {**raw["layout"], "tp": plan.tp, "pp": plan.pp,
-                                                         "zero_impl": impl}}) for impl in ("fsdp", "deepspeed")}
+    pinned = {impl: planner.estimate({**body, "layout": {**raw["layout"], "tp": plan.tp, "pp": plan.pp},
+                                      "recipe": {"zero_impl": impl}}) for impl in ("fsdp", "deepspeed")}
     assert plan.memory["total_bytes"] == pinned["deepspeed"].total_bytes > pinned["fsdp"].total_bytes
 
 
@@ -172,7 +190,7 @@ def test_the_hugging_face_fsdp_stack_accumulates_gradients_unsharded():
     assert plan.stack == "hf-fsdp" and plan.grad_accum > 1 and check_plan(raw, plan) == []
     body = {k: v for k, v in raw.items() if k not in ("name", "search")}
     pinned = {flag: planner.estimate({**body, "workload": {**raw["workload"], "micro_batch": plan.micro_batch},
-                                      "layout": {**raw["layout"], "unsharded_grad_accumulation": flag}})
+                                      "recipe": {"unsharded_grad_accumulation": flag}})
               for flag in (False, True)}
     assert plan.memory["total_bytes"] == pinned[True].total_bytes
     gap = pinned[True].components["gradients"] - pinned[False].components["gradients"]
@@ -246,11 +264,11 @@ def test_a_plan_is_estimated_and_checked_with_its_stack_s_recipe(monkeypatch):
     assert result.plans, result.explanation
     p = result.plans[0]
     assert p.stack == "hf-fsdp-compiled-loss" and p.recipe["loss"] == "compiled"
-    assert p.pinned_scenario["workload"]["loss"] == "compiled"
+    assert p.pinned_scenario["recipe"]["loss"] == "compiled"
     assert check_plan(raw, p) == []
-    standard = planner.estimate({**p.pinned_scenario, "workload": {**p.pinned_scenario["workload"], "loss": "standard"}})
+    standard = planner.estimate({**p.pinned_scenario, "recipe": {**p.pinned_scenario["recipe"], "loss": "standard"}})
     assert p.memory["total_bytes"] < standard.total_bytes  # the FP32 logits are gone
 
-    mine = {**raw, "workload": {**raw["workload"], "loss": "standard"}}
+    mine = {**raw, "recipe": {"loss": "standard"}}
     q = planner.plan(mine).plans[0]
     assert q.recipe["loss"] == "standard" and q.memory["total_bytes"] == standard.total_bytes

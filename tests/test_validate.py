@@ -114,10 +114,11 @@ def test_rows_read_their_qlora_stack_from_columns(hf_model, kbit_prep, prep, pre
         row = next(csv.DictReader(fh))
     row = {**row, "method": "qlora", "precision": "bf16", "optimizer": "torch AdamW",
            "hf_model": hf_model, "kbit_prep": kbit_prep, "framework": "", "quant_impl": "bnb-nf4"}
-    wl = scenario_of(row)["workload"]
-    assert wl["kbit_prep"] == prep and wl["precision"] == precision
+    sc = scenario_of(row)
+    assert sc["recipe"]["kbit_prep"] == prep and sc["workload"]["precision"] == precision
     worded = {**row, "source": "TRL SFTTrainer QLoRA blog (Oct 2023)", "notes": "prepare_model_for_kbit_training"}
-    assert scenario_of(worded)["workload"] == wl
+    read = scenario_of(worded)
+    assert (read["workload"], read["recipe"]) == (sc["workload"], sc["recipe"])
 
 
 @pytest.mark.parametrize("cell, precision", [
@@ -146,7 +147,7 @@ def test_bitsandbytes_before_0_43_2_keeps_matmul_inputs(version, keeps):
         row = next(csv.DictReader(fh))
     row = {**row, "method": "qlora", "precision": "bf16", "optimizer": "paged_adamw_32bit",
            "quant_impl": "bnb-nf4", "bitsandbytes": version}
-    assert scenario_of(row)["workload"]["bnb_keeps_input"] is keeps
+    assert scenario_of(row)["recipe"]["bnb_keeps_input"] is keeps
 
 
 @pytest.mark.parametrize("version, keeps, transposed", [
@@ -162,10 +163,11 @@ def test_an_8_bit_lora_row_is_the_llm_int8_base_of_its_bitsandbytes(version, kee
         row = next(csv.DictReader(fh))
     row = {**row, "method": "lora", "quant_bits": "8", "precision": "fp16-mixed",
            "optimizer": "adamw", "bitsandbytes": version}
-    wl = scenario_of(row)["workload"]
+    sc = scenario_of(row)
+    wl, recipe = sc["workload"], sc["recipe"]
     assert (wl["method"], wl["quant_bits"]) == ("qlora", 8)
-    assert wl["bnb_keeps_input"] is keeps
-    assert wl["int8_keeps_transposed"] is transposed
+    assert recipe["bnb_keeps_input"] is keeps
+    assert recipe["int8_keeps_transposed"] is transposed
 
 
 @pytest.mark.parametrize("cell, precision", [
@@ -211,7 +213,7 @@ def test_hugging_face_fsdp_loops_accumulate_unsharded(framework, cell, accum, un
         row = next(csv.DictReader(fh))
     row = {**row, "method": "full", "framework": framework, "zero_or_fsdp": cell, "grad_accum": accum,
            "gpus": "4", "dp": "4", "precision": "bf16-mixed", "optimizer": "adamw"}
-    assert scenario_of(row)["layout"].get("unsharded_grad_accumulation", False) is unsharded
+    assert scenario_of(row)["recipe"].get("unsharded_grad_accumulation", False) is unsharded
 
 
 def test_unknown_recipe_cells_are_unmodelled_not_guessed():
@@ -266,7 +268,7 @@ def test_the_trainers_torch_adamw_under_deepspeed_steps_with_foreach_kernels(cel
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))
     row = {**row, "optimizer": cell, "zero_or_fsdp": "zero2", "gpus": "2", "dp": "2"}
-    assert scenario_of(row)["workload"].get("optimizer_step", "foreach") == step
+    assert scenario_of(row)["recipe"].get("optimizer_step", "foreach") == step
 
 
 @pytest.mark.parametrize("cell, zero", [("zero2", 2), ("zero1", 1), ("fsdp_shard_grad_op", 0),
@@ -278,9 +280,9 @@ def test_deepspeed_zero_1_and_2_on_one_gpu_keep_their_stage(cell, zero):
 
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))
-    lay = scenario_of({**row, "zero_or_fsdp": cell, "gpus": "1", "dp": "1", "cpu_offload": "no"})["layout"]
-    assert lay["zero"] == zero
-    assert (lay.get("zero_impl") == "deepspeed") is (cell in ("zero1", "zero2", "zero3"))
+    sc = scenario_of({**row, "zero_or_fsdp": cell, "gpus": "1", "dp": "1", "cpu_offload": "no"})
+    assert sc["layout"]["zero"] == zero
+    assert (sc["recipe"].get("zero_impl") == "deepspeed") is (cell in ("zero1", "zero2", "zero3"))
 
 
 @pytest.mark.parametrize("sharding, cell, precision", [

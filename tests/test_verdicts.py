@@ -120,7 +120,7 @@ def test_optimizer_step_is_read_from_the_optimizer_and_the_torch_release():
     rows = {r["id"]: r for r in read_rows(VERDICTS)}
 
     def step(row):
-        return scenario_of(row)["workload"].get("optimizer_step", "foreach")
+        return scenario_of(row)["recipe"].get("optimizer_step", "foreach")
 
     assert step(rows["V382"]) == "for_loop"  # DecoupledAdamW
     assert step(rows["V441"]) == "fused"  # HybridAdam
@@ -144,7 +144,7 @@ def test_a_200k_context_variant_is_read_with_its_positions_and_rotary_tables():
 
     row = next(r for r in read_rows(VERDICTS) if r["id"] == "V419")
     raw = scenario_of(row)
-    assert raw["workload"]["rope_cache_per_layer"] is True and raw["model"]["max_position"] == 200_000
+    assert raw["recipe"]["rope_cache_per_layer"] is True and raw["model"]["max_position"] == 200_000
     assert judge_row(row).judged_fit is False
     assert judge_row({**row, "rope_cache": ""}).judged_fit is True
 
@@ -178,7 +178,7 @@ def test_a_returned_kv_cache_is_read_from_its_column():
     from planner.validate.rows import scenario_of
 
     row = next(r for r in read_rows(VERDICTS) if r["id"] == "V433")
-    assert scenario_of(row)["workload"]["keeps_kv_cache"] is True
+    assert scenario_of(row)["recipe"]["keeps_kv_cache"] is True
     assert judge_row(row).judged_fit is False
     assert judge_row({**row, "kv_cache": ""}).judged_fit is True
 
@@ -214,7 +214,7 @@ def test_eight_bit_lora_is_not_passed_off_as_16_bit():
     from planner.memory.model_states import rope_cache_bytes
 
     # beside the base: the rotary tables of 2023's transformers (32 layers x 32,768 positions)
-    tables = rope_cache_bytes(rs.model, rs.workload)
+    tables = rope_cache_bytes(rs.model, rs.workload, rs.recipe)
     assert tables == 32 * 2 * 32768 * 128 * 2
     weights = estimate_resolved(rs).components["weights"] - tables
     assert 7.0e9 < weights < 8.0e9
@@ -237,9 +237,9 @@ def test_deepspeed_zero2_step_holds_the_fp32_gradient_partition():
     got = judge_row(row)
     assert got.verdict == "oom" and got.judged_fit is False
     raw = scenario_of(stated_or_least({**row, "model": _model_cell(row)}))
-    assert raw["layout"]["zero_impl"] == "deepspeed"
+    assert raw["recipe"]["zero_impl"] == "deepspeed"
     ds = estimate_resolved(resolve(raw))
-    fsdp = estimate_resolved(resolve({**raw, "layout": {**raw["layout"], "zero_impl": "fsdp"}}))
+    fsdp = estimate_resolved(resolve({**raw, "recipe": {**raw["recipe"], "zero_impl": "fsdp"}}))
     partition = 6.74e9 / 8  # LLaMA-7B over 8 data-parallel ranks
     assert ds.components["buffers"] - fsdp.components["buffers"] == pytest.approx(4 * partition, rel=0.01)
     assert fsdp.total_bytes <= got.usable_bytes < ds.total_bytes
@@ -260,10 +260,10 @@ def test_fastchat_s_fsdp_oom_is_the_unsharded_gradients():
     got = judge_row(rows["V333"])
     assert got.judged_fit is False
     raw = scenario_of(stated_or_least({**rows["V333"], "model": _model_cell(rows["V333"])}))
-    assert raw["layout"]["unsharded_grad_accumulation"] is True
+    assert raw["recipe"]["unsharded_grad_accumulation"] is True
     est = estimate_resolved(resolve(raw))
     assert est.predicted["allocated_bytes"] >= 37.33 * 2**30
-    synced = estimate_resolved(resolve({**raw, "layout": {**raw["layout"], "unsharded_grad_accumulation": False}}))
+    synced = estimate_resolved(resolve({**raw, "recipe": {**raw["recipe"], "unsharded_grad_accumulation": False}}))
     assert synced.total_bytes <= got.usable_bytes
     assert judge_row(rows["V331"]).judged_fit is True
 

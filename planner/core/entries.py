@@ -203,18 +203,18 @@ class ModelSpec(StrictModel):
 
 class StackRecipe(StrictModel):
     """A stack's defaults where memory and time depend on them (``catalogs/stacks.yaml``,
-    ``recipe:``). Each is a key of the scenario's of the same name (``Layout`` for the sharding
-    keys, ``Workload`` for the loss, kernels and compile): a plan naming the stack is estimated
-    and timed with them unless the scenario sets its own."""
+    ``recipe:``). Each but the time-only ``fused_kernels`` is a key of the scenario's
+    :class:`~planner.core.specs.Recipe` of the same name, type and default: a plan naming the
+    stack is estimated and timed with them unless the scenario's ``recipe:`` sets its own."""
 
-    #: How its ZeRO-3/FSDP frees gathered parameters (``Layout.fsdp_version``: 1 for FSDP1 and
+    #: How its ZeRO-3/FSDP frees gathered parameters (``Recipe.fsdp_version``: 1 for FSDP1 and
     #: DeepSpeed's record_stream frees, 2 for FSDP2).
     fsdp_version: Literal[1, 2] = 1
-    #: Who implements its ZeRO stages (``Layout.zero_impl``): DeepSpeed copies its gradient
+    #: Who implements its ZeRO stages (``Recipe.zero_impl``): DeepSpeed copies its gradient
     #: partition to FP32 at the step, and at stage 3 keeps a flat gradient partition.
     zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
     #: Its training loop under FSDP accumulates gradients unsharded between optimizer steps
-    #: (``Layout.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
+    #: (``Recipe.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
     #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).
     unsharded_grad_accumulation: bool = False
     #: Element-wise work fused into fewer kernels (Transformer Engine in Megatron-Core; the time
@@ -224,7 +224,7 @@ class StackRecipe(StrictModel):
     #: DotProductAttention prefers cuDNN's fused attention on Hopper), not a portable
     #: FlashAttention-2-class kernel (``planner.perf.hardware.NATIVE_ATTENTION_SHARE``). Time only.
     native_attention: bool = False
-    #: The loss's implementation, the norm and activation kernels, torch.compile (``Workload``).
+    #: The loss's implementation, the norm and activation kernels, torch.compile (``Recipe``).
     loss: Loss = "standard"
     kernels: Kernels = "standard"
     compile: bool = False

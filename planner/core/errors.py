@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from planner.core.specs import UNION_TAGS
+from planner.core.specs import MOVED_KEYS, UNION_TAGS
 
 #: The most characters of the user's input an error message quotes (then "…").
 EXCERPT_CHARS = 80
@@ -56,19 +56,32 @@ class InputError(ValueError):
         super().__init__("\n".join(shown(self.problems)))
 
 
-def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
-    """The keys a mapping at ``loc`` (inside ``model``) may hold, for "did you mean"."""
+def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The model of the mapping at ``loc`` (inside ``model``), if that mapping is one."""
     current: Any = model
     for part in loc:
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return []
+            return None
         info = current.model_fields.get(str(part))
         if info is None:
-            return []
+            return None
         current = _model_in(info.annotation)
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+        return current
+    return None
+
+
+def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
+    """The keys a mapping at ``loc`` (inside ``model``) may hold, for "did you mean"."""
+    current = _model_at(model, loc)
+    return list(current.model_fields) if current is not None else []
+
+
+def _moved_to(model: type[BaseModel], loc: Sequence[Any]) -> str | None:
+    """Where a key the mapping at ``loc[:-1]`` no longer holds now lives (``recipe.loss``), if
+    it moved (:data:`planner.core.specs.MOVED_KEYS`)."""
+    owner = _model_at(model, loc[:-1])
+    return MOVED_KEYS.get(owner, {}).get(str(loc[-1])) if owner is not None and loc else None
 
 
 def _model_in(annotation: Any) -> Any:
@@ -111,7 +124,10 @@ def format_validation_error(
             loc = loc[:-1]
         path = _dotted([prefix, *loc] if prefix else loc)
         kind = err["type"]
-        if kind == "extra_forbidden":
+        moved = _moved_to(model, loc) if kind == "extra_forbidden" else None
+        if moved:
+            msg = f"this key belongs in the {moved.split('.')[0]}: section ({moved})"
+        elif kind == "extra_forbidden":
             key = str(loc[-1])
             allowed = _allowed_keys(model, loc[:-1])
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)

@@ -1,4 +1,4 @@
-"""The scenario format, typed: workload, layout, overrides, search space, constraints (catalog
+"""The scenario format, typed: workload, layout, recipe, overrides, search space, constraints (catalog
 entries are in planner.core.entries, the shared value types in planner.core.values).
 
 Validation happens here, at the edge, strictly: unknown keys are errors (``extra="forbid"``), so a
@@ -88,6 +88,62 @@ class Workload(StrictModel):
                                 Field(ge=1, le=MAX_MICRO_BATCH)] = None
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: QuantType = "nf4"
+    adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
+    lora_dropout: Annotated[float, BeforeValidator(parse_number), Field(ge=0, lt=1)] = 0.0
+    fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
+
+    @property
+    def sequences_per_sample(self) -> int:
+        """Sequences the policy runs per example of the micro-batch: 2 for a DPO pair, else 1."""
+        return 2 if self.algorithm == "dpo" else 1
+
+    @property
+    def reference_forward(self) -> bool:
+        """Whether each step runs the reference policy forward (DPO with a reference model)."""
+        return self.algorithm == "dpo" and self.reference == "model"
+
+    @property
+    def reference_copy(self) -> bool:
+        """Whether a frozen copy of the weights stays beside the policy (full fine-tuning only)."""
+        return self.reference_forward and self.method == "full"
+
+    @property
+    def lora_target_set(self) -> tuple[str, ...]:
+        if "all" in self.lora_targets:
+            return LORA_TARGETS
+        return tuple(t for t in LORA_TARGETS if t in self.lora_targets)
+
+
+class Layout(StrictModel):
+    """How the work is laid out on hardware: systems choices that do not change what is trained."""
+
+    gpu: str | None = None
+    gpus: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    dp: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
+    tp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    pp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    cp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    #: Expert parallelism (MoE): routed experts split over ep ranks carved out of dp (ep | dp).
+    ep: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    sp: bool = False
+    zero: Literal[0, 1, 2, 3] = 0
+    offload: Offload = "none"
+    checkpointing: Checkpointing = "none"
+    attention: Attention = "flash"
+    # Layout details the ``detailed`` profile models (the ``seed`` profile ignores them).
+    activation_offload: bool = False  # checkpointed layer inputs kept in host memory
+    pp_schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    #: Pipeline stages of unequal layer counts when pp does not divide the layers (torchtitan
+    #: splits a 126-layer model over 8 stages); the detailed profile sizes the heaviest stage.
+    uneven_pp: bool = False
+    pp_virtual_stages: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=1024)] = 1
+
+
+class Recipe(StrictModel):
+    """How the training stack runs the step where its version or implementation changes memory
+    and time. The stack's defaults come from ``catalogs/stacks.yaml`` (``recipe:``,
+    :class:`~planner.core.entries.StackRecipe`); a key the scenario sets wins."""
+
     # Whether a bitsandbytes matmul keeps its input on its autograd context (``ctx.tensors``),
     # alive for as long as the graph. None: the current bitsandbytes, whose 4-bit matmul does not
     # (0.43.2, July 2024, dropped ``ctx.tensors = (A, B)``) and whose LLM.int8 matmul does (from
@@ -101,8 +157,6 @@ class Workload(StrictModel):
     # SFTTrainer after it (embeddings and lm_head back to BF16 for a 4-bit base under bf16; FP32
     # otherwise; norms FP32), "none"
     kbit_prep: Literal["none", "peft", "trl"] = "none"
-    adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
-    lora_dropout: Annotated[float, BeforeValidator(parse_number), Field(ge=0, lt=1)] = 0.0
     grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)
     optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
     # how the optimizer steps: "foreach" (torch's multi-tensor default on CUDA: one
@@ -145,66 +199,13 @@ class Workload(StrictModel):
     # gradients into those buffers; LoRA_QKV and LoRA_W keep their input only; RMSNorm keeps
     # its input and rsqrt
     kernels: Kernels = "standard"
-    fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
     #: How a MoE layer runs its experts: ``grouped``, one grouped GEMM over every routed token
     #: (transformers 5's default ``experts_implementation``, Megatron-Core, torchtitan), or
     #: ``loop``, an eager loop (transformers 4, or 5 with ``experts_implementation="eager"``):
     #: one expert's tokens at a time, each output added into the result by ``index_add_``,
     #: which keeps it.
     moe_experts: Literal["grouped", "loop"] = "grouped"
-
-    @property
-    def sequences_per_sample(self) -> int:
-        """Sequences the policy runs per example of the micro-batch: 2 for a DPO pair, else 1."""
-        return 2 if self.algorithm == "dpo" else 1
-
-    @property
-    def loss_impl(self) -> str:
-        """The loss as it runs: a DPO step's "standard" loss is not a cross-entropy but the
-        per-token log-probabilities of both sequences, row by row in the compute dtype (TRL's
-        ``selective_log_softmax``): ``rowwise``."""
-        return "rowwise" if self.algorithm == "dpo" and self.loss == "standard" else self.loss
-
-    @property
-    def reference_forward(self) -> bool:
-        """Whether each step runs the reference policy forward (DPO with a reference model)."""
-        return self.algorithm == "dpo" and self.reference == "model"
-
-    @property
-    def reference_copy(self) -> bool:
-        """Whether a frozen copy of the weights stays beside the policy (full fine-tuning only)."""
-        return self.reference_forward and self.method == "full"
-
-    @property
-    def lora_target_set(self) -> tuple[str, ...]:
-        if "all" in self.lora_targets:
-            return LORA_TARGETS
-        return tuple(t for t in LORA_TARGETS if t in self.lora_targets)
-
-
-class Layout(StrictModel):
-    """How the work is laid out on hardware: systems choices that do not change what is trained."""
-
-    gpu: str | None = None
-    gpus: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
-    dp: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
-    tp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
-    pp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
-    cp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
-    #: Expert parallelism (MoE): routed experts split over ep ranks carved out of dp (ep | dp).
-    ep: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
-    sp: bool = False
-    zero: Literal[0, 1, 2, 3] = 0
-    offload: Offload = "none"
-    checkpointing: Checkpointing = "none"
-    attention: Attention = "flash"
-    # Layout details the ``detailed`` profile models (the ``seed`` profile ignores them).
-    activation_offload: bool = False  # checkpointed layer inputs kept in host memory
-    pp_schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
-    #: Pipeline stages of unequal layer counts when pp does not divide the layers (torchtitan
-    #: splits a 126-layer model over 8 stages); the detailed profile sizes the heaviest stage.
-    uneven_pp: bool = False
-    pp_virtual_stages: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=1024)] = 1
+    # How its ZeRO/FSDP implementation and release shard, accumulate, check and free.
     unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
     full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once
     #: FSDP1 with ``use_orig_params=True`` and units that hold frozen and trainable weights (a
@@ -235,6 +236,27 @@ class Layout(StrictModel):
     #: made at the optimizer step; stage_1_and_2.py: the FP32 copy of its gradient partition at
     #: the step). ``zero3_impl`` is read as this key too.
     zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
+
+    def loss_impl(self, algorithm: str) -> str:
+        """The loss as it runs for the workload's ``algorithm``: a DPO step's "standard" loss is
+        not a cross-entropy but the per-token log-probabilities of both sequences, row by row in
+        the compute dtype (TRL's ``selective_log_softmax``): ``rowwise``."""
+        return "rowwise" if algorithm == "dpo" and self.loss == "standard" else self.loss
+
+
+#: Recipe keys that scenarios once wrote under ``workload:`` or ``layout:``, by the model that
+#: held them: a key still written there is reported with its place in ``recipe:``
+#: (planner.core.errors), not as an unknown key.
+MOVED_KEYS: dict[type, dict[str, str]] = {
+    Workload: {k: f"recipe.{k}" for k in (
+        "bnb_keeps_input", "int8_keeps_transposed", "kbit_prep", "grad_dtype", "optimizer_paged",
+        "optimizer_step", "rope_cache_per_layer", "keeps_kv_cache", "loss", "peak_at_first_step",
+        "compile", "kernels", "moe_experts")},
+    Layout: {**{k: f"recipe.{k}" for k in (
+        "unsharded_grad_accumulation", "full_state_dict", "fsdp_mixed_units", "zero_bucket_elements",
+        "zero_overflow_check_bytes", "zero_offload_gpu_copy", "fsdp_version", "zero_impl")},
+        "zero3_impl": "recipe.zero_impl"},
+}
 
 
 #: Bounds of the overrides: finite, non-negative and at most what one GPU could ever hold, so no
@@ -313,6 +335,7 @@ class Scenario(StrictModel):
     model: ModelField
     workload: Workload = Workload()
     layout: Layout = Layout()
+    recipe: Recipe = Recipe()
     overrides: Overrides = Overrides()
     search: SearchSpace = SearchSpace()
     constraints: Constraints = Constraints()

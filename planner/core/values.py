@@ -77,7 +77,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-#: The loss's implementation (``Workload.loss``) and the layer kernels (``Workload.kernels``).
+#: The loss's implementation (``Recipe.loss``) and the layer kernels (``Recipe.kernels``).
 Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace",
                "chunked_head", "chunked_head_in_forward", "rowwise", "rowwise_fp32"]
 Kernels = Literal["standard", "fused_rmsnorm", "unsloth"]

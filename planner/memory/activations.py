@@ -411,7 +411,7 @@ def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
 @by_spec
 def kv_cache_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
     """The keys and values one layer puts in the KV cache a training forward returns
-    (``Workload.keeps_kv_cache``), where they are not the tensors saved for backward: with FP32
+    (``Recipe.keeps_kv_cache``), where they are not the tensors saved for backward: with FP32
     norms over a bitsandbytes base (``fp32_stream``) K and V come out of the projections in FP32
     and attention saves autocast's 16-bit copies, and eager attention with grouped KV heads saves
     K and V repeated to every head, so the cache holds its own (4 or e bytes, 2·h_kv per token).

@@ -52,13 +52,12 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
                                      "zero_impl": ZERO_IMPLS, "loss": LOSSES, "kernels": KERNELS}
 
 
-#: A stack's recipe where memory depends on it (``StackSpec`` fields that set ``Layout`` keys of
-#: the same name): how its FSDP frees gathers, who implements its ZeRO stages, and whether its
-#: training loop accumulates gradients unsharded under FSDP.
-STACK_MEMORY_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation")
-#: A stack's recipe defaults that set ``Workload`` keys of the same name: the loss's
-#: implementation, the norm/activation kernels and torch.compile (``StackSpec.loss`` …).
-STACK_WORKLOAD_RECIPE: tuple[str, ...] = ("loss", "kernels", "compile")
+#: A stack's recipe where memory depends on it (``StackRecipe`` fields that set ``Recipe`` keys
+#: of the same name): how its FSDP frees gathers, who implements its ZeRO stages, whether its
+#: training loop accumulates gradients unsharded under FSDP, the loss's implementation, the
+#: norm/activation kernels and torch.compile.
+STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
+                                 "loss", "kernels", "compile")
 #: Array keys whose values are flags.
 FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile"})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from planner.core.arch import _dims, lora_adapters, lora_module_shapes, param_counts
 from planner.core.entries import ModelSpec
-from planner.core.specs import Layout, Workload
+from planner.core.specs import Layout, Recipe, Workload
 from planner.core.units import zero_degree
 from planner.memory.model_states import (
     StateParts,
@@ -30,7 +30,8 @@ DEEPSPEED_SUB_GROUP_ELEMENTS = 1e9
 ZERO3_LIVE_UNITS = 2
 
 
-def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts) -> dict[str, float]:
+def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, *,
+                 recipe: Recipe) -> dict[str, float]:
     """Transient buffers: ZeRO-3/FSDP gathered units, DDP gradient buckets, the dequantized weight
     of a quantized base, and the optimizer step's temporaries."""
     e = compute_bytes(wl.precision)
@@ -43,8 +44,8 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
-           "zero_buckets": layout.zero_bucket_elements * e,
-           **_zero_offload_terms(model, wl, layout, partition)}
+           "zero_buckets": recipe.zero_bucket_elements * e,
+           **_zero_offload_terms(model, wl, layout, recipe, partition)}
     if gathers_units(layout):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
         unit = max(layer * w_b, end * e)
@@ -58,7 +59,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         # the one prefetched; FSDP1 ``limit_all_gathers``, FSDP2's all-gather stream).
         out["gather"] = root + ZERO3_LIVE_UNITS * layer * w_b
         if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
-            out["gather"] += layer * (4 if wl.grad_dtype == "fp32" else e)
+            out["gather"] += layer * (4 if recipe.grad_dtype == "fp32" else e)
     if layout.zero == 0 and zero_degree(layout.dp, layout.cp) > 1 and wl.method == "full":
         # PyTorch DDP copies gradients into its buckets unless gradient_as_bucket_view=True
         # (DDP docs: the saving "will be equal to the total gradients size").
@@ -66,7 +67,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     if wl.method == "qlora":
         shapes = lora_module_shapes(model).values()
         if int8_base(wl):
-            out["dequant"] = max(_int8_matmul_transient(wl, d_in, d_out, layout.cp)
+            out["dequant"] = max(_int8_matmul_transient(wl, recipe, d_in, d_out, layout.cp)
                                  for d_in, d_out in shapes) / tp
         else:
             out["dequant"] = max(d_in * d_out for d_in, d_out in shapes) / tp * e
@@ -74,18 +75,19 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
     # ZeRO-3 prepares and steps one sub-group of its partition at a time (sub_group_size, 1e9
     # elements by default; ``_prepare_fp32_grad_for_sub_group``, and ``_optimizer_step`` hands
     # the optimizer ``param_groups[...]['params'] = [fp32_param]``).
-    per_call = min(partition, DEEPSPEED_SUB_GROUP_ELEMENTS) if deepspeed_zero3(layout) else partition
-    if deepspeed_zero3(layout) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
+    per_call = min(partition, DEEPSPEED_SUB_GROUP_ELEMENTS) if deepspeed_zero3(layout, recipe) else partition
+    if deepspeed_zero3(layout, recipe) and compute_bytes(wl.precision) < 4 and layout.offload == "none":
         # At the step DeepSpeed ZeRO-3 copies each sub-group's gradient partition to FP32.
         out["optimizer_temp"] += per_call * 4
-    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision in ("mixed", "fp16"):
+    if _deepspeed_zero12(layout, recipe) and layout.offload == "none" and wl.precision in ("mixed", "fp16"):
         # DeepSpeed ZeRO-1/2 (stage_1_and_2.py ``step``) flattens the rank's 16-bit gradient
         # partition and converts it to the FP32 master's dtype for the optimizer, alive through
         # the step: 4 bytes per element of the partition.
         out["optimizer_temp"] += partition * 4
     # bitsandbytes' paged AdamW (``paged_adamw_32bit``) steps each tensor in its own kernel
     # (``Optimizer2State``): no list-wide temporaries.
-    stepped = wl.optimizer_step in ("foreach", "foreach_torch20", "for_loop") and not wl.optimizer_paged
+    stepped = (recipe.optimizer_step in ("foreach", "foreach_torch20", "for_loop")
+               and not recipe.optimizer_paged)
     if stepped and wl.optimizer in ("adamw", "sgd") and layout.offload == "none":
         # With the optimizer offloaded the step runs on the CPU (DeepSpeedCPUAdam for
         # ZeRO-Offload, arXiv 2101.06840; FSDP CPUOffload steps the CPU shards): its
@@ -93,26 +95,27 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts)
         mixed = wl.precision in ("mixed", "fp16", "fp32")
         c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
         state_bytes = 4 if mixed else (c if wl.method != "full" else e)
-        if wl.optimizer_step != "for_loop":
+        if recipe.optimizer_step != "for_loop":
             # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for every tensor of the
             # step call (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
-            copies = 2 if wl.optimizer_step == "foreach_torch20" else 1
+            copies = 2 if recipe.optimizer_step == "foreach_torch20" else 1
             out["optimizer_temp"] += copies * per_call * state_bytes
         else:
             # one tensor at a time: ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds two
             # copies of the tensor being stepped, the largest of them at the peak
-            largest = _largest_stepped(model, wl, layout, per_call, layer, end)
+            largest = _largest_stepped(model, wl, layout, recipe, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
-    if _deepspeed_zero12(layout) and layout.offload == "none" and wl.precision == "fp16":
+    if _deepspeed_zero12(layout, recipe) and layout.offload == "none" and wl.precision == "fp16":
         # With FP16's loss scaling DeepSpeed's step first checks each gradient part it owns for
         # inf/NaN (``check_overflow``, one tensor at a time), before any FP32 copy exists.
-        owned = min(max(_largest_trainable(model, wl, layout)), partition)
-        out["optimizer_temp"] = max(out["optimizer_temp"], layout.zero_overflow_check_bytes * owned)
+        owned = min(max(_largest_trainable(model, wl, layout, recipe)), partition)
+        out["optimizer_temp"] = max(out["optimizer_temp"], recipe.zero_overflow_check_bytes * owned)
     del pp
     return out
 
 
-def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[float, float]:
+def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout,
+                       recipe: Recipe) -> tuple[float, float]:
     """Elements of the largest trainable parameter on one GPU (its TP shard) whose gradient is
     complete during the last layer's backward, and of the input embedding's (complete at the end
     of backward). Full training: a layer matrix (q, k and v as one where the model fuses them; a
@@ -125,7 +128,7 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[
         shapes = list(lora_module_shapes(model).values())
         if model.fused_qkv:
             shapes.append(lora_adapters(model, ("q", "k", "v"))[0][1:])
-        matrix = max(max(d_in * d_out for d_in, d_out in shapes) / tp, _expert_tensor(model, wl, layout))
+        matrix = max(max(d_in * d_out for d_in, d_out in shapes) / tp, _expert_tensor(model, layout, recipe))
         head = 0 if model.tied_embeddings else vocab * model.hidden / tp
         return max(matrix, head), vocab * model.hidden / tp
     saved = saved_module_params(model, wl.modules_to_save)
@@ -133,7 +136,7 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout) -> tuple[
     return max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
 
 
-def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
+def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe,
                         partition: float) -> dict[str, float]:
     """What DeepSpeed's ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload; stage_1_and_2.py)
     holds on the GPU beside the 16-bit weights. ``offload_buffer``: the gradient buffer it
@@ -141,47 +144,47 @@ def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout,
     trainable parameter's elements in the training dtype). At the last micro-batch's backward,
     once a bucket is reduced, ``copy_grads_in_partition`` takes each gradient this rank owns in
     turn: its norm in FP64 (``.double().norm(2)``, 8 bytes per owned element), the overflow check
-    over the whole gradient (:attr:`Layout.zero_overflow_check_bytes`) and an FP32 copy of the
+    over the whole gradient (:attr:`Recipe.zero_overflow_check_bytes`) and an FP32 copy of the
     owned part for the host (4 bytes per element): the largest of the three for the largest
     gradient. The head's gradient (or the largest layer matrix's, where the model ties its
     embeddings) is reduced during the last layer's backward (``offload_early``); the input
     embedding's completes at the end of backward (``offload_end``). ``offload_step``: the FP32
-    partition copied to the GPU at the step (:attr:`Layout.zero_offload_gpu_copy`)."""
+    partition copied to the GPU at the step (:attr:`Recipe.zero_offload_gpu_copy`)."""
     out = {"offload_buffer": 0.0, "offload_early": 0.0, "offload_end": 0.0, "offload_step": 0.0}
-    if not (_deepspeed_zero12(layout) and layout.offload != "none"):
+    if not (_deepspeed_zero12(layout, recipe) and layout.offload != "none"):
         return out
     e = compute_bytes(wl.precision)
-    check = layout.zero_overflow_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
+    check = recipe.zero_overflow_check_bytes - (4 if e >= 4 else 0)  # ``x.float()`` of FP32 is x
     copy = 4 if e < 4 else 0
 
     def transient(n: float) -> float:
         owned = min(n, partition)
         return max(8 * owned, check * n, copy * owned)
 
-    early, end = _largest_trainable(model, wl, layout)
+    early, end = _largest_trainable(model, wl, layout, recipe)
     out["offload_buffer"] = max(early, end) * e
     out["offload_early"] = transient(early)
     out["offload_end"] = transient(end)
-    if layout.zero_offload_gpu_copy:
+    if recipe.zero_offload_gpu_copy:
         out["offload_step"] = partition * 4
     return out
 
 
-def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, per_call: float,
-                     layer: float, end: float) -> float:
+def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe,
+                     per_call: float, layer: float, end: float) -> float:
     """Elements of the largest tensor a one-tensor-at-a-time optimizer steps on one GPU: the flat
     tensor a ZeRO optimizer hands it (``per_call``: a ZeRO-1/2 rank's partition of every
     trainable parameter, DeepSpeed ZeRO-3's sub-group of it), an FSDP unit's flat shard (``layer``
     and ``end`` are per GPU already), else the largest trainable parameter
     (:func:`_largest_trainable`)."""
-    if layout.zero in (1, 2) or deepspeed_zero3(layout):
+    if layout.zero in (1, 2) or deepspeed_zero3(layout, recipe):
         return per_call
     if layout.zero == 3 and wl.method == "full":
         return max(layer, end) / _opt_shard(layout)
-    return max(_largest_trainable(model, wl, layout))
+    return max(_largest_trainable(model, wl, layout, recipe))
 
 
-def _expert_tensor(model: ModelSpec, wl: Workload, layout: Layout) -> float:
+def _expert_tensor(model: ModelSpec, layout: Layout, recipe: Recipe) -> float:
     """Elements of a MoE layer's largest expert weight on one GPU: grouped experts keep each
     projection of all local experts in one tensor (transformers 5's ``gate_up_proj``,
     experts × 2f × h with a gated MLP); the expert loop of transformers 4 one matrix per expert.
@@ -190,12 +193,12 @@ def _expert_tensor(model: ModelSpec, wl: Workload, layout: Layout) -> float:
     if moe is None:
         return 0.0
     matrix = moe.expert_ffn * model.hidden / layout.tp
-    if wl.moe_experts == "loop":
+    if recipe.moe_experts == "loop":
         return matrix
     return moe.experts / layout.ep * (2 if model.gated_mlp else 1) * matrix
 
 
-def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> float:
+def _int8_matmul_transient(wl: Workload, recipe: Recipe, d_in: int, d_out: int, cp: int) -> float:
     """The larger of an LLM.int8 linear's forward and backward temporaries (bitsandbytes
     ``MatMul8bitLt``, t tokens). Before 0.45.0 the forward quantizes the input (``CA``, and its
     col32 layout for ``igemmlt``: 2 bytes per input element), multiplies into an int32 result,
@@ -205,7 +208,7 @@ def _int8_matmul_transient(wl: Workload, d_in: int, d_out: int, cp: int) -> floa
     0.45.0: one int8 input, int32 and FP16 results (t·(d_in + 6·d_out)); the FP16 weight in
     backward (2 bytes per weight)."""
     t = wl.micro_batch * wl.sequences_per_sample * wl.seq_len / cp
-    if wl.int8_keeps_transposed:  # the release that keeps CAt: the col32/igemmlt path
+    if recipe.int8_keeps_transposed:  # the release that keeps CAt: the col32/igemmlt path
         return max(t * (2 * d_in + 8 * d_out), 2 * t * d_out + 3 * d_in * d_out)
     return max(t * (d_in + 6 * d_out), 2 * d_in * d_out)
 
@@ -214,13 +217,13 @@ def _opt_shard(layout: Layout) -> int:
     return zero_degree(layout.dp, layout.cp) if layout.zero >= 1 else 1
 
 
-def deepspeed_zero3(layout: Layout) -> bool:
-    return layout.zero == 3 and layout.zero_impl == "deepspeed"
+def deepspeed_zero3(layout: Layout, recipe: Recipe) -> bool:
+    return layout.zero == 3 and recipe.zero_impl == "deepspeed"
 
 
-def _deepspeed_zero12(layout: Layout) -> bool:
+def _deepspeed_zero12(layout: Layout, recipe: Recipe) -> bool:
     """DeepSpeed's ZeRO-1/2 optimizer (``stage_1_and_2.py``)."""
-    return layout.zero in (1, 2) and layout.zero_impl == "deepspeed"
+    return layout.zero in (1, 2) and recipe.zero_impl == "deepspeed"
 
 
 def gathers_units(layout: Layout) -> bool:

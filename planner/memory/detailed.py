@@ -21,7 +21,7 @@ from typing import cast
 
 from planner.core.arch import _attention_dims, _dims, param_counts
 from planner.core.entries import ModelSpec
-from planner.core.specs import Layout, Overrides, Workload
+from planner.core.specs import Layout, Overrides, Recipe, Workload
 from planner.core.units import zero_degree
 from planner.memory.buffers import buffer_terms, deepspeed_zero3, gathers_units
 from planner.memory.model_states import (
@@ -56,7 +56,7 @@ ALLOCATOR_FRAGMENTATION = 0.15
 #: reverse, and keep the unsharded share: llm-foundry's MPT throughput runs (FSDP1 full shard,
 #: no activation checkpointing, the largest micro-batch that fit; data/verdicts.csv) would show
 #: 10-30 % more than their cards with this share on their 50-70 GB of saved activations. FSDP2
-#: frees its gathers with stream waits instead (``Layout.fsdp_version``); torchtitan's FSDP2 rows
+#: frees its gathers with stream waits instead (``Recipe.fsdp_version``); torchtitan's FSDP2 rows
 #: of data/measured_calibration.csv keep the 0.15 above. Guess: 0.4. Sharded runs show 0.3–0.9
 #: of their churning memory between max_reserved (or nvidia-smi) and max_allocated (Answer.AI
 #: fsdp_qlora, median 0.5; PEFT's FSDP/ZeRO-3 guides, 0.3–0.9; data/measured_calibration_more.csv);
@@ -124,14 +124,15 @@ class _StepStates:
 
 
 def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Overrides, *,
-                  dp: int, grad_accum: int | None) -> Peak:
+                  recipe: Recipe, dp: int, grad_accum: int | None) -> Peak:
     """The peak over phases and stages, in the three views (see the module docstring)."""
     layout = layout.model_copy(update={"dp": dp})
     adapter_bytes = 4 if wl.adapter_dtype == "fp32" else compute_bytes(wl.precision)
-    st = model_states(model, wl, tp=layout.tp, pp=layout.pp, zero_degree=zero_degree(dp, layout.cp),
-                      zero=layout.zero, offload=layout.offload, adapter_bytes=adapter_bytes, ep=layout.ep,
-                      frozen_grads=layout.fsdp_mixed_units and layout.zero == 3)
-    buf = buffer_terms(model, wl, layout, st)
+    st = model_states(model, wl, recipe=recipe, tp=layout.tp, pp=layout.pp,
+                      zero_degree=zero_degree(dp, layout.cp), zero=layout.zero, offload=layout.offload,
+                      adapter_bytes=adapter_bytes, ep=layout.ep,
+                      frozen_grads=recipe.fsdp_mixed_units and layout.zero == 3)
+    buf = buffer_terms(model, wl, layout, st, recipe=recipe)
     notes = []
     if buf["offload_buffer"]:
         from planner.core.units import format_bytes
@@ -150,7 +151,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         unsharded = st.trainable * compute_bytes(wl.precision)
         buf["gather"] = max(buf["gather"], unsharded)
         notes.append("FSDP with PP: stage parameters stay unsharded; gradients accumulate unsharded")
-    states = _step_states(wl, layout, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
+    states = _step_states(wl, layout, recipe, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
                           notes=notes)
     reference = reference_weight_bytes(model, wl, layout, dp)
     if reference:
@@ -159,16 +160,16 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
         notes.append("DPO: a frozen 16-bit copy of the weights as the reference policy, sharded like "
                      "the policy's")
     best: tuple[float, str, dict[str, float], float] | None = None
-    frag = _fragmentation(layout)
+    frag = _fragmentation(layout, recipe)
     fixed = CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)
     trapped = _trapped(layout)
     phase_reserved: dict[str, float] = {}
     phase_needed: dict[str, float] = {}
     stages = [True] if layout.pp == 1 else [False, True]
     for last in stages:
-        a = activation_terms(model, wl, layout, grad_accum, last_stage=last)
-        ev = eval_terms(model, wl, layout, last_stage=last)
-        for name, parts in _phases(model, wl, layout, st, buf, states, a, ev).items():
+        a = activation_terms(model, wl, layout, grad_accum, recipe=recipe, last_stage=last)
+        ev = eval_terms(model, wl, layout, recipe=recipe, last_stage=last)
+        for name, parts in _phases(model, wl, layout, recipe, st, buf, states, a, ev).items():
             total = sum(parts.values())
             label = name + (" (last stage)" if last and layout.pp > 1 else "")
             phase_reserved[label] = _reserved_view(name, parts, total, buf["gather"], frag,
@@ -190,24 +191,24 @@ def _trapped(layout: Layout) -> float:
     return TRAPPED_FRAGMENTATION_SHARDED if gathers_units(layout) else TRAPPED_FRAGMENTATION
 
 
-def _fragmentation(layout: Layout) -> float:
+def _fragmentation(layout: Layout, recipe: Recipe) -> float:
     """The allocator's fragmentation share: the sharded one where FSDP1 or DeepSpeed ZeRO-3
     gathers units (``fsdp_version`` 1; see :data:`ALLOCATOR_FRAGMENTATION_SHARDED`)."""
-    sharded = gathers_units(layout) and layout.fsdp_version == 1
+    sharded = gathers_units(layout) and recipe.fsdp_version == 1
     return ALLOCATOR_FRAGMENTATION_SHARDED if sharded else ALLOCATOR_FRAGMENTATION
 
 
-def _fragmentation_note(wl: Workload, layout: Layout) -> str:
+def _fragmentation_note(wl: Workload, layout: Layout, recipe: Recipe) -> str:
     """The fragmentation share a breakdown's note states."""
-    frag = ALLOCATOR_FRAGMENTATION if wl.method == "inference" else _fragmentation(layout)
+    frag = ALLOCATOR_FRAGMENTATION if wl.method == "inference" else _fragmentation(layout, recipe)
     if frag == ALLOCATOR_FRAGMENTATION:
         return f"{frag:.0%}"
     return (f"{frag:.0%} (FSDP1/DeepSpeed ZeRO-3 gathers; {ALLOCATOR_FRAGMENTATION:.0%} on the saved "
             "activations and in the optimizer step)")
 
 
-def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_accum: int | None,
-                 fsdp_pp: bool, notes: list[str]) -> _StepStates:
+def _step_states(wl: Workload, layout: Layout, recipe: Recipe, st: StateParts, *, dp: int,
+                 grad_accum: int | None, fsdp_pp: bool, notes: list[str]) -> _StepStates:
     """The gradients of each phase: accumulated between micro-batches (unsharded under FSDP
     no_sync), and absent at backward start of a run's first micro-batch."""
     dev = st.device
@@ -215,13 +216,13 @@ def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_
     persistent = {k: v for k, v in dev.items() if k != "gradients"}
     # DeepSpeed ZeRO-3 allocates its flat gradient partition at initialisation and keeps it
     # (``DeepSpeedZeroOptimizer_Stage3``: ``grad_partitions_flat_buffer``).
-    accumulating = (grad_accum or 1) > 1 or layout.pp > 1 or deepspeed_zero3(layout)
+    accumulating = (grad_accum or 1) > 1 or layout.pp > 1 or deepspeed_zero3(layout, recipe)
     reduced = grads  # after the last micro-batch's reduce-scatter: each GPU's shard only
     if accumulating and grads:
-        if (layout.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
+        if (recipe.unsharded_grad_accumulation or fsdp_pp) and layout.zero >= 2:
             grads *= zero_degree(dp, layout.cp)
             e = compute_bytes(wl.precision)
-            if fsdp_pp and wl.precision in ("mixed", "fp16") and wl.grad_dtype != "fp32" and e < 4:
+            if fsdp_pp and wl.precision in ("mixed", "fp16") and recipe.grad_dtype != "fp32" and e < 4:
                 # FSDP2 (``fully_shard``) with an FP32 ``reduce_dtype`` upcasts the unsharded
                 # gradient it accumulates without syncing (``FSDPParam.
                 # to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``).
@@ -231,13 +232,13 @@ def _step_states(wl: Workload, layout: Layout, st: StateParts, *, dp: int, grad_
     # At a run's first micro-batch (``peak_at_first_step``) no earlier micro-batch has left
     # gradients: they exist only once its own backward has made them (backward end).
     start = {k: v for k, v in persistent.items()
-             if not (wl.peak_at_first_step and k == "gradients")}
-    end_grads = persistent.get("gradients", reduced) if wl.peak_at_first_step else reduced
+             if not (recipe.peak_at_first_step and k == "gradients")}
+    end_grads = persistent.get("gradients", reduced) if recipe.peak_at_first_step else reduced
     return _StepStates(persistent, start, end_grads, reduced)
 
 
-def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf: dict[str, float],
-            states: _StepStates, a: dict[str, float],
+def _phases(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, st: StateParts,
+            buf: dict[str, float], states: _StepStates, a: dict[str, float],
             ev: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
     """Components of each phase of a step on one pipeline stage (activation terms ``a``; an
     evaluation pass's terms ``ev``, see :func:`~planner.memory.stage_activations.eval_terms`)."""
@@ -282,7 +283,7 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
         phases["end of forward"] = {**states.start, "activations": a["saved"] + a["kv_cache"],
                                     "logits": a["loss_forward"] + held,
                                     "buffers": buf["gather"] + buf["zero_buckets"] + kept_buffer}
-    if wl.optimizer_step == "in_backward":
+    if recipe.optimizer_step == "in_backward":
         phases["backward end"]["gradients"] = st.largest_grad
     else:
         phases["optimizer step"] = {**persistent, "gradients": states.reduced, "logits": held,
@@ -293,11 +294,11 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts, buf:
         # gradients to None (DeepSpeed ZeRO-3 keeps its flat partition), and no step's
         # activations are left; ZeRO-3/FSDP gathers each unit for the forward as in training.
         at_rest = {k: v for k, v in persistent.items()
-                   if k != "gradients" or deepspeed_zero3(layout)}
+                   if k != "gradients" or deepspeed_zero3(layout, recipe)}
         phases["evaluation"] = {**at_rest, "activations": ev["working"] + kept_after,
                                 "logits": ev["logits"] + held,
                                 "buffers": buf["gather"] + buf["dequant"] + kept_buffer}
-    if layout.full_state_dict and layout.zero == 3:
+    if recipe.full_state_dict and layout.zero == 3:
         # A full (unsharded) state dict at a checkpoint save, or an unsharded load with
         # ``sync_module_states``: FSDP gathers it unit by unit. Each unit's pre-state-dict
         # hook unshards it, its tensors are copied to the CPU (``FullStateDictConfig(
@@ -386,7 +387,7 @@ def _inference_peak(model: ModelSpec, wl: Workload, served: Layout) -> Peak:
 
 
 def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: Overrides, *,
-                    dp: int, grad_accum: int | None = None):
+                    recipe: Recipe, dp: int, grad_accum: int | None = None):
     """The ``detailed`` profile as a :class:`~planner.memory.seed.MemoryBreakdown`: components at the
     peak phase (``overhead`` = fragmentation, CUDA context and NCCL), ``total_bytes`` = the
     device view, ``predicted`` = the allocated, reserved and device views."""
@@ -396,7 +397,7 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     if wl.method == "inference":
         peak = _inference_peak(model, wl, layout.model_copy(update={"dp": dp}))
     else:
-        peak = detailed_peak(model, wl, layout, overrides, dp=dp, grad_accum=grad_accum)
+        peak = detailed_peak(model, wl, layout, overrides, recipe=recipe, dp=dp, grad_accum=grad_accum)
     components = {k: ceil_bytes(v) for k, v in peak.parts.items() if v > 0}
     allocated = sum(components.values())
     reserved = max(ceil_bytes(peak.reserved), allocated)
@@ -411,7 +412,7 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     trapped = TRAPPED_FRAGMENTATION if wl.method == "inference" else _trapped(served)
     notes = list(peak.notes) + [
         "detailed profile: per-layer saved tensors, logits and loss, peak over step phases",
-        (f"reserved = allocated + {_fragmentation_note(wl, served)} of the memory "
+        (f"reserved = allocated + {_fragmentation_note(wl, served, recipe)} of the memory "
         f"that churns in a step; device = reserved + CUDA context + NCCL (what nvidia-smi shows "
         f"where memory is plentiful)"),
         (f"needed = allocated + {trapped:.1%} the allocator cannot release at the card's limit "

@@ -92,7 +92,7 @@ def memory_of(rs: ResolvedScenario) -> MemoryBreakdown:
     """The memory breakdown of a resolved scenario under its profile."""
     dp = cast(int, rs.layout.dp)  # set: a resolved scenario's layout always has its dp
     return memory_breakdown(rs.profile, rs.model, rs.workload, rs.layout, rs.overrides,
-                            dp=dp, grad_accum=rs.grad_accum)
+                            recipe=rs.recipe, dp=dp, grad_accum=rs.grad_accum)
 
 
 #: The seed profile's reserve (seed 000 §一.3): keep 10–20 % of the card free for the workspace,

@@ -62,16 +62,16 @@ class LayerRecipe:
     #: FP32 embeddings too (``prepare_model_for_kbit_training`` alone): RoPE tables in FP32, and
     #: the FP32 lm_head's autocast copy is saved for its input's gradient.
     fp32_embeddings: bool = False
-    #: Unsloth's LoRA kernels (``Workload.kernels``) run the layer: see
+    #: Unsloth's LoRA kernels (``Recipe.kernels``) run the layer: see
     #: :func:`planner.memory.activations._unsloth_layer`.
     unsloth: bool = False
-    #: A fused RMSNorm kernel (``Workload.kernels`` fused_rmsnorm): input and rsqrt only.
+    #: A fused RMSNorm kernel (``Recipe.kernels`` fused_rmsnorm): input and rsqrt only.
     fused_norm: bool = False
     #: Bytes per element of the masked scores that eager attention's ``torch.max`` clamp keeps
     #: (``ModelSpec.eager_mask_clamp``): the scores' dtype promoted with the causal mask's, which
     #: is the embeddings' (FP32 for a prepared bitsandbytes base). 0: no clamp.
     clamp_bytes: int = 0
-    #: MoE experts run one at a time (``Workload.moe_experts`` loop): the combined outputs are
+    #: MoE experts run one at a time (``Recipe.moe_experts`` loop): the combined outputs are
     #: kept, and an expert's backward holds only its own tokens' gradients.
     moe_loop: bool = False
     #: The whole step runs in one dtype (precision ``bf16`` or ``fp32``). Under a mixed recipe

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from planner.core.arch import ParamCounts, _attention_dims, _dims, expert_params, lora_adapters, param_counts
 from planner.core.entries import ModelSpec
-from planner.core.specs import Workload
+from planner.core.specs import Recipe, Workload
 
 #: Bytes per element by dtype name.
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -94,32 +94,32 @@ def int8_base(workload: Workload) -> bool:
     return bnb_base(workload) and workload.quant_bits == 8
 
 
-def bnb_keeps_input(workload: Workload) -> bool:
-    """Whether the base's bitsandbytes matmuls keep their inputs (``Workload.bnb_keeps_input``;
+def bnb_keeps_input(workload: Workload, recipe: Recipe) -> bool:
+    """Whether the base's bitsandbytes matmuls keep their inputs (``Recipe.bnb_keeps_input``;
     unset: the current release, which keeps them for LLM.int8 only)."""
     if not bnb_base(workload):
         return False
-    keeps = workload.bnb_keeps_input
+    keeps = recipe.bnb_keeps_input
     return int8_base(workload) if keeps is None else keeps
 
 
-def bnb_prepared(workload: Workload) -> bool:
+def bnb_prepared(workload: Workload, recipe: Recipe) -> bool:
     """A bitsandbytes base whose 16-bit weights a script cast to FP32 (``kbit_prep``): norms
     FP32, and with ``peft`` embeddings and lm_head too (``prepare_model_for_kbit_training``; its
     2023 predecessor ``prepare_model_for_int8_training`` cast only norms named ``layer_norm``,
     which Llama's are not: such a run is ``none``)."""
-    return bnb_base(workload) and workload.kbit_prep != "none"
+    return bnb_base(workload) and recipe.kbit_prep != "none"
 
 
-def fp32_embeddings(workload: Workload) -> bool:
+def fp32_embeddings(workload: Workload, recipe: Recipe) -> bool:
     """Whether a prepared bitsandbytes base keeps its embeddings and lm_head in FP32: peft's
     ``prepare_model_for_kbit_training`` casts them up, and TRL's SFTTrainer casts them back to
     BF16 only for a 4-bit base trained with ``bf16`` (``peft_module_casting_to_bf16`` under
     ``args.bf16 and is_loaded_in_4bit``): under FP16 (T4, V100), FP32 or LLM.int8 they stay FP32."""
-    if not bnb_prepared(workload):
+    if not bnb_prepared(workload, recipe):
         return False
     trl_casts_back = workload.precision in ("mixed", "bf16") and workload.quant_bits == 4
-    return workload.kbit_prep == "peft" or not trl_casts_back
+    return recipe.kbit_prep == "peft" or not trl_casts_back
 
 
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
@@ -213,8 +213,8 @@ class _Ledger:
             self.dev[name] += n_bytes
 
 
-def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero_degree: int,
-                 zero: int, offload: str, adapter_bytes: int, ep: int = 1,
+def model_states(model: ModelSpec, workload: Workload, *, recipe: Recipe, tp: int, pp: int,
+                 zero_degree: int, zero: int, offload: str, adapter_bytes: int, ep: int = 1,
                  frozen_grads: bool = False) -> StateParts:
     """Per-GPU bytes of weights, gradients, optimizer states, master weights and adapters.
 
@@ -229,29 +229,29 @@ def model_states(model: ModelSpec, workload: Workload, *, tp: int, pp: int, zero
     """
     place = _placement(model, tp=tp, pp=pp, zero_degree=zero_degree, zero=zero, ep=ep)
     if workload.method == "full":
-        states = _full_states(model, workload, place, offload)
+        states = _full_states(model, workload, recipe, place, offload)
     else:
-        states = _adapter_states(model, workload, place, offload, adapter_bytes, frozen_grads)
-    cache = rope_cache_bytes(model, workload, pp)
+        states = _adapter_states(model, workload, recipe, place, offload, adapter_bytes, frozen_grads)
+    cache = rope_cache_bytes(model, workload, recipe, pp)
     if cache:
         states.device["weights"] = states.device.get("weights", 0.0) + cache
     return states
 
 
-def rope_cache_bytes(model: ModelSpec, workload: Workload, pp: int = 1) -> float:
+def rope_cache_bytes(model: ModelSpec, workload: Workload, recipe: Recipe, pp: int = 1) -> float:
     """Rotary cos/sin tables a stack keeps in every attention layer (``rope_cache_per_layer``):
     transformers before 4.41 built each layer's ``LlamaRotaryEmbedding`` with ``cos_cached``
     and ``sin_cached`` buffers of max_position_embeddings × head_dim in the model's dtype (here
     the compute dtype; 4.38–4.40 keep them as ``_cos_cached``/``_sin_cached``), replicated on
     every GPU: neither TP nor ZeRO shards a buffer. Negligible at 4K positions; 6 GB for a
     60-layer model at 200K."""
-    if not workload.rope_cache_per_layer or model.position != "rope" or not model.max_position:
+    if not recipe.rope_cache_per_layer or model.position != "rope" or not model.max_position:
         return 0.0
     layers = -(-model.layers // pp)
     return layers * 2 * model.max_position * _attention_dims(model)[2] * compute_bytes(workload.precision)
 
 
-def _full_states(model: ModelSpec, workload: Workload, place: _Placement,
+def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
                  offload: str) -> StateParts:
     """Full fine-tuning: every parameter's weight, gradient, optimizer states and master copy."""
     e = compute_bytes(workload.precision)
@@ -261,8 +261,8 @@ def _full_states(model: ModelSpec, workload: Workload, place: _Placement,
     ledger = _Ledger()
     mixed = workload.precision in ("mixed", "fp16")
     state_elem = 4 if (mixed or workload.precision == "fp32") else e
-    paged = workload.optimizer_paged or workload.optimizer == "paged_adamw8bit"
-    grad_b = 4 if (workload.grad_dtype == "fp32" or workload.precision == "fp32") else e
+    paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
+    grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
     opt_b = adam_bytes(workload.optimizer, state_elem, paged)
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
     ledger.put("weights", place.spread((n_local - n_exp) * e, n_exp * e, "weights"), on_host_w)
@@ -282,20 +282,20 @@ def _full_states(model: ModelSpec, workload: Workload, place: _Placement,
     return StateParts(ledger.dev, ledger.host, n_local, largest)
 
 
-def _adapter_states(model: ModelSpec, workload: Workload, place: _Placement, offload: str,
-                    adapter_bytes: int, frozen_grads: bool) -> StateParts:
+def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
+                    offload: str, adapter_bytes: int, frozen_grads: bool) -> StateParts:
     """LoRA / QLoRA: a frozen base and trainable adapters."""
     ledger = _Ledger()
-    _frozen_base(model, workload, place, ledger, on_host_w=offload == "optimizer+params")
-    n_lora, largest = _adapters(model, workload, place, ledger, adapter_bytes)
+    _frozen_base(model, workload, recipe, place, ledger, on_host_w=offload == "optimizer+params")
+    n_lora, largest = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
     if frozen_grads and workload.method == "lora":
         e = compute_bytes(workload.precision)
         ledger.put("gradients", place.layer_share / place.tp * e / place.shard("gradients"))
     return StateParts(ledger.dev, ledger.host, n_lora, largest)
 
 
-def _frozen_base(model: ModelSpec, workload: Workload, place: _Placement, ledger: _Ledger, *,
-                 on_host_w: bool) -> None:
+def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
+                 ledger: _Ledger, *, on_host_w: bool) -> None:
     """The frozen base's weights: 16-bit, or quantized linears for QLoRA."""
     e = compute_bytes(workload.precision)
     bnb = False
@@ -305,8 +305,8 @@ def _frozen_base(model: ModelSpec, workload: Workload, place: _Placement, ledger
         q_total = q + (BNB_4BIT_MEASURED_OVERHEAD if bnb else 0.0)
         # peft's prepare_model_for_kbit_training casts every 16-bit weight to FP32; TRL casts
         # embeddings and lm_head back (``kbit_prep``); norms stay FP32 either way.
-        e_end = 4 if fp32_embeddings(workload) else e
-        e_norm = 4 if bnb_prepared(workload) else e
+        e_end = 4 if fp32_embeddings(workload, recipe) else e
+        e_norm = 4 if bnb_prepared(workload, recipe) else e
         counts = place.counts
         emb = (counts.embedding + counts.positions) * e_end
         head = counts.lm_head * (q_total if quantized_head(model, workload) else e_end)
@@ -323,12 +323,12 @@ def _frozen_base(model: ModelSpec, workload: Workload, place: _Placement, ledger
         ledger.put("weights", BNB_4BIT_FIXED_BYTES)  # per GPU, whatever the sharding
 
 
-def _adapters(model: ModelSpec, workload: Workload, place: _Placement, ledger: _Ledger,
-              adapter_bytes: int) -> tuple[float, float]:
+def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
+              ledger: _Ledger, adapter_bytes: int) -> tuple[float, float]:
     """The trainable adapters' weights, gradients, optimizer states and master copies (paged
     states on the host). Returns: adapter parameters on this GPU, bytes of the largest gradient."""
     mixed = workload.precision in ("mixed", "fp16")
-    paged = workload.optimizer_paged or workload.optimizer == "paged_adamw8bit"
+    paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     shapes = adapter_shapes(model, workload)
     r = workload.lora_rank
     n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (place.tp * place.pp)

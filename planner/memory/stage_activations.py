@@ -1,6 +1,6 @@
 """The activation side of the detailed profile, for one pipeline stage of a step.
 
-From a workload and layout to the activation model's terms: the layer recipe
+From a workload, layout and recipe to the activation model's terms: the layer recipe
 (:class:`~planner.memory.inventory.LayerRecipe`) a workload runs, the micro-batches a pipeline
 stage holds at once, the saved activations (checkpointed, offloaded or not), the working set of
 the layer being recomputed and of the last layer's backward, the loss's saved, peak and held
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from planner.core.arch import _dims
 from planner.core.entries import ModelSpec
-from planner.core.specs import Layout, Workload
+from planner.core.specs import Layout, Recipe, Workload
 from planner.memory import activations as act
 from planner.memory.attention import eager_mask_bytes
 from planner.memory.inventory import FP32, LayerRecipe
@@ -32,7 +32,8 @@ from planner.memory.model_states import (
 OFFLOAD_RESIDENT_LAYERS = 2
 
 
-def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool) -> LayerRecipe:
+def _recipe(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, *,
+            first_layer: bool) -> LayerRecipe:
     e = compute_bytes(wl.precision)
     lora = wl.method in ("lora", "qlora")
     return LayerRecipe(
@@ -46,20 +47,21 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, *, first_layer: bool
         # LoRA's first layer gets a frozen input, unless the embeddings are trained in full
         input_requires_grad=not (first_layer and lora and layout.checkpointing == "none"
                                  and "embed_tokens" not in wl.modules_to_save),
-        fused=wl.compile,
-        unsloth=lora and wl.kernels == "unsloth",
-        fused_norm=wl.kernels == "fused_rmsnorm",
+        fused=recipe.compile,
+        unsloth=lora and recipe.kernels == "unsloth",
+        fused_norm=recipe.kernels == "fused_rmsnorm",
         fp8=wl.fp8,
-        frozen_saves_input=bnb_keeps_input(wl),
+        frozen_saves_input=bnb_keeps_input(wl, recipe),
         int8=int8_base(wl),
-        int8_transposed=int8_base(wl) and wl.int8_keeps_transposed,
+        int8_transposed=int8_base(wl) and recipe.int8_keeps_transposed,
         autocast=lora and wl.precision in ("mixed", "fp16"),
         one_dtype=wl.precision in ("bf16", "fp32"),
         lora_shares_input=bnb_base(wl),
-        fp32_stream=bnb_prepared(wl) and (fp32_embeddings(wl) or not _norm_keeps_dtype(model)),
-        fp32_embeddings=fp32_embeddings(wl),
-        clamp_bytes=(FP32 if fp32_embeddings(wl) else e) if model.eager_mask_clamp else 0,
-        moe_loop=wl.moe_experts == "loop",
+        fp32_stream=(bnb_prepared(wl, recipe)
+                     and (fp32_embeddings(wl, recipe) or not _norm_keeps_dtype(model))),
+        fp32_embeddings=fp32_embeddings(wl, recipe),
+        clamp_bytes=(FP32 if fp32_embeddings(wl, recipe) else e) if model.eager_mask_clamp else 0,
+        moe_loop=recipe.moe_experts == "loop",
     )
 
 
@@ -89,17 +91,17 @@ def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:
 
 
 def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum: int | None,
-                     *, last_stage: bool) -> dict[str, float]:
+                     *, recipe: Recipe, last_stage: bool) -> dict[str, float]:
     """Saved activations of one pipeline stage (``saved``), the working set of the layer being
     recomputed (``working``) and of the last layer's backward (``working_end``), the loss (``loss_saved``, ``loss_peak``) and offloaded bytes."""
     b, s = wl.micro_batch * wl.sequences_per_sample, wl.seq_len // layout.cp
     tp, sp = layout.tp, layout.sp
-    rec = _recipe(model, wl, layout, first_layer=False)
+    rec = _recipe(model, wl, layout, recipe, first_layer=False)
     n_layers = -(-model.layers // layout.pp)  # the heaviest stage when pp does not divide L
     layer = act.layer_saved(model, rec, b, s)
     full_layer = layer.total(tp, sp)
     temps = act.backward_temporaries(model, rec, b, s).total(tp, sp)
-    first = act.layer_saved(model, _recipe(model, wl, layout, first_layer=True), b, s).total(tp, sp)
+    first = act.layer_saved(model, _recipe(model, wl, layout, recipe, first_layer=True), b, s).total(tp, sp)
     if layout.checkpointing == "none":
         per, working = full_layer, temps
         bottom = first if not last_stage or layout.pp == 1 else per  # the stage's first layer
@@ -138,31 +140,33 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         # bitsandbytes kept on its contexts lives until this step's forward returns.
         carried = on_context if model.impl == "litgpt" else 0.0
         loss_saved, loss_peak, loss_held = loss_bytes(
-            model, rec.e, b * s, wl.loss_impl, tp, compiled=wl.compile, batch=b,
-            first_step=wl.peak_at_first_step, carried=carried,
+            model, rec.e, b * s, recipe.loss_impl(wl.algorithm), tp, compiled=recipe.compile, batch=b,
+            first_step=recipe.peak_at_first_step, carried=carried,
             head_dequant=_dims(model, "vocab")[0] * model.hidden * rec.e / tp if head_q else 0.0)
     # A returned KV cache lives until the loss is done: Hugging Face turns it off under
     # gradient checkpointing, and the Trainer drops the model's outputs before backward.
     kv_cache = loss_forward = 0.0
-    if wl.keeps_kv_cache and layout.checkpointing == "none":
+    if recipe.keeps_kv_cache and layout.checkpointing == "none":
         kv_cache = n_layers * act.kv_cache_bytes(model, rec, b, s).total(tp, sp) * in_flight
         if last_stage:
-            loss_forward = eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, tp)
+            loss_forward = eval_loss_bytes(model, rec.e, b * s, recipe.loss_impl(wl.algorithm), tp)
     return {"saved": saved, "working": working, "working_end": working_end,
             "loss_saved": loss_saved,
             "loss_peak": loss_peak, "loss_held": loss_held, "on_context": on_context, "host": host,
             "kv_cache": kv_cache, "loss_forward": loss_forward}
 
 
-def eval_terms(model: ModelSpec, wl: Workload, layout: Layout, *, last_stage: bool) -> dict[str, float]:
+def eval_terms(model: ModelSpec, wl: Workload, layout: Layout, *, recipe: Recipe,
+               last_stage: bool) -> dict[str, float]:
     """An evaluation forward at ``Workload.eval_micro_batch`` (none: empty): ``working``, the
     tensors one layer's forward makes (all it would save for backward, as an upper bound of what
     is alive at once without gradients), and ``logits``, the loss's forward on the last stage."""
     if not wl.eval_micro_batch or wl.method == "inference":
         return {}
     b, s = wl.eval_micro_batch, wl.seq_len // layout.cp
-    rec = _recipe(model, wl, layout, first_layer=False)
+    rec = _recipe(model, wl, layout, recipe, first_layer=False)
     working = act.layer_saved(model, rec, b, s).total(layout.tp, layout.sp)
-    logits = eval_loss_bytes(model, rec.e, b * s, wl.loss_impl, layout.tp) if last_stage else 0.0
+    loss = recipe.loss_impl(wl.algorithm)
+    logits = eval_loss_bytes(model, rec.e, b * s, loss, layout.tp) if last_stage else 0.0
     return {"working": working, "logits": logits}
 

@@ -18,7 +18,7 @@ from planner.catalog.store import UnknownName
 from planner.core.arch import has_full_architecture
 from planner.core.entries import GpuSpec, ModelSpec
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
-from planner.core.specs import Layout, Scenario, Workload
+from planner.core.specs import Layout, Recipe, Scenario, Workload
 from planner.scenario import legality
 from planner.scenario.files import deep_merge, read_scenario_file
 
@@ -42,6 +42,11 @@ class ResolvedScenario:
     @property
     def workload(self):
         return self.scenario.workload
+
+    @property
+    def recipe(self) -> Recipe:
+        """How the stack runs the step (the scenario's ``recipe:``; a plan's pins its stack's)."""
+        return self.scenario.recipe
 
     @property
     def overrides(self):

@@ -198,7 +198,7 @@ def _time_cost_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
         offload=OFFLOADS.index(p["offload"]), zero=p["zero"], seq_len=p["seq_len"],
         micro_batch=p["micro_batch"], grad_accum=p["grad_accum"], tp=p["tp"], pp=p["pp"], cp=p["cp"],
         ep=p["ep"], dp=p["dp"], attention=ATTENTION.index(p["attention"]),
-        fused=int(stack.recipe.fused_kernels or rs.workload.compile),
+        fused=int(stack.recipe.fused_kernels or rs.recipe.compile),
         native_attention=int(stack.recipe.native_attention))
     step = step_time_s(model_flops(rs.model), GpuPerf.of(gpu, sc.search.utilization), None, **x)
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=x["micro_batch"],

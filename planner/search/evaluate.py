@@ -11,10 +11,7 @@ from typing import Any
 import numpy as np
 
 from planner.core.arrays import unique_rows
-from planner.memory.breakdown import (
-    STACK_MEMORY_RECIPE,
-    STACK_WORKLOAD_RECIPE,
-)
+from planner.memory.breakdown import STACK_RECIPE
 from planner.memory.estimate import usable_bytes
 from planner.memory.profiles import memory_components
 from planner.perf.arguments import step_arguments
@@ -86,13 +83,13 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
     # the stack's recipe where memory depends on it
-    for key in (*STACK_MEMORY_RECIPE, *STACK_WORKLOAD_RECIPE):
+    for key in STACK_RECIPE:
         if req.stack_sets(key):
             x[key] = req.stack_recipe(key, c["stack"])
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         return memory_components(req.rs.profile, req.model, req.rs.overrides,
-                                 base=(req.rs.workload, req.rs.layout), **arrays)
+                                 base=(req.rs.workload, req.rs.layout, req.rs.recipe), **arrays)
 
     if req.rs.profile == "seed":
         comps = run(x)

@@ -19,7 +19,6 @@ from planner.memory.breakdown import (
     CHECKPOINTING,
     CODES,
     OFFLOADS,
-    STACK_WORKLOAD_RECIPE,
 )
 from planner.perf.timing import default_global_batch
 from planner.scenario.resolve import ResolvedScenario
@@ -95,17 +94,16 @@ class SearchRequest:
 
     def fused(self, stack: np.ndarray) -> np.ndarray:
         """Whether each row's element-wise work is fused (the time model's ``fused``): its stack's
-        fused kernels, or torch.compile — the scenario's ``workload.compile`` where it sets it,
+        fused kernels, or torch.compile — the scenario's ``recipe.compile`` where it sets it,
         else the stack's recipe."""
         compiled = (self.stack_recipe("compile", stack) if self.stack_sets("compile")
-                    else np.full(np.shape(stack), int(self.rs.workload.compile)))
+                    else np.full(np.shape(stack), int(self.rs.recipe.compile)))
         return (self.stack_recipe("fused_kernels", stack).astype(bool) | compiled.astype(bool)).astype(np.int64)
 
     def stack_sets(self, key: str) -> bool:
-        """The stack's recipe for a layout or workload ``key`` decides memory: the detailed
-        profile, and the scenario does not set it."""
-        part = self.rs.scenario.workload if key in STACK_WORKLOAD_RECIPE else self.rs.scenario.layout
-        return self.rs.profile != "seed" and key not in part.model_fields_set
+        """The stack's recipe for ``key`` decides memory: the detailed profile, and the
+        scenario's ``recipe:`` does not set it."""
+        return self.rs.profile != "seed" and key not in self.rs.scenario.recipe.model_fields_set
 
 
 def build_tiers(rs: ResolvedScenario) -> list[Tier]:

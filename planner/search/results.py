@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.stacks import get_stack
 from planner.core.units import nodes_for
-from planner.memory.breakdown import STACK_MEMORY_RECIPE, STACK_WORKLOAD_RECIPE, decode_class
+from planner.memory.breakdown import STACK_RECIPE, decode_class
 from planner.memory.estimate import Estimate, estimate_resolved
 from planner.scenario.files import deep_merge
 from planner.scenario.resolve import resolve
@@ -116,6 +116,10 @@ PLAN_ONLY_KEYS = ("search", "constraints", "objective", "top", "time_limit_s")
 #: The layout decisions a plan fixes.
 PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
                       "checkpointing", "attention")
+#: The recipe a plan reports (:attr:`Plan.recipe`): the loss's implementation, the kernels and
+#: torch.compile. A seed plan's pinned scenario does not take them from the stack (the seed
+#: profile models none of them); the stack's sharding keys are pinned under either profile.
+PLAN_RECIPE = ("loss", "kernels", "compile")
 
 
 def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -127,13 +131,12 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
     lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
-    for key in STACK_MEMORY_RECIPE:  # the stack's recipe
-        if "stack" in fields and key not in raw.get("layout", {}):
-            lay[key] = getattr(get_stack(fields["stack"]).recipe, key)
-    for key in STACK_WORKLOAD_RECIPE:
-        if "stack" in fields and key not in raw.get("workload", {}) and raw.get("profile") != "seed":
-            wl[key] = getattr(get_stack(fields["stack"]).recipe, key)
-    out = deep_merge(out, {"workload": wl, "layout": lay})
+    rec = {}
+    for key in STACK_RECIPE:  # the stack's recipe, where the scenario's recipe: does not set the key
+        if ("stack" in fields and key not in raw.get("recipe", {})
+                and (key not in PLAN_RECIPE or raw.get("profile") != "seed")):
+            rec[key] = getattr(get_stack(fields["stack"]).recipe, key)
+    out = deep_merge(out, {"workload": wl, "layout": lay, **({"recipe": rec} if rec else {})})
     if out["workload"].get("global_batch") is None:
         out["workload"].pop("global_batch", None)
     allow = out["workload"].get("allow_relax")
@@ -187,7 +190,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             else Band(low=None, high=None),
             tokens_per_s=float(ev["tokens_per_s"]),
             relaxations=list(tier.relaxations),
-            recipe={k: getattr(rs_plan.workload, k) for k in STACK_WORKLOAD_RECIPE},
+            recipe={k: getattr(rs_plan.recipe, k) for k in PLAN_RECIPE},
             pinned_scenario=pinned,
             **fields,
         ))

@@ -156,7 +156,7 @@ def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps
 def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The stack is a decision where it changes memory: a ZeRO-3 class whose first stack frees
     gathers FSDP1-style is offered again with the first FSDP2 stack that runs it (less reserved
-    memory; ``StackSpec.fsdp_version``). Where both fit, the earlier row (the preferred stack)
+    memory; ``StackRecipe.fsdp_version``). Where both fit, the earlier row (the preferred stack)
     wins the tie."""
     versions = req.stack_recipe("fsdp_version", np.arange(len(req.stacks)))
     if not req.stack_sets("fsdp_version") or not len(part["zero"]) or not (versions == 2).any():

@@ -1,7 +1,7 @@
 """A measured run's layout as its row states it: degrees, ZeRO/FSDP stage, offload, checkpointing,
-attention and sequence parallelism, and what the named ZeRO/FSDP implementation and release do
-beyond the stage (DeepSpeed's buckets and overflow check, ZeRO-Offload's GPU copy, FSDP1's full
-state dict and unsharded accumulation, FSDP2).
+attention and sequence parallelism; and, as recipe keys, what the named ZeRO/FSDP implementation
+and release do beyond the stage (DeepSpeed's buckets and overflow check, ZeRO-Offload's GPU copy,
+FSDP1's full state dict and unsharded accumulation, FSDP2).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def deepspeed_zero(row: dict[str, str]) -> bool:
     return names_deepspeed_stage(cell(row, "zero_or_fsdp"))
 
 
-def layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
+def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
     offload = row.get("cpu_offload", "").lower()
     lay: dict[str, Any] = {
@@ -54,7 +54,8 @@ def layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
         "activation_offload": "activations" in offload,
     }
     # One GPU shards nothing, but DeepSpeed's ZeRO-1/2 optimizer still flattens the gradients
-    # and copies them to FP32 at the step (its recipe, below): only other stage-1/2 cells drop.
+    # and copies them to FP32 at the step (its recipe, :func:`sharding_recipe`): only other
+    # stage-1/2 cells drop.
     deepspeed_12 = deepspeed_zero(row) and lay["zero"] < 3
     if lay["gpus"] == 1 and lay["zero"] and "optimizer" not in offload and not deepspeed_12:
         lay["zero"] = 0 if lay["zero"] < 3 else 3
@@ -64,7 +65,6 @@ def layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
     elif "optimizer" in offload and "paged" not in offload:  # ZeRO-Offload: states and step on CPU
         lay["offload"] = "optimizer"
         lay["zero"] = max(lay["zero"], 1)
-    lay.update(_sharding_recipe(t, row, lay["zero"], grad_accum))
     if int(num(row, "layers", 1)) % lay["pp"]:
         lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
     if lay["tp"] > 1:
@@ -74,8 +74,9 @@ def layout(t: RowText, row: dict[str, str], grad_accum: int) -> dict[str, Any]:
     return lay
 
 
-def _sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int) -> dict[str, Any]:
-    """What the row's ZeRO/FSDP implementation does beyond its stage."""
+def sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int) -> dict[str, Any]:
+    """What the row's ZeRO/FSDP implementation does beyond its stage (``zero``, the layout's):
+    recipe keys."""
     out: dict[str, Any] = {}
     fsdp = row.get("zero_or_fsdp", "").lower()
     # DeepSpeed ZeRO-1/2 gradient buckets (reduce_bucket_size, twice with overlap_comm).

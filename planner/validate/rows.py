@@ -30,7 +30,7 @@ from planner.validate.cells import (
     version_of,
     yes,
 )
-from planner.validate.row_layout import deepspeed_zero, fsdp2, layout
+from planner.validate.row_layout import deepspeed_zero, fsdp2, layout, sharding_recipe
 
 #: Architecture facts the CSV columns lack, from each model's published Hugging Face config.json
 #: (norm type, gated MLP, biases, tied embeddings, head size, norms per layer).
@@ -158,7 +158,7 @@ def lora_targets(text: str) -> list[str]:
     return out
 
 
-#: ``kernels`` cells: the layer kernels a run used (Workload.kernels); blank = standard.
+#: ``kernels`` cells: the layer kernels a run used (Recipe.kernels); blank = standard.
 KERNELS = ("standard", "fused_rmsnorm", "unsloth")
 #: ``loss_impl`` cells -> the workload's ``loss`` (and the names other files use for them).
 LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunked", "fused": "fused",
@@ -190,32 +190,37 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         precision = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
     else:
         precision = "bf16"
-    wl: dict[str, Any] = {"precision": precision,
-                          "optimizer": "adam8bit" if "8bit" in t.opt or "8-bit" in t.opt else "adamw",
-                          "optimizer_paged": "paged" in t.opt}
+    return {"precision": precision,
+            "optimizer": "adam8bit" if "8bit" in t.opt or "8-bit" in t.opt else "adamw"}
+
+
+def _step_recipe(t: RowText, row: dict[str, str]) -> dict[str, Any]:
+    """The recipe of the row's step: paged optimizer states, how the optimizer steps (and the
+    torch release behind it), per-layer rotary tables and a returned KV cache."""
+    rec: dict[str, Any] = {"optimizer_paged": "paged" in t.opt}
     if yes(row, "rope_cache"):
-        wl["rope_cache_per_layer"] = True
+        rec["rope_cache_per_layer"] = True
     if yes(row, "kv_cache"):
-        wl["keeps_kv_cache"] = True
+        rec["keeps_kv_cache"] = True
     if yes(row, "optimizer_in_bwd"):
-        wl["optimizer_step"] = "in_backward"
+        rec["optimizer_step"] = "in_backward"
     elif ("fused" in t.opt or "hybridadam" in t.opt or t.framework in MEGATRON_FRAMEWORKS
           or "deepspeed" in t.opt and not _torch_adamw(t.opt)):
         # torch fused AdamW; DeepSpeed's fused Adam kernels; ColossalAI's HybridAdam (its CUDA
         # multi-tensor kernel on the GPU); Megatron's optimizer (apex's or Transformer Engine's
         # FusedAdam)
-        wl["optimizer_step"] = "fused"
+        rec["optimizer_step"] = "fused"
     elif "decoupled" in t.opt or "adamw_hf" in t.opt or "one tensor at a time" in t.opt:
         # Composer's DecoupledAdamW and transformers' own AdamW step one tensor at a time
         # (composer/optim/decoupled_weight_decay.py ``adamw``: ``for i, param in
         # enumerate(params)``; transformers.optimization.AdamW likewise); torch's AdamW asked
         # ``fused=False`` with ``foreach`` unset (its default is chosen only when both are None)
-        wl["optimizer_step"] = "for_loop"
+        rec["optimizer_step"] = "for_loop"
     else:
         step = _torch_step(t, row)
         if step:
-            wl["optimizer_step"] = step
-    return wl
+            rec["optimizer_step"] = step
+    return rec
 
 
 #: Frameworks whose optimizer is Megatron's (apex or Transformer Engine FusedAdam).
@@ -282,65 +287,72 @@ def modules_to_save(text: str) -> list[str]:
     return names
 
 
-def _quantized_base(row: dict[str, str]) -> dict[str, Any]:
+def _quantized_base(row: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The quantized base of a row: 4-bit (``quant_impl``, ``double_quant``) or LLM.int8
-    (``quant_bits`` 8), how its script readied it (``kbit_prep``) and what its bitsandbytes
-    kept on the matmuls' contexts (``bitsandbytes``)."""
+    (``quant_bits`` 8); and, as recipe keys, how its script readied it (``kbit_prep``) and what
+    its bitsandbytes kept on the matmuls' contexts (``bitsandbytes``)."""
     quant = QUANT_IMPLS.get(cell(row, "quant_impl") or "bnb-nf4")
     if quant is None:
         raise Unmodelable(f"quant_impl {row.get('quant_impl')!r}: one of {', '.join(QUANT_IMPLS)}")
     version = version_of(cell(row, "bitsandbytes"))
     if cell(row, "quant_bits") == "8":  # LLM.int8; a blank version is the current release
-        return {"quant_bits": 8, "kbit_prep": cell(row, "kbit_prep") or "none",
-                "bnb_keeps_input": None if version is None else version >= BNB_INT8_KEEPS_INPUT,
-                "int8_keeps_transposed": version is not None and version < BNB_INT8_DROPPED_TRANSPOSE}
-    return {"quant_type": quant, "double_quant": yes(row, "double_quant"),
-            "kbit_prep": cell(row, "kbit_prep") or "none",
-            "bnb_keeps_input": quant == "nf4" and version is not None and version < BNB_DROPPED_MATMUL_INPUT}
+        return ({"quant_bits": 8},
+                {"kbit_prep": cell(row, "kbit_prep") or "none",
+                 "bnb_keeps_input": None if version is None else version >= BNB_INT8_KEEPS_INPUT,
+                 "int8_keeps_transposed": version is not None and version < BNB_INT8_DROPPED_TRANSPOSE})
+    return ({"quant_type": quant, "double_quant": yes(row, "double_quant")},
+            {"kbit_prep": cell(row, "kbit_prep") or "none",
+             "bnb_keeps_input": (quant == "nf4" and version is not None
+                                 and version < BNB_DROPPED_MATMUL_INPUT)})
 
 
 def _loss(row: dict[str, str]) -> dict[str, Any]:
-    """The loss's implementation (``loss_impl``) and torch.compile (``compile``)."""
-    wl: dict[str, Any] = {}
+    """The loss's implementation (``loss_impl``), torch.compile (``compile``) and the layer
+    kernels (``kernels``), as recipe keys."""
+    rec: dict[str, Any] = {}
     impl = cell(row, "loss_impl")
     if impl:
         if impl not in LOSS_IMPLS:
             raise Unmodelable(f"loss_impl {impl!r}: one of {', '.join(LOSS_IMPLS)}")
         if LOSS_IMPLS[impl] != "standard":
-            wl["loss"] = LOSS_IMPLS[impl]
+            rec["loss"] = LOSS_IMPLS[impl]
     if yes(row, "compile"):
-        wl["compile"] = True
+        rec["compile"] = True
     kernels = cell(row, "kernels")
     if kernels:
         if kernels not in KERNELS:
             raise Unmodelable(f"kernels {kernels!r}: one of {', '.join(KERNELS)}")
-        wl["kernels"] = kernels
-    return wl
+        rec["kernels"] = kernels
+    return rec
 
 
-def _workload(t: RowText, row: dict[str, str]) -> dict[str, Any]:
+def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row's workload, and the recipe keys of its step (those of its sharding aside)."""
     wl: dict[str, Any] = {"method": t.method, "seq_len": int(num(row, "seq_len")),
                           "micro_batch": int(num(row, "micro_batch")), **_precision_and_optimizer(t, row)}
+    rec = _step_recipe(t, row)
     if t.method != "full":
         wl.update(_adapters(t, row))
     if t.method == "qlora":
-        wl.update(_quantized_base(row))
+        base, base_recipe = _quantized_base(row)
+        wl.update(base)
+        rec.update(base_recipe)
     # The row's peak came at its first step: no earlier step's logits beside it (litgpt before
     # 2024 put the longest sample into the first batch).
     if yes(row, "peak_at_first_step"):
-        wl["peak_at_first_step"] = True
-    wl.update(_loss(row))
+        rec["peak_at_first_step"] = True
+    rec.update(_loss(row))
     wl.update(_evaluation(row))
     wl["fp8"] = "float8" in t.prec
     if num(row, "grad_accum") is not None:
         wl["grad_accum"] = int(num(row, "grad_accum"))
-    return wl
+    return wl, rec
 
 
 def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
     t = text_of(row)
-    wl = _workload(t, row)
+    wl, rec = _workload(t, row)
     algorithm = cell(row, "algorithm").lower()
     if algorithm == "dpo":  # chosen/rejected pairs against a reference (micro_batch: pairs)
         wl["algorithm"] = "dpo"
@@ -351,9 +363,10 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
             wl["reference"] = reference
     elif algorithm not in ("", "sft"):  # GRPO, PPO, KTO, ...: not read as supervised steps
         raise Unmodelable(f"algorithm {algorithm!r}: only sft and dpo steps are modelled")
-    lay = layout(t, row, wl.get("grad_accum", 1))
+    lay = layout(row)
+    rec.update(sharding_recipe(t, row, lay["zero"], wl.get("grad_accum", 1)))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
-            "workload": wl, "layout": lay}
+            "workload": wl, "layout": lay, "recipe": rec}
 
 
 def measured_bytes(row: dict[str, str]) -> float:

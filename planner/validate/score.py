@@ -67,6 +67,7 @@ def predict_row(row: dict[str, str], profile: str) -> tuple[dict[str, int], str 
         raw["layout"] = {k: v for k, v in raw["layout"].items()
                          if k in ("gpus", "tp", "pp", "cp", "sp", "zero", "offload",
                                   "checkpointing", "attention")}
+        raw.pop("recipe", None)
     try:
         est = estimate_resolved(resolve(raw))
     except InputError as exc:

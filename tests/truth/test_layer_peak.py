@@ -175,9 +175,9 @@ def _step_predicted(cfg, b, s, ckpt: bool, lora: bool, precision: str) -> int:
         "name": "cpu-step",
         "model": spec.model_dump(exclude={"id", "family"}, exclude_none=True),
         "workload": {"method": "lora" if lora else "full", "precision": precision, "seq_len": s,
-                     "micro_batch": b, "global_batch": b, "optimizer_step": "for_loop",
-                     **(adapters if lora else {})},
+                     "micro_batch": b, "global_batch": b, **(adapters if lora else {})},
         "layout": {"gpu": "h100", "attention": "eager", "checkpointing": "full" if ckpt else "none"},
+        "recipe": {"optimizer_step": "for_loop"},
     }
     return memory_of(resolve(scenario)).predicted["allocated_bytes"]
 
@@ -277,7 +277,7 @@ def test_a_moe_optimizer_step_holds_two_copies_of_the_fused_expert_weight(family
     from transformers import AutoModelForCausalLM
 
     from planner.catalog.hf_config import spec_from_hf_config
-    from planner.core.specs import Layout, Workload
+    from planner.core.specs import Layout, Recipe, Workload
     from planner.memory.buffers import buffer_terms
     from planner.memory.model_states import model_states
 
@@ -291,8 +291,10 @@ def test_a_moe_optimizer_step_holds_two_copies_of_the_fused_expert_weight(family
     opt.step()  # the states exist from here on
     measured = peak_bytes(opt.step)
     spec = spec_from_hf_config(cfg.to_dict())
-    wl = Workload(method="full", precision="bf16", optimizer_step="for_loop")
-    st = model_states(spec, wl, tp=1, pp=1, zero_degree=1, zero=0, offload="none", adapter_bytes=2)
-    want = buffer_terms(spec, wl, Layout(dp=1), st)["optimizer_temp"]
+    wl = Workload(method="full", precision="bf16")
+    recipe = Recipe(optimizer_step="for_loop")
+    st = model_states(spec, wl, recipe=recipe, tp=1, pp=1, zero_degree=1, zero=0, offload="none",
+                      adapter_bytes=2)
+    want = buffer_terms(spec, wl, Layout(dp=1), st, recipe=recipe)["optimizer_temp"]
     assert want == pytest.approx(2 * 2 * 4 * 2 * f * h)  # two BF16 copies of 4 experts' gate_up
     assert 0.99 * want <= measured <= 1.01 * want, (measured, want)

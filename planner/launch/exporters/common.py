@@ -169,8 +169,8 @@ class Ctx:
                 "paged_adamw8bit": "paged_adamw_8bit", "sgd": "sgd"}[self.wl.optimizer]
 
     def detail(self, name: str, default):
-        """A workload/layout detail newer scenario formats carry (the default where absent)."""
-        for part in (self.wl, self.lay):
+        """A workload/layout/recipe detail newer scenario formats carry (the default where absent)."""
+        for part in (self.wl, self.lay, self.rs.recipe):
             if name in type(part).model_fields:
                 return getattr(part, name)
         return default

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from planner.core.specs import Layout, Workload
+from planner.core.specs import Layout, Recipe, Workload
 from planner.core.textfiles import is_file
 from planner.launch.importers.found import Found
 
@@ -94,4 +94,4 @@ def comma_list(v: Any) -> str:
 
 
 def scenario_fields() -> set[str]:
-    return set(Workload.model_fields) | set(Layout.model_fields)
+    return set(Workload.model_fields) | set(Layout.model_fields) | set(Recipe.model_fields)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.core.errors import InputError
-from planner.core.specs import Workload
+from planner.core.specs import Recipe, Workload
 from planner.core.textfiles import is_file, parse_json, parse_yaml, read_text_bounded
 from planner.launch.importers.accelerate import ACC_IGNORED, ACC_TUNING, read_accelerate
 from planner.launch.importers.axolotl import AX_IGNORED, AX_TUNING, read_axolotl
@@ -164,7 +164,7 @@ def read_configs(paths: list[Path]) -> Found:
 
 def _flat(raw: dict[str, Any]) -> set[str]:
     keys = {k for k in raw if k in FLAG_SECTIONS}
-    for section in ("workload", "layout"):
+    for section in ("workload", "layout", "recipe"):
         keys |= set(raw.get(section) or {})
     return keys
 
@@ -194,7 +194,8 @@ def merge_configs(raw: dict[str, Any], overlay: dict[str, Any], paths: list[Path
         values.pop("grad_accum")  # the user's global batch decides; checks compare the two
     section: dict[str, Any] = {}
     for key, value in values.items():
-        where = FLAG_SECTIONS.get(key, "workload" if key in Workload.model_fields else "layout")
+        where = FLAG_SECTIONS.get(key, "workload" if key in Workload.model_fields
+                                  else "recipe" if key in Recipe.model_fields else "layout")
         if where:
             section.setdefault(where, {})[key] = value
         else:

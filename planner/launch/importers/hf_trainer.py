@@ -19,9 +19,9 @@ HF_OPTIM = {
     "adam8bit": "adam8bit", "paged_adamw_8bit": "paged_adamw8bit", "paged_adam_8bit": "paged_adamw8bit",
     "sgd": "sgd", "paged_adamw_32bit": "adamw", "paged_adamw": "adamw",
 }
-#: bitsandbytes' 32-bit paged AdamW: FP32 states in CUDA unified memory (Workload.optimizer_paged).
+#: bitsandbytes' 32-bit paged AdamW: FP32 states in CUDA unified memory (Recipe.optimizer_paged).
 HF_PAGED_32 = {"paged_adamw_32bit", "paged_adamw"}
-#: How the Trainer's optimizers step where it is not torch's foreach (Workload.optimizer_step):
+#: How the Trainer's optimizers step where it is not torch's foreach (Recipe.optimizer_step):
 #: the fused kernels hold no list-wide copy; transformers' own AdamW steps one tensor at a time.
 HF_OPTIM_STEP = {"adamw_torch_fused": "fused", "adamw_apex_fused": "fused",
                  "adamw_torch_npu_fused": "fused", "adamw_hf": "for_loop"}
