@@ -56,9 +56,14 @@ GradAccum = Annotated[S, opt("--grad-accum", metavar="N", help="Gradient accumul
 GlobalBatch = Annotated[S, opt("--global-batch", metavar="SEQUENCES", help="Sequences per optimizer step.")]
 Tokens = Annotated[S, opt(metavar="TOKENS", help="Token budget of the job, e.g. 1e9 (needed for time and cost).")]
 LoraRank = Annotated[S, opt("--lora-rank", metavar="R", help="LoRA rank.", default=_WL.lora_rank)]
-Algorithm = Annotated[S, opt(metavar="ALGORITHM", help="Training objective: supervised, or DPO (each example a "
-                             "chosen/rejected pair; micro-batch and global batch count pairs).",
-                             values=("sft", "dpo"), default=_WL.algorithm)]
+Algorithm = Annotated[S, opt(metavar="ALGORITHM", help="Training objective: supervised, DPO (each example a "
+                             "chosen/rejected pair; micro-batch and global batch count pairs), or GRPO "
+                             "(completions generated each step by a vLLM engine; batches count completions).",
+                             values=("sft", "dpo", "grpo"), default=_WL.algorithm)]
+Generations = Annotated[S, opt("--num-generations", metavar="G", help="GRPO: completions per prompt.",
+                               default=_WL.num_generations)]
+CompletionLen = Annotated[S, opt("--completion-len", metavar="TOKENS", help="GRPO: longest completion "
+                                 "(seq-len counts prompt + completion).", default=_WL.completion_len)]
 Reference = Annotated[S, opt(metavar="REFERENCE", help="DPO's reference policy: a frozen model, log-probs "
                              "precomputed before training, or none (ORPO, SimPO).",
                              values=("model", "precomputed", "none"), default=_WL.reference)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BeforeValidator, Discriminator, Field, Tag
+from pydantic import AliasChoices, BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from planner.core.entries import ModelSpec
 from planner.core.values import (
@@ -63,14 +63,25 @@ class Workload(StrictModel):
     #: preference optimisation and its family, IPO, ORPO, SimPO). Under ``dpo`` each example is a
     #: pair, chosen and rejected, run through the policy together as TRL's DPOTrainer concatenates
     #: them: ``micro_batch``, ``grad_accum`` and ``global_batch`` count pairs, ``tokens`` every
-    #: token of both sequences.
-    algorithm: Literal["sft", "dpo"] = "sft"
+    #: token of both sequences. ``grpo``: group-relative policy optimisation as TRL's GRPOTrainer
+    #: runs it: each step generates ``num_generations`` completions of at most ``completion_len``
+    #: tokens for every prompt (``seq_len`` = prompt + completion), scores them and trains on them;
+    #: ``micro_batch``, ``grad_accum`` and ``global_batch`` count completions, ``tokens`` every
+    #: token trained on. The generation engine (vLLM) is placed by ``layout.generation_gpus``.
+    algorithm: Literal["sft", "dpo", "grpo"] = "sft"
+    #: GRPO: completions generated per prompt (TRL's ``num_generations``, default 8; at least 2,
+    #: and the global batch a multiple of it).
+    num_generations: Annotated[int, BeforeValidator(parse_count), Field(ge=2, le=1024)] = 8
+    #: GRPO: the longest completion generated (TRL's ``max_completion_length``, default 512); the
+    #: prompt is the rest of ``seq_len``.
+    completion_len: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_SEQ_LEN)] = 512
     #: DPO's reference policy: ``model`` (the frozen starting weights, run forward on every pair:
     #: full fine-tuning keeps a 16-bit copy, sharded like the policy under ZeRO-3/FSDP and offloaded
     #: with it; LoRA and QLoRA use the base with the adapters disabled, no copy), ``precomputed``
     #: (TRL's ``precompute_ref_log_probs``: reference log-probabilities computed in a pass before
     #: training; no copy, no reference forward in the step) or ``none`` (reference-free: ORPO,
-    #: SimPO).
+    #: SimPO). Under ``grpo``: ``model`` where the KL term's ``beta`` is above 0 (a reference
+    #: forward on every completion), ``none`` where it is 0, TRL's default and the default here.
     reference: Literal["model", "precomputed", "none"] = "model"
     # Recipe details the ``detailed`` profile models (the ``seed`` profile ignores them).
     #: Whole modules trained beside the adapters (PEFT ``modules_to_save``, LLaMA-Factory
@@ -92,6 +103,24 @@ class Workload(StrictModel):
     lora_dropout: Annotated[float, BeforeValidator(parse_number), Field(ge=0, lt=1)] = 0.0
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _grpo_reference(cls, data: Any) -> Any:
+        """GRPO without a stated reference takes TRL's ``beta`` 0: no reference model."""
+        if isinstance(data, dict) and data.get("algorithm") == "grpo" and "reference" not in data:
+            return {**data, "reference": "none"}
+        return data
+
+    @property
+    def generates(self) -> bool:
+        """Whether each step generates its samples first (GRPO)."""
+        return self.algorithm == "grpo"
+
+    @property
+    def prompt_len(self) -> int:
+        """GRPO: the prompt's tokens, ``seq_len`` less the completion (at least 1)."""
+        return max(1, self.seq_len - self.completion_len)
+
     @property
     def sequences_per_sample(self) -> int:
         """Sequences the policy runs per example of the micro-batch: 2 for a DPO pair, else 1."""
@@ -99,8 +128,9 @@ class Workload(StrictModel):
 
     @property
     def reference_forward(self) -> bool:
-        """Whether each step runs the reference policy forward (DPO with a reference model)."""
-        return self.algorithm == "dpo" and self.reference == "model"
+        """Whether each step runs the reference policy forward (DPO, or GRPO with ``beta`` > 0,
+        with a reference model)."""
+        return self.algorithm in ("dpo", "grpo") and self.reference == "model"
 
     @property
     def reference_copy(self) -> bool:
@@ -137,6 +167,24 @@ class Layout(StrictModel):
     #: splits a 126-layer model over 8 stages); the detailed profile sizes the heaviest stage.
     uneven_pp: bool = False
     pp_virtual_stages: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=1024)] = 1
+    #: GRPO's generation engine (vLLM): 0 colocated on the training GPUs (TRL's
+    #: ``vllm_mode="colocate"``: an engine per ``generation_tp`` GPUs holding
+    #: ``generation_memory_fraction`` of each GPU through the whole step), or that many more GPUs
+    #: serving it apart (``vllm_mode="server"``, ``trl vllm-serve``), which the plan counts and bills.
+    generation_gpus: Annotated[int, BeforeValidator(parse_count), Field(ge=0, le=MAX_GPUS)] = 0
+    #: Share of each GPU's memory the engine takes (vLLM's ``gpu_memory_utilization``; TRL's
+    #: colocated default 0.3, vLLM's own 0.9 when it serves on GPUs of its own).
+    generation_memory_fraction: Annotated[float | None, BeforeValidator(parse_number), Field(gt=0, lt=1)] = None
+    #: GPUs per engine (vLLM tensor parallelism; TRL's ``vllm_tensor_parallel_size``, default 1).
+    generation_tp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+
+    @property
+    def engine_memory_fraction(self) -> float:
+        """The engine's share of each GPU it runs on: as set, else TRL's colocated 0.3 or vLLM's 0.9
+        on GPUs of its own."""
+        if self.generation_memory_fraction is not None:
+            return self.generation_memory_fraction
+        return COLOCATED_ENGINE_FRACTION if self.generation_gpus == 0 else SERVED_ENGINE_FRACTION
 
 
 class Recipe(StrictModel):
@@ -240,8 +288,9 @@ class Recipe(StrictModel):
     def loss_impl(self, algorithm: str) -> str:
         """The loss as it runs for the workload's ``algorithm``: a DPO step's "standard" loss is
         not a cross-entropy but the per-token log-probabilities of both sequences, row by row in
-        the compute dtype (TRL's ``selective_log_softmax``): ``rowwise``."""
-        return "rowwise" if algorithm == "dpo" and self.loss == "standard" else self.loss
+        the compute dtype (TRL's ``selective_log_softmax``): ``rowwise``; so is GRPO's, the
+        completions' log-probabilities under the policy."""
+        return "rowwise" if algorithm in ("dpo", "grpo") and self.loss == "standard" else self.loss
 
 
 #: Recipe keys that scenarios once wrote under ``workload:`` or ``layout:``, by the model that
@@ -258,6 +307,12 @@ MOVED_KEYS: dict[type, dict[str, str]] = {
         "zero3_impl": "recipe.zero_impl"},
 }
 
+
+#: vLLM's ``gpu_memory_utilization`` where the scenario does not set it: TRL's default when the
+#: engine shares the training GPUs (GRPOConfig ``vllm_gpu_memory_utilization`` 0.3, TRL 1.16) and
+#: vLLM's own default on GPUs of its own (``--gpu-memory-utilization`` 0.9).
+COLOCATED_ENGINE_FRACTION = 0.3
+SERVED_ENGINE_FRACTION = 0.9
 
 #: Bounds of the overrides: finite, non-negative and at most what one GPU could ever hold, so no
 #: figure built from them overflows the int64 byte counts (2^63 ≈ 9.2e18) the search uses.

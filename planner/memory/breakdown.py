@@ -101,10 +101,10 @@ def codes(workload: Workload, layout: Layout, *, dp: int, grad_accum: int | None
 
 
 def dpo_codes(workload: Workload) -> dict[str, int]:
-    """DPO's arguments of :func:`seed_components` (none for supervised training): ``sequences``
-    per example (a pair: 2) and ``reference`` (1: a reference model runs; its copy is kept only
-    beside a fully trained policy)."""
-    if workload.algorithm != "dpo":
+    """DPO's and GRPO's arguments of :func:`seed_components` (none for supervised training):
+    ``sequences`` per example (a pair: 2; a completion: 1) and ``reference`` (1: a reference model
+    runs; its copy is kept only beside a fully trained policy)."""
+    if workload.algorithm not in ("dpo", "grpo"):
         return {}
     return {"sequences": workload.sequences_per_sample, "reference": int(workload.reference_forward)}
 

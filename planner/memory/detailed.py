@@ -157,8 +157,8 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     if reference:
         states = replace(states, persistent={**states.persistent, "reference_weights": reference},
                          start={**states.start, "reference_weights": reference})
-        notes.append("DPO: a frozen 16-bit copy of the weights as the reference policy, sharded like "
-                     "the policy's")
+        notes.append(f"{wl.algorithm.upper()}: a frozen 16-bit copy of the weights as the reference policy, "
+                     "sharded like the policy's")
     best: tuple[float, str, dict[str, float], float] | None = None
     frag = _fragmentation(layout, recipe)
     fixed = CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * _comm_groups(layout)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from planner.core.arch import total_params
 from planner.core.units import floor_bytes
 from planner.memory.breakdown import MemoryBreakdown
+from planner.memory.generation import engine_fits, engine_share, generation_notes
 from planner.memory.profiles import memory_breakdown
 from planner.scenario.resolve import ResolvedScenario
 
@@ -109,11 +110,15 @@ SEED_RESERVE = 0.10
 FIT_MARGIN = 0.04
 
 
-def usable_bytes(capacity_bytes: int, profile: str = "detailed", reserve: float | None = None) -> int:
+def usable_bytes(capacity_bytes: int, profile: str = "detailed", reserve: float | None = None,
+                 engine_share: float = 0.0) -> int:
     """The most a GPU of ``capacity_bytes`` may hold by the profile's fit rule, rounded down: a
     plan fits when its total is at most this. A ``reserve`` given keeps that share of the card
     free; otherwise the seed profile keeps :data:`SEED_RESERVE` and the detailed profile fits
-    ``total · (1 + FIT_MARGIN) ≤ capacity``."""
+    ``total · (1 + FIT_MARGIN) ≤ capacity``. A colocated generation engine's ``engine_share``
+    (:func:`planner.memory.generation.engine_share`) is taken off the card first."""
+    if engine_share:
+        capacity_bytes = floor_bytes(capacity_bytes * (1.0 - engine_share))
     if reserve is not None:
         return floor_bytes(capacity_bytes * (1.0 - reserve))
     if profile == "seed":
@@ -136,13 +141,14 @@ def is_tight(total_bytes: int, usable: int, capacity_bytes: int, error_band: flo
     return usable - total_bytes < error_band * total_bytes or device > capacity_bytes
 
 
-def fit_rule(profile: str, reserve: float | None) -> str:
+def fit_rule(profile: str, reserve: float | None, engine_share: float = 0.0) -> str:
     """The fit rule in words, for tables: what ``usable`` is the capacity less."""
+    engine = f" less the generation engine's {engine_share:.0%}" if engine_share else ""
     if reserve is not None:
-        return f"after the {reserve:.0%} reserve"
+        return f"after the {reserve:.0%} reserve{engine}"
     if profile == "seed":
-        return f"after the {SEED_RESERVE:.0%} reserve"
-    return f"capacity / (1 + {FIT_MARGIN:.0%} fit margin)"
+        return f"after the {SEED_RESERVE:.0%} reserve{engine}"
+    return f"capacity{engine} / (1 + {FIT_MARGIN:.0%} fit margin)"
 
 
 def dpo_notes(wl) -> list[str]:
@@ -166,13 +172,17 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
     reserve = rs.overrides.reserve
     capacity = usable = headroom = None
     fits = tight = None
+    share = engine_share(rs.workload, rs.layout)
     if rs.gpu is not None:
         capacity = rs.gpu.memory_bytes
-        usable = usable_bytes(capacity, rs.profile, reserve)
+        usable = usable_bytes(capacity, rs.profile, reserve, share)
         headroom = usable - total
-        tight = is_tight(total, usable, capacity, mem.error_band,
+        training_card = floor_bytes(capacity * (1.0 - share))  # what the engine leaves the step
+        tight = is_tight(total, usable, training_card, mem.error_band,
                          (mem.predicted or {}).get("device_bytes"))
         fits = total <= usable or bool(tight)  # over the line by less than the error: tight
+        if not engine_fits(rs.model, rs.workload, rs.layout, capacity):
+            fits = tight = False  # the engine cannot start on this card (generation_notes says why)
     lay = rs.layout
     return Estimate(
         scenario=rs.name,
@@ -192,12 +202,13 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         total_bytes=total,
         capacity_bytes=capacity,
         reserve=reserve,
-        fit_rule=fit_rule(rs.profile, reserve),
+        fit_rule=fit_rule(rs.profile, reserve, share),
         usable_bytes=usable,
         headroom_bytes=headroom,
         fits=fits,
         host_bytes=mem.host_bytes,
-        assumptions=list(mem.assumptions) + dpo_notes(rs.workload),
+        assumptions=list(mem.assumptions) + dpo_notes(rs.workload)
+        + generation_notes(rs.model, rs.workload, rs.layout, capacity),
         warnings=list(rs.warnings),
         predicted=mem.predicted,
         error_band=mem.error_band,

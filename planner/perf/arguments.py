@@ -47,6 +47,18 @@ def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
     return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
 
 
+def generation_arguments(rs: ResolvedScenario) -> dict[str, Any]:
+    """GRPO's arguments of :func:`planner.perf.timing.generation_s`: the completions, the engine's
+    placement and share, and its 16-bit weights and KV cache per token."""
+    from planner.memory.generation import engine_weight_bytes, kv_bytes_per_token
+
+    wl, lay = rs.workload, rs.layout
+    return {"gen_completion_len": wl.completion_len, "gen_prompt_len": wl.prompt_len,
+            "gen_num_generations": wl.num_generations, "gen_tp": lay.generation_tp,
+            "gen_gpus": lay.generation_gpus, "gen_fraction": lay.engine_memory_fraction,
+            "gen_weight_bytes": engine_weight_bytes(rs.model), "gen_kv_bytes_per_token": kv_bytes_per_token(rs.model)}
+
+
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
                    seq_len: Any, micro_batch: Any, grad_accum: Any, tp: Any, pp: Any, cp: Any, ep: Any,
                    dp: Any, attention: Any, fused: Any, native_attention: Any = 0,
@@ -69,6 +81,8 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
     if wl.reference_forward:
         x["reference_forward"] = 1
+    if wl.generates:
+        x.update(generation_arguments(rs))
     if intra_only:
         x["intra_only"] = True
     return x

@@ -50,6 +50,8 @@ class GpuPerf:
     #: utilisation other than the middle is asked for (the band's slow and fast ends), so that the
     #: band moves all of the GPU's own work, not only its GEMMs.
     kernel_speed: Any = 1.0
+    #: Device memory, bytes (what a generation engine's share is taken of).
+    memory_capacity: Any = 80e9
     #: Fused attention's rate relative to the GEMMs', as a share of Ampere's, for portable kernels
     #: and for the generation's own (:data:`PORTABLE_ATTENTION_SHARE`, :data:`NATIVE_ATTENTION_SHARE`).
     portable_attention: Any = 1.0
@@ -70,6 +72,7 @@ class GpuPerf:
             memory_bps=(gpu.memory_bandwidth_gbps or DEFAULT_MEMORY_GBPS) * 1e9,
             peak_fp8_flops=float("nan") if gpu.fp8_dense_tflops is None else gpu.fp8_dense_tflops * 1e12,
             kernel_speed=util / mid,
+            memory_capacity=float(gpu.memory_bytes),
             portable_attention=PORTABLE_ATTENTION_SHARE.get(gpu.architecture, 1.0),
             native_attention=NATIVE_ATTENTION_SHARE.get(gpu.architecture, 1.0),
         )

@@ -148,6 +148,12 @@ BACKWARD_SHARE = 2.0 / 3.0
 #: initialisation on 2,048 GPUs before its optimisations; cloud VM boot + image pull + a
 #: checkpoint load of tens of GB take several minutes on their own. A stated guess, not fitted.
 JOB_STARTUP_S = 900.0
+#: vLLM's default cap on the sequences one engine decodes together (``max_num_seqs``, 256).
+VLLM_MAX_NUM_SEQS = 256
+#: Host time per decode step of a vLLM engine (scheduling, sampling, detokenising, with CUDA
+#: graphs replayed for the forward): a guess of 2 ms in a 1–5 ms range, which the step time of a
+#: small model decoding a small batch is made of.
+DECODE_STEP_HOST_S = 0.002
 #: Default global batch (sequences per optimizer step) when a scenario gives neither
 #: ``global_batch`` nor ``grad_accum``: without one, more GPUs always mean more tokens per step
 #: and the search would spread a short job over a thousand GPUs for a few optimizer steps.
@@ -310,7 +316,50 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     t_microbatch = compute + tp_comm + pp_comm + cp_comm + ep_comm
     pipeline = (x["grad_accum"] + (x["pp"] - 1) / np.maximum(x.get("vp", 1), 1)) * t_microbatch
     dp_comm, optimizer, offload_opt, offload_params = _data_parallel_and_optimizer_s(mf, perf, x, compute, node)
-    return pipeline + dp_comm + optimizer + offload_opt + offload_params
+    return pipeline + dp_comm + optimizer + offload_opt + offload_params + generation_s(mf, perf, p, x)
+
+
+def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> Any:
+    """GRPO: seconds a step spends generating its completions before it trains on them (0 without
+    ``gen_completion_len``), as vLLM runs them: each engine of ``gen_tp`` GPUs (all the training
+    GPUs' engines when colocated, ``gen_gpus`` / ``gen_tp`` when served apart) takes its share of
+    the step's completions (micro-batch · dp · grad_accum) and
+
+    - prefills each prompt once (its ``num_generations`` samples share it): 2·N_active FLOPs per
+      prompt token at the GEMMs' rate;
+    - decodes ``gen_completion_len`` tokens in waves of at most :data:`VLLM_MAX_NUM_SEQS`
+      sequences, or as many full sequences as its KV cache holds: each step reads the 16-bit
+      weights and the batch's KV cache (the prompt and half the completion on average) at the
+      memory bandwidth, or computes 2·N_active FLOPs per sequence if that takes longer, plus
+      :data:`DECODE_STEP_HOST_S` of scheduling;
+    - loads the policy's weights first: a copy in the GPU's memory when colocated, a broadcast
+      over the network to an engine served apart.
+
+    Completions are counted at their cap: runs whose completions stop early generate faster.
+    The engine's tensor-parallel all-reduces are not counted."""
+    completion = np.asarray(x.get("gen_completion_len", 0), dtype=float)
+    if not np.any(completion > 0):
+        return 0.0
+    gtp = np.maximum(np.asarray(x["gen_tp"], dtype=float), 1.0)
+    served = np.asarray(x["gen_gpus"], dtype=float)
+    training_gpus = x["dp"] * x["tp"] * x["pp"] * x["cp"]
+    engines = np.maximum(np.where(served > 0, served, training_gpus) / gtp, 1.0)
+    sequences = x["micro_batch"] * x["dp"] * x["grad_accum"] / engines  # completions per engine
+    prompts = sequences / np.maximum(x["gen_num_generations"], 1)
+    prompt = np.asarray(x["gen_prompt_len"], dtype=float)
+    weights, kv_token = x["gen_weight_bytes"], x["gen_kv_bytes_per_token"]
+    util = np.asarray(perf.utilization, dtype=float)
+    rate = perf.peak_flops * np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu) * gtp
+    bandwidth = perf.memory_bps * gtp * perf.kernel_speed
+    kv_tokens = np.maximum(x["gen_fraction"] * perf.memory_capacity * gtp - weights, 0.0) / kv_token
+    batch = np.clip(np.minimum(np.minimum(sequences, VLLM_MAX_NUM_SEQS),
+                               np.floor(kv_tokens / np.maximum(prompt + completion, 1.0))), 1.0, None)
+    waves = np.ceil(sequences / batch)
+    prefill = 2.0 * mf.active_params * prompt * prompts / rate
+    read = (weights + batch * (prompt + completion / 2.0) * kv_token) / bandwidth
+    step = np.maximum(read, 2.0 * mf.active_params * batch / rate) + DECODE_STEP_HOST_S
+    load = np.where(served > 0, weights / perf.inter_bps, 2.0 * weights / bandwidth)
+    return np.where(completion > 0, load + prefill + waves * completion * step, 0.0)
 
 
 def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> tuple[Any, Any]:
@@ -445,11 +494,14 @@ def job_time_s(step_s: Any, *, tokens: float, seq_len: Any, micro_batch: Any, dp
     return startup_s + tokens / tokens_per_step * step_s
 
 
-def default_global_batch(method: str, seq_len: int, tokens: float | None) -> int:
-    """The global batch (sequences) a scenario without one gets (see :data:`FINETUNE_GLOBAL_BATCH`)."""
+def default_global_batch(method: str, seq_len: int, tokens: float | None, group: int = 1) -> int:
+    """The global batch (sequences) a scenario without one gets (see :data:`FINETUNE_GLOBAL_BATCH`),
+    rounded up to whole ``group``s (GRPO: the completions of one prompt)."""
     if method == "full" and tokens is not None and tokens >= PRETRAIN_MIN_TOKENS:
-        return max(1, 2 ** round(math.log2(PRETRAIN_GLOBAL_BATCH_TOKENS / max(seq_len, 1))))
-    return FINETUNE_GLOBAL_BATCH
+        batch = max(1, 2 ** round(math.log2(PRETRAIN_GLOBAL_BATCH_TOKENS / max(seq_len, 1))))
+    else:
+        batch = FINETUNE_GLOBAL_BATCH
+    return -(-batch // group) * group
 
 
 def billed_gpus(gpus: Any, gpus_per_node: Any, whole_node_only: Any) -> Any:

@@ -127,6 +127,8 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
     dpo = (" (DPO: mb counts pairs of sequences"
            + ("; time includes the reference forward)" if wl.get("reference", "model") == "model" else ")")
            if wl.get("algorithm") == "dpo" else "")
+    if result.plans and result.plans[0].generation:
+        dpo = f" (GRPO: mb counts completions; generation: {result.plans[0].generation})"
     table = Table(header_style="bold", title=f"{result.scenario}: {len(result.plans)} plans, "
                   f"objective {result.objective}, {status_words(result)}{dpo}")
     for col in ("#", "stack", "GPU × n", "dp·tp·pp·cp", "zero/offload", "mb×ga", "ckpt/attn", "method/seq",

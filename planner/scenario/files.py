@@ -20,7 +20,7 @@ FLAG_SECTIONS: dict[str, str] = {
     **{k: "workload" for k in (
         "method", "optimizer", "precision", "seq_len", "micro_batch", "grad_accum",
         "global_batch", "tokens", "lora_rank", "lora_alpha", "lora_targets", "quant_bits",
-        "double_quant", "allow_relax", "algorithm", "reference")},
+        "double_quant", "allow_relax", "algorithm", "reference", "num_generations", "completion_len")},
     **{k: "layout" for k in (
         "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing",
         "attention", "uneven_pp")},

@@ -187,10 +187,11 @@ def reason(v: Verdict) -> str:
 
 def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, tp: Any, pp: Any, cp: Any,
                ep: Any, sp: Any, zero: Any, offload: Any, checkpointing: Any,
-               saved_modules: bool = False) -> Any:
+               saved_modules: bool = False, algorithm: str = "sft") -> Any:
     """Whether ``stack`` runs each layout (arrays broadcast; categorical values as codes into the
     schema's value lists, or names). The one rule of the search, the checker and the estimate.
-    ``saved_modules``: the workload trains whole modules beside LoRA (``modules_to_save``)."""
+    ``saved_modules``: the workload trains whole modules beside LoRA (``modules_to_save``);
+    ``algorithm``: the workload's objective, which the stack must run."""
     def code(values: tuple[str, ...], x: Any) -> Any:
         return values.index(x) if isinstance(x, str) else np.asarray(x)
 
@@ -201,7 +202,7 @@ def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, t
 
     m = code(METHOD_CODES, method)
     qlora = m == METHOD_CODES.index("qlora")
-    ok = among(METHOD_CODES, m, stack.methods) & np.asarray(vendor in stack.vendors)
+    ok = among(METHOD_CODES, m, stack.methods) & np.asarray(vendor in stack.vendors and algorithm in stack.algorithms)
     ok &= ~qlora | (np.asarray(quant_type in stack.quant_types and vendor in stack.qlora_vendors)
                     & among(ZERO_STAGES, zero, stack.zero_with_qlora))
     ok &= among(ZERO_STAGES, zero, stack.zero) & among(OFFLOAD_CODES, offload, stack.offload)

@@ -78,6 +78,7 @@ def resolve(
     _check_sequence(wl, lay, model, problems, warnings)
     _check_experts(lay, model, dp, problems)
     _check_sharding(wl, lay, problems)
+    _check_generation(wl, lay, gpus, problems)
     grad_accum = _derive_grad_accum(wl, dp, problems)
     scenario = _fit_profile(scenario, model, problems, warnings)
     _check_saved_modules(scenario, warnings)
@@ -231,6 +232,30 @@ def _check_sharding(wl: Workload, lay: Layout, problems: list[str]) -> None:
     problems.extend(legality.problems(legality.offload_rules(lay.zero, lay.offload), {"offload": lay.offload}))
     if wl.method == "inference" and (lay.zero or lay.offload != "none"):
         problems.append("layout.zero: ZeRO and offload apply to training, not to method: inference")
+
+
+def _check_generation(wl: Workload, lay: Layout, gpus: int, problems: list[str]) -> None:
+    """GRPO's completions fit the sequence, its batch holds whole groups, and its engine's GPUs
+    split into engines; generation settings without GRPO are refused rather than ignored."""
+    if not wl.generates:
+        if lay.generation_gpus or lay.generation_memory_fraction is not None or lay.generation_tp > 1:
+            problems.append("layout.generation_gpus: the generation engine applies to workload.algorithm: grpo")
+        return
+    if wl.method == "inference":
+        problems.append("workload.algorithm: grpo trains; method inference trains nothing")
+    if wl.completion_len >= wl.seq_len:
+        problems.append(f"workload.completion_len: {wl.completion_len} leaves no prompt in seq_len {wl.seq_len} "
+                        "(seq_len counts prompt + completion)")
+    if wl.reference == "precomputed":
+        problems.append("workload.reference: GRPO scores fresh completions each step; use model (beta > 0) "
+                        "or none (beta 0)")
+    if wl.global_batch is not None and wl.global_batch % wl.num_generations:
+        problems.append(f"workload.global_batch: {wl.global_batch} is not a multiple of num_generations "
+                        f"{wl.num_generations} (each prompt's completions form one group)")
+    engine_gpus = lay.generation_gpus or gpus
+    if engine_gpus % lay.generation_tp:
+        where = f"layout.generation_gpus {lay.generation_gpus}" if lay.generation_gpus else f"the {gpus} training GPUs"
+        problems.append(f"layout.generation_tp: {lay.generation_tp} does not divide {where}")
 
 
 def _derive_grad_accum(wl: Workload, dp: int, problems: list[str]) -> int | None:

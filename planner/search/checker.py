@@ -23,6 +23,7 @@ from planner.core.errors import InputError
 from planner.core.specs import Scenario
 from planner.core.values import DEFAULT_MAX_GPUS
 from planner.memory.estimate import estimate_resolved
+from planner.memory.generation import engine_fits
 from planner.perf.arguments import step_arguments
 from planner.perf.flops import model_flops
 from planner.perf.hardware import GpuPerf
@@ -51,7 +52,9 @@ def check_plan(raw: dict[str, Any], plan: Plan | dict[str, Any]) -> list[str]:
         return [f"plan is not a valid layout: {line}" for line in exc.problems]
     est, gpu = estimate_resolved(rs), rs.gpu
     assert gpu is not None  # a plan names its GPU type, so its pinned scenario resolves one
-    return [*_memory_problems(gpu, est, p), *_count_problems(gpu, p), *_layout_problems(sc, rs, p),
+    engine = ([] if engine_fits(rs.model, rs.workload, rs.layout, gpu.memory_bytes) else
+              ["generation: the engine's share cannot hold its weights and one sequence's KV cache"])
+    return [*_memory_problems(gpu, est, p), *engine, *_count_problems(gpu, p), *_layout_problems(sc, rs, p),
             *_choice_problems(sc, gpu, p), *_workload_problems(sc, p), *_time_cost_problems(sc, rs, p)]
 
 
@@ -141,7 +144,7 @@ def _stack_problems(sc: Scenario, gpu: GpuSpec, p: dict[str, Any]) -> list[str]:
     runs = legality.stack_runs(get_stack(p["stack"]), vendor=gpu.vendor, quant_type=sc.workload.quant_type,
                                method=p["method"], tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], sp=p["sp"],
                                zero=p["zero"], offload=p["offload"], checkpointing=p["checkpointing"],
-                               saved_modules=bool(sc.workload.modules_to_save))
+                               saved_modules=bool(sc.workload.modules_to_save), algorithm=sc.workload.algorithm)
     return [] if bool(runs) else [f"stack {p['stack']} does not run this plan's combination"]
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from planner.core.arrays import unique_rows
 from planner.memory.breakdown import STACK_RECIPE
 from planner.memory.estimate import usable_bytes
+from planner.memory.generation import engine_fits, engine_share
 from planner.memory.profiles import memory_components
 from planner.perf.arguments import step_arguments
 from planner.perf.flops import model_flops
@@ -37,6 +38,14 @@ class GpuTable:
 
 def gpu_table(req: SearchRequest) -> GpuTable:
     reserve = req.rs.overrides.reserve
+    rs = req.rs
+    share = engine_share(rs.workload, rs.layout)
+
+    def usable(g) -> int:
+        """What a plan's step may hold on this card: none where a colocated engine cannot start."""
+        if not engine_fits(rs.model, rs.workload, rs.layout, g.memory_bytes):
+            return -1
+        return usable_bytes(g.memory_bytes, rs.profile, reserve, share)
 
     def perf(which: str) -> GpuPerf:
         rows = []
@@ -47,7 +56,7 @@ def gpu_table(req: SearchRequest) -> GpuTable:
                          for f in GpuPerf.__dataclass_fields__))
 
     return GpuTable(
-        usable_bytes=np.array([usable_bytes(g.memory_bytes, req.rs.profile, reserve) for g in req.gpus], dtype=np.int64),
+        usable_bytes=np.array([usable(g) for g in req.gpus], dtype=np.int64),
         host_bytes_per_node=np.array([g.host_ram_budget_bytes for g in req.gpus]),
         gpus_per_node=np.array([g.gpus_per_node for g in req.gpus], dtype=np.int64),
         whole_node=np.array([g.whole_node_only for g in req.gpus]),

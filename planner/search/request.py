@@ -195,6 +195,9 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
     objective = sc.objective or ("cost" if wl.tokens is not None else "gpus")
     if wl.method == "inference":
         problems.append("workload.method: plan searches training layouts; use `planner estimate` for inference")
+    if wl.generates and sc.layout.generation_gpus:
+        problems.append("layout.generation_gpus: plan searches GRPO with its engine colocated on the training "
+                        "GPUs; `planner estimate` sizes an engine on GPUs of its own")
     if objective in ("cost", "time") and wl.tokens is None:
         problems.append(f"workload.tokens: required for objective {objective!r} (the job's token budget)")
     if (sc.constraints.budget_usd or sc.constraints.deadline_hours) and wl.tokens is None:
@@ -250,7 +253,7 @@ def _default_global_batch(rs: ResolvedScenario) -> int | None:
     wl, pinned = rs.workload, rs.scenario.layout.model_fields_set
     if wl.grad_accum is not None or {"gpus", "dp"} & pinned or wl.method not in METHOD_LADDER:
         return None
-    return default_global_batch(wl.method, wl.seq_len, wl.tokens)
+    return default_global_batch(wl.method, wl.seq_len, wl.tokens, wl.num_generations if wl.generates else 1)
 
 
 def gpu_limit(req: SearchRequest, gpu: GpuSpec) -> int:

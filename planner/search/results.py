@@ -17,7 +17,7 @@ from planner.core.units import nodes_for
 from planner.memory.breakdown import STACK_RECIPE, decode_class
 from planner.memory.estimate import Estimate, estimate_resolved
 from planner.scenario.files import deep_merge
-from planner.scenario.resolve import resolve
+from planner.scenario.resolve import ResolvedScenario, resolve
 from planner.search.candidates import SearchOutcome
 from planner.search.request import SearchRequest
 
@@ -68,6 +68,8 @@ class Plan(BaseModel):
     #: The recipe the plan was estimated and timed with: the loss's implementation, the kernels
     #: and torch.compile, from the scenario where it sets them, else from the stack.
     recipe: dict[str, Any] = {}
+    #: GRPO: where its completions are generated, in words (None for other algorithms).
+    generation: str | None = None
     #: The scenario with this plan's decisions pinned (what `planner export` turns into configs).
     pinned_scenario: dict[str, Any] | None = None
 
@@ -145,6 +147,16 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def generation_text(rs: ResolvedScenario) -> str | None:
+    """Where a GRPO plan generates: ``vLLM colocated (tp 1, 30 % of each GPU)``; None otherwise."""
+    wl, lay = rs.workload, rs.layout
+    if not wl.generates:
+        return None
+    where = "colocated" if not lay.generation_gpus else f"on {lay.generation_gpus} GPUs of its own"
+    return (f"vLLM {where} (tp {lay.generation_tp}, {lay.engine_memory_fraction:.0%} of each GPU); "
+            f"{wl.num_generations} × {wl.completion_len}-token completions per prompt")
+
+
 def recipe_text(recipe: dict[str, Any]) -> str:
     """What a plan's recipe changes from the plain one (standard loss and kernels, no compile):
     ``compiled loss, fused_rmsnorm``; empty when nothing."""
@@ -190,6 +202,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             else Band(low=None, high=None),
             tokens_per_s=float(ev["tokens_per_s"]),
             relaxations=list(tier.relaxations),
+            generation=generation_text(rs_plan),
             recipe={k: getattr(rs_plan.recipe, k) for k in PLAN_RECIPE},
             pinned_scenario=pinned,
             **fields,

@@ -53,7 +53,8 @@ def first_stack(req: SearchRequest, gpu: GpuSpec, method: Any, **layout: Any) ->
     chosen = np.full(shape, -1, dtype=np.int64)
     for i, st in enumerate(req.stacks):
         runs = stack_runs(st, vendor=gpu.vendor, quant_type=req.rs.workload.quant_type, method=method,
-                          saved_modules=bool(req.rs.workload.modules_to_save), **layout)
+                          saved_modules=bool(req.rs.workload.modules_to_save),
+                          algorithm=req.rs.workload.algorithm, **layout)
         chosen = np.where((chosen < 0) & runs, i, chosen)
     return chosen
 
@@ -167,7 +168,8 @@ def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndar
     for i in np.flatnonzero(versions == 2):
         runs = stack_runs(req.stacks[i], vendor=gpu.vendor, quant_type=req.rs.workload.quant_type,
                           method=part["method"], sp=part["sp"].astype(bool),
-                          saved_modules=bool(req.rs.workload.modules_to_save), **layout)
+                          saved_modules=bool(req.rs.workload.modules_to_save),
+                          algorithm=req.rs.workload.algorithm, **layout)
         alt = np.where((alt < 0) & wanted & runs, i, alt)
     extra = alt >= 0
     if not extra.any():

@@ -1,0 +1,210 @@
+"""GRPO as a workload (``workload.algorithm: grpo``): completions generated each step by a vLLM
+engine, then trained on as TRL's GRPOTrainer does. The engine's share of a colocated card, the
+reference model only where beta > 0, the generation time, the search against its oracle and the
+independent checker, the stacks that run it, and the CLI."""
+
+from __future__ import annotations
+
+import pytest
+from oracle_helpers import assert_search_matches_oracle
+from typer.testing import CliRunner
+
+from planner.catalog.store import get_gpu
+from planner.cli.main import app
+from planner.core.errors import InputError
+from planner.core.specs import COLOCATED_ENGINE_FRACTION, SERVED_ENGINE_FRACTION, Workload
+from planner.core.units import floor_bytes
+from planner.memory import generation as G
+from planner.memory.estimate import FIT_MARGIN, estimate_resolved, usable_bytes
+from planner.perf import flops, hardware, timing
+from planner.perf.arguments import step_arguments
+from planner.scenario.resolve import resolve
+from planner.search.answer import plan_raw
+
+
+def scenario(model="qwen2.5-7b", layout=None, **workload):
+    return {"model": model,
+            "workload": {"method": "lora", "algorithm": "grpo", "seq_len": 1536, "completion_len": 1024,
+                         "micro_batch": 8, "global_batch": 64, **workload},
+            "layout": {"gpu": "h100", "gpus": 8, "checkpointing": "full", **(layout or {})}}
+
+
+def test_trl_defaults():
+    """TRL 1.16's GRPOConfig: 8 generations, completions up to 512 tokens, beta 0 (no reference
+    model), vLLM colocated at 0.3 of each GPU; vLLM's own 0.9 on GPUs of its own."""
+    wl = Workload(algorithm="grpo")
+    assert (wl.num_generations, wl.completion_len, wl.reference) == (8, 512, "none")
+    assert not wl.reference_forward and wl.generates and wl.sequences_per_sample == 1
+    assert Workload(algorithm="grpo", reference="model").reference_forward
+    assert Workload(algorithm="dpo").reference == "model"  # DPO keeps its own default
+    assert (COLOCATED_ENGINE_FRACTION, SERVED_ENGINE_FRACTION) == (0.3, 0.9)
+
+
+@pytest.mark.parametrize("workload, layout, message", [
+    ({"completion_len": 1536}, {}, "workload.completion_len: 1536 leaves no prompt"),
+    ({"global_batch": 60, "micro_batch": 1}, {"gpus": 4}, "not a multiple of num_generations 8"),
+    ({"reference": "precomputed"}, {}, "workload.reference: GRPO scores fresh completions"),
+    ({}, {"generation_tp": 3}, "layout.generation_tp: 3 does not divide the 8 training GPUs"),
+])
+def test_bad_grpo_settings_are_named(workload, layout, message):
+    with pytest.raises(InputError) as exc:
+        resolve(scenario(layout=layout, **workload))
+    assert any(message in p for p in exc.value.problems), exc.value.problems
+
+
+def test_generation_settings_without_grpo_are_refused():
+    with pytest.raises(InputError) as exc:
+        resolve({"model": "qwen2.5-7b", "layout": {"gpu": "h100", "generation_gpus": 2}})
+    assert any("applies to workload.algorithm: grpo" in p for p in exc.value.problems)
+
+
+def test_a_colocated_engine_takes_its_share_of_every_card():
+    """The step must fit in what vLLM's gpu_memory_utilization leaves: usable = capacity · 0.7
+    / (1 + fit margin); on GPUs of its own the engine leaves the training cards whole. The step's
+    own memory does not depend on where the engine runs."""
+    colocated = estimate_resolved(resolve(scenario()))
+    served = estimate_resolved(resolve(scenario(layout={"generation_gpus": 2})))
+    cap = get_gpu("h100").memory_bytes
+    assert colocated.usable_bytes == floor_bytes(floor_bytes(cap * 0.7) / (1 + FIT_MARGIN))
+    assert colocated.usable_bytes == usable_bytes(cap, "detailed", None, 0.3)
+    assert served.usable_bytes == usable_bytes(cap, "detailed")
+    assert colocated.total_bytes == served.total_bytes
+    assert "generation engine" in colocated.fit_rule and "generation engine" not in served.fit_rule
+
+
+def test_an_engine_that_cannot_hold_its_weights_does_not_fit():
+    """72B in 16 bits is 145 GB: 0.3 of one H100 cannot hold it, so vLLM would not start; at tp 8
+    the engine has 0.3 · 8 · 85.5 GB ≈ 205 GB."""
+    one = estimate_resolved(resolve(scenario("qwen2.5-72b", layout={"gpus": 8, "zero": 3})))
+    assert one.fits is False
+    assert any("vLLM will not start" in a for a in one.assumptions)
+    eight = estimate_resolved(resolve(scenario("qwen2.5-72b", layout={"gpus": 8, "zero": 3, "generation_tp": 8})))
+    assert not any("vLLM will not start" in a for a in eight.assumptions)
+    rs = resolve(scenario("qwen2.5-72b", layout={"gpus": 8, "zero": 3, "generation_tp": 8}))
+    assert G.engine_fits(rs.model, rs.workload, rs.layout, get_gpu("h100").memory_bytes)
+
+
+def test_kv_cache_per_token():
+    """Qwen2.5-7B: 28 layers, 4 KV heads of 128: a key and a value of 4·128 per layer in 16 bits
+    = 28 · 2 · 512 · 2 = 57,344 bytes per token."""
+    assert G.kv_bytes_per_token(resolve({"model": "qwen2.5-7b"}).model) == 28 * 2 * 4 * 128 * 2
+
+
+@pytest.mark.parametrize("method, copy", [("full", True), ("lora", False)])
+def test_reference_only_with_beta(method, copy):
+    """beta 0 (the default): no reference at all; beta > 0: a 16-bit copy beside a fully trained
+    policy (sharded like it), the base with the adapters off for LoRA."""
+    layout = {"zero": 3}
+    none = estimate_resolved(resolve(scenario(method=method, layout=layout)))
+    ref = estimate_resolved(resolve(scenario(method=method, reference="model", layout=layout)))
+    assert "reference_weights" not in none.components
+    assert ("reference_weights" in ref.components) is copy
+
+
+def _x(rs, **over):
+    wl, lay = rs.workload, rs.layout
+    x = step_arguments(rs, method=1, checkpointing=2, offload=0, zero=0, seq_len=wl.seq_len,
+                       micro_batch=wl.micro_batch, grad_accum=rs.grad_accum, tp=1, pp=1, cp=1, ep=1,
+                       dp=lay.dp, attention=1, fused=0)
+    return {**x, **over}
+
+
+def test_generation_time_as_vllm_decodes():
+    """One engine per GPU when colocated: 64 completions over 8 engines = 8 each (one prompt of 8
+    samples); decode 1024 steps of one batch of 8, each reading the 16-bit weights and the batch's
+    KV cache at the memory bandwidth (decode is memory-bound at batch 8) plus the host's 2 ms; the
+    prompt prefilled once at the GEMMs' rate; the weights copied in first."""
+    rs = resolve(scenario())
+    mf = flops.model_flops(rs.model)
+    perf = hardware.GpuPerf.of(rs.gpu)
+    x = _x(rs)
+    weights, kv = G.engine_weight_bytes(rs.model), G.kv_bytes_per_token(rs.model)
+    read = (weights + 8 * (512 + 512) * kv) / perf.memory_bps
+    assert read > 2 * mf.active_params * 8 / (perf.peak_flops * perf.utilization)  # memory-bound
+    prefill = 2 * mf.active_params * 512 * 1 / (perf.peak_flops * perf.utilization)
+    expected = 2 * weights / perf.memory_bps + prefill + 1024 * (read + timing.DECODE_STEP_HOST_S)
+    assert float(timing.generation_s(mf, perf, timing.FITTED, x)) == pytest.approx(expected, rel=1e-9)
+    # the step is the training step plus generation
+    no_gen = {k: v for k, v in x.items() if not k.startswith("gen_")}
+    assert float(timing.step_time_s(mf, perf, **x)) == pytest.approx(
+        float(timing.step_time_s(mf, perf, **no_gen)) + expected, rel=1e-9)
+    assert float(timing.generation_s(mf, perf, timing.FITTED, no_gen)) == 0.0
+
+
+def test_fewer_engines_take_longer_and_the_kv_cache_caps_the_batch():
+    """Served on 2 GPUs, each engine decodes 32 completions where 8 colocated engines decode 8;
+    an engine whose KV cache holds fewer sequences than it is given decodes them in waves."""
+    rs = resolve(scenario())
+    mf, perf = flops.model_flops(rs.model), hardware.GpuPerf.of(rs.gpu)
+    colocated = float(timing.generation_s(mf, perf, timing.FITTED, _x(rs)))
+    served = float(timing.generation_s(mf, perf, timing.FITTED, _x(rs, gen_gpus=2, gen_fraction=0.9)))
+    assert served > colocated
+    # a share whose KV cache holds 3 full sequences: 8 completions in ceil(8/3) = 3 waves
+    x = _x(rs)
+    weights, kv = x["gen_weight_bytes"], x["gen_kv_bytes_per_token"]
+    fraction = (weights + 3.5 * 1536 * kv) / perf.memory_capacity
+    waves3 = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_fraction": fraction}))
+    read3 = (weights + 3 * 1024 * kv) / perf.memory_bps
+    assert waves3 > 2.5 * 1024 * read3
+
+
+def test_the_default_global_batch_holds_whole_groups():
+    """64 completions by default; with 5 generations per prompt, 65 (13 whole groups)."""
+    assert timing.default_global_batch("lora", 1536, 1e8, 5) == 65
+    assert timing.default_global_batch("lora", 1536, 1e8, 8) == 64
+
+
+GRPO_PLAN = {"model": "qwen2.5-1.5b",
+             "workload": {"method": "lora", "algorithm": "grpo", "seq_len": 1024, "completion_len": 512,
+                          "tokens": 2e7, "global_batch": 32},
+             "search": {"gpu_types": ["l40s", "a100-80gb", "h100"], "max_gpus": 4, "micro_batch": [1, 2, 4],
+                        "tp": [1], "pp": [1], "cp": [1]}, "objective": "cost", "top": 3}
+
+
+@pytest.mark.parametrize("profile", ["seed", "detailed"])
+def test_grpo_search_matches_its_oracle_and_the_checker(profile):
+    assert_search_matches_oracle({**GRPO_PLAN, "profile": profile})
+
+
+def test_grpo_plans_name_stacks_that_run_it_and_where_they_generate():
+    """Only stacks whose sources run GRPO with a colocated engine (TRL under accelerate or
+    DeepSpeed) are named; each plan says where its completions are generated, and costs more than
+    the same tokens trained by SFT (generation and the engine's share of the card)."""
+    grpo = plan_raw(GRPO_PLAN)
+    assert grpo.plans and not grpo.checker_rejected
+    assert {p.stack for p in grpo.plans} <= {"hf-fsdp", "hf-deepspeed"}
+    assert all(p.generation and "colocated" in p.generation for p in grpo.plans)
+    sft = plan_raw({**GRPO_PLAN, "workload": {k: v for k, v in GRPO_PLAN["workload"].items()
+                                              if k not in ("algorithm", "completion_len")}})
+    assert sft.plans[0].generation is None
+    assert grpo.plans[0].cost_usd > sft.plans[0].cost_usd
+    assert all(p.global_batch % 8 == 0 for p in grpo.plans)
+
+
+def test_cli():
+    runner = CliRunner()
+    out = runner.invoke(app, ["plan", "--model", "qwen2.5-7b", "--method", "lora", "--algorithm", "grpo",
+                              "--tokens", "1e8", "--seq-len", "1536", "--completion-len", "1024",
+                              "--num-generations", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    import json
+    r = json.loads(out.output)
+    assert r["plans"] and all("vLLM colocated" in p["generation"] for p in r["plans"])
+    assert all(p["global_batch"] % 4 == 0 for p in r["plans"])
+    served = runner.invoke(app, ["plan", "--model", "qwen2.5-7b", "--method", "lora", "--algorithm", "grpo",
+                                 "--tokens", "1e8", "--gpu", "h100"], input=None)
+    assert served.exit_code == 0, served.output
+    est = runner.invoke(app, ["estimate", "--model", "qwen2.5-7b", "--method", "lora", "--algorithm", "grpo",
+                              "--gpu", "h100", "--gpus", "8", "--global-batch", "64"])
+    assert est.exit_code == 0, est.output
+    assert "generation engine" in est.output and "GRPO" in est.output
+
+
+def test_plan_refuses_a_served_engine_with_one_line(tmp_path):
+    path = tmp_path / "served.yaml"
+    path.write_text("model: qwen2.5-7b\nworkload: {method: lora, algorithm: grpo, tokens: 1e8}\n"
+                    "layout: {generation_gpus: 2}\n")
+    out = CliRunner().invoke(app, ["plan", str(path)])
+    assert out.exit_code == 2
+    assert "layout.generation_gpus: plan searches GRPO with its engine colocated" in out.output
+    assert "Traceback" not in out.output
