@@ -208,3 +208,25 @@ def test_plan_refuses_a_served_engine_with_one_line(tmp_path):
     assert out.exit_code == 2
     assert "layout.generation_gpus: plan searches GRPO with its engine colocated" in out.output
     assert "Traceback" not in out.output
+
+
+def test_a_grpo_plan_exports_trl_s_grpo_config():
+    """A GRPO plan's Trainer file is TRL's GRPOConfig: completions per device, the group, the
+    prompt and completion caps, beta 0 unless the plan keeps a reference model, and vLLM where the
+    plan put it."""
+    import json
+
+    from planner.launch.exporters import export_resolved
+
+    base = scenario(layout={"gpus": 8}, num_generations=4, micro_batch=4)
+    body = json.loads(export_resolved(resolve(base), formats=("hf",)).files["grpo_config.json"])
+    assert (body["per_device_train_batch_size"], body["num_generations"]) == (4, 4)
+    assert body["max_completion_length"] == 1024 and "max_prompt_length" not in body  # no such key in TRL 1.x
+    assert body["beta"] == 0.0 and body["use_vllm"] is True
+    assert (body["vllm_mode"], body["vllm_gpu_memory_utilization"], body["vllm_tensor_parallel_size"]) == (
+        "colocate", 0.3, 1)
+    ref = export_resolved(resolve(scenario(reference="model")), formats=("hf",))
+    assert json.loads(ref.files["grpo_config.json"])["beta"] > 0
+    served = export_resolved(resolve(scenario(layout={"generation_gpus": 2})), formats=("hf",))
+    assert json.loads(served.files["grpo_config.json"])["vllm_mode"] == "server"
+    assert any("trl vllm-serve" in line for line in served.notes)

@@ -458,3 +458,38 @@ def test_trl_dpo_trainer_runs_two_steps_with_the_exported_config(name, tmp_path)
     trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainer.train().global_step == 2
     assert any(not (p.detach() == trained[n]).all() for n, p in trainer.model.named_parameters() if p.requires_grad)
+
+
+def test_trl_grpo_trainer_runs_two_steps_with_the_exported_config(tmp_path):
+    """The exported grpo_config.json is TRL's GRPOConfig: GRPOTrainer takes it and trains two steps
+    on CPU, generating each step's completions (here through transformers, as vLLM needs a GPU),
+    the batch counting completions in groups of num_generations as the plan does, and no reference
+    model where the plan keeps none (beta 0)."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    trl = pytest.importorskip("trl", reason="trl is not installed")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    rs = resolve({"name": "grpo-lora", "profile": "seed", "model": "llama-3.1-8b",
+                  "workload": {"method": "lora", "algorithm": "grpo", "micro_batch": 4, "grad_accum": 1,
+                               "seq_len": 24, "completion_len": 8, "num_generations": 4, "lora_rank": 4,
+                               "lora_alpha": 8, "lora_targets": ["q", "v"]},
+                  "layout": {"gpu": "h100", "gpus": 1}})
+    bundle = export_resolved(rs, formats=("hf",))
+    body = _json(bundle, "grpo_config.json")
+    assert (body["num_generations"], body["max_completion_length"], body["beta"]) == (4, 8, 0.0)
+    body.update(use_vllm=False, bf16=False)  # CPU: transformers generates
+    args = trl.GRPOConfig(**body, output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=2, report_to=[],
+                          save_strategy="no", logging_strategy="no", dataloader_num_workers=0)
+    assert args.per_device_train_batch_size == rs.workload.micro_batch  # completions
+    model_dir = tmp_path / "model"
+    _tiny_llama(transformers, _json(bundle, "model_kwargs.json")).save_pretrained(model_dir)
+    tokenizer = _word_tokenizer(transformers, tmp_path)
+    tokenizer.save_pretrained(model_dir)
+    prompts = datasets.Dataset.from_list([{"prompt": "w1 w2 w3"}] * 8)
+    trainer = trl.GRPOTrainer(model=str(model_dir), args=args, train_dataset=prompts, processing_class=tokenizer,
+                              reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
+                              peft_config=peft.LoraConfig(**_json(bundle, "lora_config.json")))
+    assert getattr(trainer, "ref_model", None) is None  # beta 0: no reference model, as planned
+    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainer.train().global_step == 2
+    assert any(not (p.detach() == trained[n]).all() for n, p in trainer.model.named_parameters() if p.requires_grad)

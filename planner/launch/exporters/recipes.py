@@ -54,6 +54,8 @@ def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
         dpo = dpo_config(ctx, out, args)
         if dpo is not None:
             files = {"dpo_config.json": dpo}
+    elif wl.algorithm == "grpo":
+        files = {"grpo_config.json": grpo_config(ctx, out, args)}
     out.need(fmt, f"output_dir, learning_rate, num_train_epochs or max_steps in {next(iter(files))}")
 
     kwargs: dict = {"attn_implementation": ctx.hf_attention}
@@ -96,6 +98,37 @@ def dpo_config(ctx: Ctx, out: Bundle, args: dict) -> dict | None:
                    "and rejected columns")
     return {**args, "max_length": wl.seq_len, "precompute_ref_log_probs": wl.reference == "precomputed",
             "padding_free": False}
+
+
+#: The KL coefficient written where a GRPO plan keeps a reference model (any value above 0 loads
+#: it; 0.04 was TRL's default before it became 0).
+GRPO_BETA_WITH_REFERENCE = 0.04
+
+
+def grpo_config(ctx: Ctx, out: Bundle, args: dict) -> dict:
+    """TRL's GRPOConfig for a GRPO plan: the batch sizes count completions as the plan's do (one
+    generation batch per optimizer step, TRL's default ``steps_per_generation``), the group size,
+    the prompt and completion caps, ``beta`` 0 unless the plan keeps a reference model, and the
+    vLLM engine where the plan put it (colocated: an engine per ``vllm_tensor_parallel_size``
+    training GPUs at ``vllm_gpu_memory_utilization``; server: ``trl vllm-serve`` on GPUs of its
+    own)."""
+    wl, lay = ctx.wl, ctx.lay
+    beta = 0.0 if wl.reference == "none" else GRPO_BETA_WITH_REFERENCE
+    if beta:
+        out.need("hf", f"beta in grpo_config.json ({beta} written: any value above 0 loads the reference "
+                       "model the plan sized)")
+    out.need("hf", f"reward_funcs for GRPOTrainer, and the dataset's prompt column (prompts of at most "
+                   f"{wl.prompt_len} tokens, as planned: GRPOConfig has no prompt cap)")
+    config = {**args, "num_generations": wl.num_generations, "max_completion_length": wl.completion_len,
+              "beta": beta, "use_vllm": True,
+              "vllm_mode": "server" if lay.generation_gpus else "colocate",
+              "vllm_gpu_memory_utilization": lay.engine_memory_fraction,
+              "vllm_tensor_parallel_size": lay.generation_tp}
+    if lay.generation_gpus:
+        out.note("hf", f"start the engine on the {lay.generation_gpus} generation GPUs first: trl vllm-serve "
+                       f"--model <model> --tensor-parallel-size {lay.generation_tp} "
+                       f"--gpu-memory-utilization {lay.engine_memory_fraction}")
+    return config
 
 
 def lora_config(ctx: Ctx, out: Bundle) -> dict:
