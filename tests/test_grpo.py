@@ -173,7 +173,7 @@ def test_grpo_plans_name_stacks_that_run_it_and_where_they_generate():
     grpo = plan_raw(GRPO_PLAN)
     assert grpo.plans and not grpo.checker_rejected
     assert {p.stack for p in grpo.plans} <= {"hf-fsdp", "hf-deepspeed"}
-    assert all(p.generation and "colocated" in p.generation for p in grpo.plans)
+    assert all(p.generation and "vLLM" in p.generation for p in grpo.plans)
     sft = plan_raw({**GRPO_PLAN, "workload": {k: v for k, v in GRPO_PLAN["workload"].items()
                                               if k not in ("algorithm", "completion_len")}})
     assert sft.plans[0].generation is None
@@ -189,7 +189,7 @@ def test_cli():
     assert out.exit_code == 0, out.output
     import json
     r = json.loads(out.output)
-    assert r["plans"] and all("vLLM colocated" in p["generation"] for p in r["plans"])
+    assert r["plans"] and all(p["generation"].startswith("vLLM ") for p in r["plans"])
     assert all(p["global_batch"] % 4 == 0 for p in r["plans"])
     served = runner.invoke(app, ["plan", "--model", "qwen2.5-7b", "--method", "lora", "--algorithm", "grpo",
                                  "--tokens", "1e8", "--gpu", "h100"], input=None)
@@ -200,14 +200,37 @@ def test_cli():
     assert "generation engine" in est.output and "GRPO" in est.output
 
 
-def test_plan_refuses_a_served_engine_with_one_line(tmp_path):
-    path = tmp_path / "served.yaml"
-    path.write_text("model: qwen2.5-7b\nworkload: {method: lora, algorithm: grpo, tokens: 1e8}\n"
-                    "layout: {generation_gpus: 2}\n")
-    out = CliRunner().invoke(app, ["plan", str(path)])
-    assert out.exit_code == 2
-    assert "layout.generation_gpus: plan searches GRPO with its engine colocated" in out.output
-    assert "Traceback" not in out.output
+def test_a_served_engine_s_gpus_are_counted_and_billed():
+    """Pinned on GPUs of its own, the engine's GPUs come out of max_gpus and are billed with the
+    training GPUs for the whole step; the checker re-derives both."""
+    served = plan_raw({**GRPO_PLAN, "layout": {"generation_gpus": 2}})
+    assert served.plans and not served.checker_rejected
+    for p in served.plans:
+        assert p.generation_gpus == 2 and p.gpus + 2 <= GRPO_PLAN["search"]["max_gpus"]
+        assert "on 2 GPUs of its own" in p.generation
+        price = get_gpu(p.gpu).price_on_demand_usd_per_hour
+        assert p.hourly_usd == pytest.approx((p.gpus + 2) * price)
+
+
+def test_an_open_placement_is_the_best_of_every_placement():
+    """Left open, the engine's placement is searched: colocated and each count of GPUs of its own
+    (1, 2, …, below max_gpus) solved exactly, the plans ranked together, so the best plan is the
+    best of the pinned searches."""
+    from planner.search.answer import GENERATION_GPU_CHOICES
+
+    open_ = plan_raw({**GRPO_PLAN, "top": 50})
+    pinned = [plan_raw({**GRPO_PLAN, "layout": {"generation_gpus": k}, "top": 50})
+              for k in (0, *(k for k in GENERATION_GPU_CHOICES if k < GRPO_PLAN["search"]["max_gpus"]))]
+    best = min(p.cost_usd for r in pinned for p in r.plans)
+    assert open_.plans[0].cost_usd == pytest.approx(best)
+    costs = [p.cost_usd for p in open_.plans]
+    assert costs == sorted(costs) and [p.rank for p in open_.plans] == list(range(1, len(costs) + 1))
+    assert not open_.checker_rejected
+
+
+@pytest.mark.parametrize("profile", ["seed", "detailed"])
+def test_a_served_engine_s_search_matches_its_oracle(profile):
+    assert_search_matches_oracle({**GRPO_PLAN, "profile": profile, "layout": {"generation_gpus": 1}})
 
 
 def test_a_grpo_plan_exports_trl_s_grpo_config():

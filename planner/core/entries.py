@@ -257,8 +257,8 @@ class StackSpec(StrictModel):
     #: It trains whole modules beside LoRA adapters (``Workload.modules_to_save``: PEFT's
     #: ``modules_to_save``, axolotl's ``lora_modules_to_save``).
     modules_to_save: bool = False
-    #: Training objectives it runs (``Workload.algorithm``): supervised, DPO, and GRPO with its
-    #: generation engine colocated on the training GPUs (the only placement ``plan`` searches).
+    #: Training objectives it runs (``Workload.algorithm``): supervised, DPO, and GRPO with a vLLM
+    #: engine colocated on the training GPUs or served on GPUs of its own.
     algorithms: list[Literal["sft", "dpo", "grpo"]] = ["sft"]
     #: What its training loop does by default where memory and time depend on it.
     recipe: StackRecipe = StackRecipe()

@@ -39,6 +39,8 @@ def plan_raw(
             raise InputError([(f"objective: --pareto trades time against cost; {rs.scenario.objective!r} is "
                               "neither (leave the objective out, or give cost or time)")])
         return pareto_front(req, raw)
+    if rs.workload.generates and "generation_gpus" not in rs.scenario.layout.model_fields_set:
+        return _best_placement(raw, req, source=source, base_dir=base_dir, explain_infeasible=explain_infeasible)
     outcome = search(req, time_limit_s=rs.scenario.time_limit_s, started=started)
     plans, rejected = checked(raw, assemble(req, raw, outcome))
     explanation = None
@@ -50,6 +52,45 @@ def plan_raw(
         explanation = {"steps": document_steps(req, raw, plans[0].model_dump())}
     return PlanResult(status=status, scenario=rs.name, objective=req.objective, plans=plans,
                       explanation=explanation, stats=outcome.stats, checker_rejected=rejected)
+
+
+#: GPUs a GRPO search tries for an engine served apart, beside colocating it on the training GPUs
+#: (those that ``generation_tp`` divides and that leave at least one GPU to train on).
+GENERATION_GPU_CHOICES = (1, 2, 4, 8, 16)
+
+#: How a plan's objective ranks it across engine placements (smaller first).
+_OBJECTIVE_KEY = {
+    "cost": lambda p: p.cost_usd, "time": lambda p: p.time_s, "hourly": lambda p: p.hourly_usd,
+    "gpus": lambda p: p.gpus + p.generation_gpus,
+}
+
+
+def _best_placement(raw: dict[str, Any], req: SearchRequest, *, source: str | None, base_dir: Path | None,
+                    explain_infeasible: bool) -> PlanResult:
+    """GRPO with the engine's placement left open: the search solved once per placement (colocated,
+    then each count of GPUs of its own), every answer checked, and the plans of all ranked together
+    by the objective. Each placement's search is exact, so the best of them is."""
+    lay = req.rs.layout
+    placements = [0, *(k for k in GENERATION_GPU_CHOICES if k % lay.generation_tp == 0 and k < req.max_gpus)]
+    results = []
+    for k in placements:
+        variant = {**raw, "layout": {**(raw.get("layout") or {}), "generation_gpus": k}}
+        results.append(plan_raw(variant, source=source, base_dir=base_dir,
+                                explain_infeasible=explain_infeasible and k == 0))
+    first = results[0]
+    key = _OBJECTIVE_KEY.get(first.objective)
+    ranked = [p for r in results for p in r.plans]
+    if key is not None:
+        ranked.sort(key=lambda p: (np.inf if key(p) is None else key(p)))
+    top = req.rs.scenario.top
+    plans = [p.model_copy(update={"rank": i}) for i, p in enumerate(ranked[:top], start=1)]
+    statuses = {r.status for r in results if r.plans}
+    # the weakest proof among the placements that found plans ("feasible" where a limit stopped one)
+    status = ("optimal" if statuses == {"optimal"} else min(statuses - {"optimal"})) if plans else first.status
+    stats = {**(first.stats or {}), "placements": float(len(placements))}
+    return PlanResult(status=status, scenario=first.scenario, objective=first.objective, plans=plans,
+                      explanation=first.explanation if not plans else None, stats=stats,
+                      checker_rejected=[line for r in results for line in r.checker_rejected])
 
 
 def checked(raw: dict[str, Any], plans: list[Plan]) -> tuple[list[Plan], list[str]]:

@@ -121,12 +121,13 @@ def _choice_problems(sc: Scenario, gpu: GpuSpec, p: dict[str, Any]) -> list[str]
     if allowed and gpu.id not in {catalog.get_gpu(n).id for n in allowed}:
         problems.append(f"gpu {gpu.id} is not among the allowed types")
     max_gpus = s.max_gpus or DEFAULT_MAX_GPUS
-    if p["gpus"] > max_gpus:
-        problems.append(f"gpus {p['gpus']} > max_gpus {max_gpus}")
+    used = p["gpus"] + p.get("generation_gpus", 0)  # training, and a GRPO engine served apart
+    if used > max_gpus:
+        problems.append(f"gpus {used} > max_gpus {max_gpus}")
     if cons.fleet:  # an empty fleet is no fleet, as the search reads it
         have = {catalog.get_gpu(k).id: v for k, v in cons.fleet.items()}.get(gpu.id, 0)
-        if p["gpus"] > have:
-            problems.append(f"fleet has {have} × {gpu.id}, plan uses {p['gpus']}")
+        if used > have:
+            problems.append(f"fleet has {have} × {gpu.id}, plan uses {used}")
     sequences = p["micro_batch"] * p["dp"] * p["grad_accum"]
     if p.get("global_batch") is not None and sequences != p["global_batch"]:
         problems.append("micro_batch·dp·grad_accum ≠ global_batch")
@@ -187,7 +188,7 @@ def _time_cost_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
     budget and deadline."""
     user, cons, gpu = sc.workload, sc.constraints, rs.gpu
     price = gpu.price_on_demand_usd_per_hour
-    billed = _billed_gpus(gpu, p["gpus"])
+    billed = _billed_gpus(gpu, p["gpus"] + p.get("generation_gpus", 0))
     hourly = billed * price if price is not None else None
     problems: list[str] = []
     if p.get("hourly_usd") is not None and (hourly is None or not math.isclose(p["hourly_usd"], hourly,

@@ -153,7 +153,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     mp = c["tp"] * c["pp"] * c["cp"]
     gpus = dp * mp
     node = table.gpus_per_node[g]
-    billed = billed_gpus(gpus, node, table.whole_node[g])
+    billed = billed_gpus(gpus + req.rs.layout.generation_gpus, node, table.whole_node[g])  # GRPO's served engine too
     host_exact = True
     if not memory:  # the caller fills memory in for the columns it keeps (planner.search.candidates)
         mem = host = np.full(np.shape(dp), -1, dtype=np.int64)

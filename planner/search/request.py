@@ -195,9 +195,6 @@ def build_request(rs: ResolvedScenario) -> SearchRequest:
     objective = sc.objective or ("cost" if wl.tokens is not None else "gpus")
     if wl.method == "inference":
         problems.append("workload.method: plan searches training layouts; use `planner estimate` for inference")
-    if wl.generates and sc.layout.generation_gpus:
-        problems.append("layout.generation_gpus: plan searches GRPO with its engine colocated on the training "
-                        "GPUs; `planner estimate` sizes an engine on GPUs of its own")
     if objective in ("cost", "time") and wl.tokens is None:
         problems.append(f"workload.tokens: required for objective {objective!r} (the job's token budget)")
     if (sc.constraints.budget_usd or sc.constraints.deadline_hours) and wl.tokens is None:
@@ -257,8 +254,9 @@ def _default_global_batch(rs: ResolvedScenario) -> int | None:
 
 
 def gpu_limit(req: SearchRequest, gpu: GpuSpec) -> int:
-    """The most GPUs of this type a plan may use: max_gpus, and the fleet's count."""
+    """The most GPUs of this type a plan may train on: max_gpus, and the fleet's count, less the
+    GPUs a GRPO engine served apart takes (of the same type)."""
     limit = req.max_gpus
     if req.fleet is not None:
         limit = min(limit, req.fleet.get(gpu.id, 0))
-    return limit
+    return limit - req.rs.layout.generation_gpus

@@ -68,8 +68,10 @@ class Plan(BaseModel):
     #: The recipe the plan was estimated and timed with: the loss's implementation, the kernels
     #: and torch.compile, from the scenario where it sets them, else from the stack.
     recipe: dict[str, Any] = {}
-    #: GRPO: where its completions are generated, in words (None for other algorithms).
+    #: GRPO: where its completions are generated, in words (None for other algorithms), and the
+    #: GPUs (of the plan's type, billed with it) an engine served apart takes beside ``gpus``.
     generation: str | None = None
+    generation_gpus: int = 0
     #: The scenario with this plan's decisions pinned (what `planner export` turns into configs).
     pinned_scenario: dict[str, Any] | None = None
 
@@ -202,7 +204,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             else Band(low=None, high=None),
             tokens_per_s=float(ev["tokens_per_s"]),
             relaxations=list(tier.relaxations),
-            generation=generation_text(rs_plan),
+            generation=generation_text(rs_plan), generation_gpus=rs_plan.layout.generation_gpus,
             recipe={k: getattr(rs_plan.recipe, k) for k in PLAN_RECIPE},
             pinned_scenario=pinned,
             **fields,
