@@ -5,6 +5,8 @@ independent checker, the stacks that run it, and the CLI."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from oracle_helpers import assert_search_matches_oracle
 from typer.testing import CliRunner
@@ -20,6 +22,9 @@ from planner.perf import flops, hardware, timing
 from planner.perf.arguments import step_arguments
 from planner.scenario.resolve import resolve
 from planner.search.answer import plan_raw
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def scenario(model="qwen2.5-7b", layout=None, **workload):
@@ -253,3 +258,35 @@ def test_a_grpo_plan_exports_trl_s_grpo_config():
     served = export_resolved(resolve(scenario(layout={"generation_gpus": 2})), formats=("hf",))
     assert json.loads(served.files["grpo_config.json"])["vllm_mode"] == "server"
     assert any("trl vllm-serve" in line for line in served.notes)
+
+
+def test_grpo_rows_are_read_with_their_engine():
+    """A measured GRPO row is read as GRPO: its completion length, group, engine placement, share
+    and TP reach the time model, a served engine's GPUs leave the training dp, and the row's
+    scenario (memory and verdicts) carries the same; a row without its completion length is not
+    guessed."""
+    from planner.validate import throughput as T
+    from planner.validate.cells import Unmodelable
+    from planner.validate.rows import scenario_of
+    from planner.validate.throughput_cases import case_of
+
+    base = next(r for r in T.read_rows(ROOT / "data" / "measured_throughput_h200_time.csv") if r["method"].strip() == "lora")
+    row = {**base, "algorithm": "grpo", "seq_len": "1536", "completion_len": "1024", "num_generations": "4",
+           "gpus": "8", "dp": "", "tp": "1", "pp": "1", "cp": "1", "generation_gpus": "2", "generation_tp": "2",
+           "generation_memory_fraction": "0.8", "reference": "model"}
+    x = case_of(row).x
+    assert (x["gen_completion_len"], x["gen_prompt_len"], x["gen_num_generations"]) == (1024, 512, 4)
+    assert (x["gen_gpus"], x["gen_tp"], x["gen_fraction"], x["reference_forward"]) == (2, 2, 0.8, 1)
+    assert x["dp"] == 6  # 8 GPUs, 2 of them serving the engine
+    assert case_of(base).x["gen_completion_len"] == 0  # a supervised row generates nothing
+    with pytest.raises(Unmodelable, match="completion_len"):
+        case_of({**row, "completion_len": ""})
+    import csv
+
+    with open(ROOT / "data" / "measured_posttrain_memory.csv", newline="") as f:
+        mem_base = next(r for r in csv.DictReader(f) if r["id"] == "3603")  # LoRA DPO on one GPU
+    mem_row = {**mem_base, "algorithm": "grpo", "seq_len": "1536", "completion_len": "1024", "num_generations": "8",
+               "generation_gpus": "0", "generation_memory_fraction": "0.4", "reference": "none"}
+    sc = scenario_of(mem_row)
+    assert sc["workload"]["algorithm"] == "grpo" and sc["workload"]["completion_len"] == 1024
+    assert sc["layout"]["generation_gpus"] == 0 and sc["layout"]["generation_memory_fraction"] == 0.4

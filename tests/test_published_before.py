@@ -112,8 +112,9 @@ def test_one_tensor_at_a_time_adamw_explains_the_7b_peak():
 
 
 def test_an_algorithm_the_planner_does_not_model_is_not_read_as_supervised():
-    """Post-training rows of GRPO, PPO, KTO or SimPO runs stay unpredicted (no before value is
-    recorded for them) until their algorithm is modelled; DPO rows are predicted."""
+    """Post-training rows of PPO, KTO or SimPO runs stay unpredicted (no before value is recorded
+    for them) until their algorithm is modelled; DPO rows are predicted; a GRPO row is read once it
+    states its completion length (this file's does not yet)."""
     from planner.validate.cells import Unmodelable
     from planner.validate.rows import scenario_of
 
@@ -125,7 +126,7 @@ def test_an_algorithm_the_planner_does_not_model_is_not_read_as_supervised():
             assert scenario_of(r)["workload"]["algorithm"] == "dpo"
             assert r[MEMORY_COLUMN]
         else:
-            with pytest.raises(Unmodelable, match="algorithm"):
+            with pytest.raises(Unmodelable, match="completion_len" if r["algorithm"] == "grpo" else "algorithm"):
                 scenario_of(r)
             assert not r[MEMORY_COLUMN]
 

@@ -349,6 +349,33 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
     return wl, rec
 
 
+def grpo_workload(row: dict[str, str]) -> dict[str, Any]:
+    """A GRPO row's workload keys: completions per prompt, the completion's length (``seq_len``
+    counts prompt + completion), the global batch in completions and the reference (``model``
+    where beta > 0; blank: TRL's beta 0)."""
+    out: dict[str, Any] = {"algorithm": "grpo"}
+    for key in ("num_generations", "completion_len", "global_batch"):
+        if num(row, key) is not None:
+            out[key] = int(num(row, key))
+    if "completion_len" not in out:
+        raise Unmodelable("completion_len: a GRPO row needs its completion length")
+    reference = cell(row, "reference")
+    if reference:
+        if reference not in ("model", "none"):
+            raise Unmodelable(f"reference {reference!r}: model (beta > 0) or none")
+        out["reference"] = reference
+    return out
+
+
+def grpo_engine(row: dict[str, str]) -> dict[str, Any]:
+    """A GRPO row's engine: GPUs of its own (0: colocated), its memory share and tensor parallelism."""
+    out: dict[str, Any] = {}
+    for key, kind in (("generation_gpus", int), ("generation_memory_fraction", float), ("generation_tp", int)):
+        if num(row, key) is not None:
+            out[key] = kind(num(row, key))
+    return out
+
+
 def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
     t = text_of(row)
@@ -361,9 +388,13 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
             if reference not in ("model", "precomputed", "none"):
                 raise Unmodelable(f"reference {reference!r}: model, precomputed or none")
             wl["reference"] = reference
-    elif algorithm not in ("", "sft"):  # GRPO, PPO, KTO, ...: not read as supervised steps
-        raise Unmodelable(f"algorithm {algorithm!r}: only sft and dpo steps are modelled")
+    elif algorithm == "grpo":
+        wl.update(grpo_workload(row))
+    elif algorithm not in ("", "sft"):  # PPO, KTO, ...: not read as supervised steps
+        raise Unmodelable(f"algorithm {algorithm!r}: only sft, dpo and grpo steps are modelled")
     lay = layout(row)
+    if algorithm == "grpo":
+        lay.update(grpo_engine(row))
     rec.update(sharding_recipe(t, row, lay["zero"], wl.get("grad_accum", 1)))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
             "workload": wl, "layout": lay, "recipe": rec}

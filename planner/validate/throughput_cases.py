@@ -198,6 +198,32 @@ def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
     return float(exact_lora_params(model, rank, targets))
 
 
+#: The generation arguments of a row that generates nothing (every row carries the same keys, so
+#: rows stack into arrays): no completions, and harmless sizes.
+NO_GENERATION = {"gen_completion_len": 0, "gen_prompt_len": 1, "gen_num_generations": 1, "gen_tp": 1, "gen_gpus": 0,
+                 "gen_fraction": 0.3, "gen_weight_bytes": 1.0, "gen_kv_bytes_per_token": 1.0, "reference_forward": 0}
+
+
+def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, Any]:
+    """A GRPO row's generation arguments (planner.perf.timing.generation_s): its completions (at
+    the length the row gives: a mean where the source states one), the group, the engine's GPUs
+    (0: colocated), share and tensor parallelism; the reference forward where beta > 0."""
+    from planner.core.specs import COLOCATED_ENGINE_FRACTION, SERVED_ENGINE_FRACTION
+    from planner.memory.generation import engine_weight_bytes, kv_bytes_per_token
+
+    completion = lenient_num(row, "completion_len")
+    if completion is None or completion >= seq:
+        raise Unmodelable("completion_len: a GRPO row needs a completion shorter than seq_len")
+    served = int(lenient_num(row, "generation_gpus", 0))
+    fraction = lenient_num(row, "generation_memory_fraction",
+                           SERVED_ENGINE_FRACTION if served else COLOCATED_ENGINE_FRACTION)
+    return {"gen_completion_len": int(completion), "gen_prompt_len": int(seq - completion),
+            "gen_num_generations": int(lenient_num(row, "num_generations", 8)),
+            "gen_tp": int(lenient_num(row, "generation_tp", 1)), "gen_gpus": served, "gen_fraction": fraction,
+            "gen_weight_bytes": engine_weight_bytes(model), "gen_kv_bytes_per_token": kv_bytes_per_token(model),
+            "reference_forward": int(row.get("reference", "").strip().lower() == "model")}
+
+
 def case_of(row: dict[str, str]) -> ThroughputCase:
     """The time model's arguments a row describes (raises :class:`Unmodelable`)."""
     method = row["method"].strip().lower()
@@ -212,7 +238,9 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     notes = row.get("notes", "")
     tp, pp, cp = (int(lenient_num(row, k, 1)) for k in ("tp", "pp", "cp"))
     gpus = int(lenient_num(row, "gpus", 1))
-    dp = int(lenient_num(row, "dp", gpus // (tp * pp * cp)))
+    grpo = row.get("algorithm", "").strip().lower() == "grpo"
+    served = int(lenient_num(row, "generation_gpus", 0)) if grpo else 0  # an engine's own GPUs, among gpus
+    dp = int(lenient_num(row, "dp", (gpus - served) // (tp * pp * cp)))
     ep_found = re.search(r"\bEP\s*=\s*(\d+)", notes)
     ep = int(ep_found.group(1)) if ep_found and model.moe is not None else 1
     seq, mb = int(lenient_num(row, "seq_len")), int(lenient_num(row, "micro_batch", 1))
@@ -239,6 +267,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "optimizer_bytes": optimizer_bytes_of(row),
              "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
              "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
+    x.update(_generation(row, model, seq) if grpo else NO_GENERATION)
     node = int(lenient_num(row, "gpus_per_node", gpu.gpus_per_node) or gpu.gpus_per_node)
     measured = lenient_num(row, "tokens_per_s_per_gpu")
     if measured is None or measured <= 0:
