@@ -23,7 +23,6 @@ from planner.perf.arguments import step_arguments
 from planner.scenario.resolve import resolve
 from planner.search.answer import plan_raw
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
