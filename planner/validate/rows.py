@@ -328,6 +328,9 @@ def _loss(row: dict[str, str]) -> dict[str, Any]:
 
 def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The row's workload, and the recipe keys of its step (those of its sharding aside)."""
+    for key in ("seq_len", "micro_batch"):
+        if num(row, key) is None:
+            raise Unmodelable(f"{key}: not stated")
     wl: dict[str, Any] = {"method": t.method, "seq_len": int(num(row, "seq_len")),
                           "micro_batch": int(num(row, "micro_batch")), **_precision_and_optimizer(t, row)}
     rec = _step_recipe(t, row)
