@@ -289,3 +289,18 @@ def test_grpo_rows_are_read_with_their_engine():
     sc = scenario_of(mem_row)
     assert sc["workload"]["algorithm"] == "grpo" and sc["workload"]["completion_len"] == 1024
     assert sc["layout"]["generation_gpus"] == 0 and sc["layout"]["generation_memory_fraction"] == 0.4
+
+
+def test_a_batch_ends_with_its_longest_completion():
+    """Measured runs give the mean completion and the cap apart: decoding takes at least the
+    cap's steps (the batch waits for its longest sequence), while the tokens trained on are the
+    mean's; a plan gives the cap alone and is timed at it."""
+    rs = resolve(scenario())
+    mf, perf = flops.model_flops(rs.model), hardware.GpuPerf.of(rs.gpu)
+    x = _x(rs)
+    at_cap = float(timing.generation_s(mf, perf, timing.FITTED, x))
+    mean = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_completion_len": 256,
+                                                               "gen_completion_cap": 1024}))
+    shorter = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_completion_len": 256}))
+    assert shorter < mean < at_cap  # the cap's steps, each over a lighter KV cache
+    assert mean > 3.5 * shorter

@@ -327,15 +327,18 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
 
     - prefills each prompt once (its ``num_generations`` samples share it): 2·N_active FLOPs per
       prompt token at the GEMMs' rate;
-    - decodes ``gen_completion_len`` tokens in waves of at most :data:`VLLM_MAX_NUM_SEQS`
-      sequences, or as many full sequences as its KV cache holds: each step reads the 16-bit
+    - decodes ``gen_completion_len`` tokens per sequence in waves of at most
+      :data:`VLLM_MAX_NUM_SEQS` sequences, or as many full sequences as its KV cache holds, and
+      never in fewer steps than the longest completion (``gen_completion_cap``, default the
+      length itself: a batch ends with its longest sequence): each step reads the 16-bit
       weights and the batch's KV cache (the prompt and half the completion on average) at the
       memory bandwidth, or computes 2·N_active FLOPs per sequence if that takes longer, plus
       :data:`DECODE_STEP_HOST_S` of scheduling;
     - loads the policy's weights first: a copy in the GPU's memory when colocated, a broadcast
       over the network to an engine served apart.
 
-    Completions are counted at their cap: runs whose completions stop early generate faster.
+    Plans give one length, the cap: runs whose completions stop early generate faster. Measured runs
+    give the mean generated (``gen_completion_len``) and the cap apart.
     The engine's tensor-parallel all-reduces are not counted."""
     completion = np.asarray(x.get("gen_completion_len", 0), dtype=float)
     if not np.any(completion > 0):
@@ -355,11 +358,13 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
     batch = np.clip(np.minimum(np.minimum(sequences, VLLM_MAX_NUM_SEQS),
                                np.floor(kv_tokens / np.maximum(prompt + completion, 1.0))), 1.0, None)
     waves = np.ceil(sequences / batch)
+    cap = np.asarray(x.get("gen_completion_cap", completion), dtype=float)
+    decode_steps = np.maximum(cap, waves * completion)
     prefill = 2.0 * mf.active_params * prompt * prompts / rate
     read = (weights + batch * (prompt + completion / 2.0) * kv_token) / bandwidth
     step = np.maximum(read, 2.0 * mf.active_params * batch / rate) + DECODE_STEP_HOST_S
     load = np.where(served > 0, weights / perf.inter_bps, 2.0 * weights / bandwidth)
-    return np.where(completion > 0, load + prefill + waves * completion * step, 0.0)
+    return np.where(completion > 0, load + prefill + decode_steps * step, 0.0)
 
 
 def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> tuple[Any, Any]:

@@ -200,7 +200,7 @@ def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
 
 #: The generation arguments of a row that generates nothing (every row carries the same keys, so
 #: rows stack into arrays): no completions, and harmless sizes.
-NO_GENERATION = {"gen_completion_len": 0, "gen_prompt_len": 1, "gen_num_generations": 1, "gen_tp": 1, "gen_gpus": 0,
+NO_GENERATION = {"gen_completion_len": 0, "gen_completion_cap": 0, "gen_prompt_len": 1, "gen_num_generations": 1, "gen_tp": 1, "gen_gpus": 0,
                  "gen_fraction": 0.3, "gen_weight_bytes": 1.0, "gen_kv_bytes_per_token": 1.0, "reference_forward": 0}
 
 
@@ -214,10 +214,12 @@ def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, An
     completion = lenient_num(row, "completion_len")
     if completion is None or completion >= seq:
         raise Unmodelable("completion_len: a GRPO row needs a completion shorter than seq_len")
+    prompt = int(lenient_num(row, "prompt_len", seq - completion))  # seq_len: prompt + completion, capped
     served = int(lenient_num(row, "generation_gpus", 0))
     fraction = lenient_num(row, "generation_memory_fraction",
                            SERVED_ENGINE_FRACTION if served else COLOCATED_ENGINE_FRACTION)
-    return {"gen_completion_len": int(completion), "gen_prompt_len": int(seq - completion),
+    return {"gen_completion_len": int(completion), "gen_prompt_len": prompt,
+            "gen_completion_cap": max(int(completion), seq - prompt),
             "gen_num_generations": int(lenient_num(row, "num_generations", 8)),
             "gen_tp": int(lenient_num(row, "generation_tp", 1)), "gen_gpus": served, "gen_fraction": fraction,
             "gen_weight_bytes": engine_weight_bytes(model), "gen_kv_bytes_per_token": kv_bytes_per_token(model),
@@ -267,7 +269,14 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "optimizer_bytes": optimizer_bytes_of(row),
              "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
              "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
-    x.update(_generation(row, model, seq) if grpo else NO_GENERATION)
+    if grpo:
+        gen = _generation(row, model, seq)
+        # trained on the tokens generated (prompt + completion as the row gives them: a mean where
+        # it states one), the cap only bounding the longest completion
+        seq = gen["gen_prompt_len"] + gen["gen_completion_len"]
+        x.update(gen, seq_len=seq)
+    else:
+        x.update(NO_GENERATION)
     node = int(lenient_num(row, "gpus_per_node", gpu.gpus_per_node) or gpu.gpus_per_node)
     measured = lenient_num(row, "tokens_per_s_per_gpu")
     if measured is None or measured <= 0:
