@@ -304,3 +304,27 @@ def test_a_batch_ends_with_its_longest_completion():
     shorter = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_completion_len": 256}))
     assert shorter < mean < at_cap  # the cap's steps, each over a lighter KV cache
     assert mean > 3.5 * shorter
+
+
+def test_phases_that_take_turns_leave_each_the_card():
+    """An engine asleep while the step trains, with the trainer's states in host memory while it
+    generates (verl, NeMo RL colocated), takes nothing from the step; asleep beside states that
+    stay, its share still counts. Each step then moves the engine's weights (and the trainer's
+    states) out and back over PCIe."""
+    plain = estimate_resolved(resolve(scenario()))
+    turns = estimate_resolved(resolve({**scenario(), "recipe": {"generation_sleep": True, "rollout_offload": True}}))
+    asleep = estimate_resolved(resolve({**scenario(), "recipe": {"generation_sleep": True}}))
+    cap = get_gpu("h100").memory_bytes
+    assert turns.usable_bytes == usable_bytes(cap, "detailed") > plain.usable_bytes == asleep.usable_bytes
+    assert turns.total_bytes == plain.total_bytes
+    rs = resolve(scenario())
+    mf, perf = flops.model_flops(rs.model), hardware.GpuPerf.of(rs.gpu)
+    x = _x(rs)
+    base = float(timing.generation_s(mf, perf, timing.FITTED, x))
+    slept = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_sleep": 1}))
+    pcie = timing.PCIE_HOST_GBPS * 1e9
+    assert slept - base == pytest.approx(2 * x["gen_weight_bytes"] / pcie, rel=1e-9)
+    offloaded = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_sleep": 1, "gen_rollout_offload": 1}))
+    # LoRA on one GPU per replica: the 16-bit base and the adapters' FP32 master and moments
+    states = mf.params * x.get("weight_bytes", 2.0) + x["n_lora"] * timing.ROLLOUT_STATE_BYTES_PER_PARAM
+    assert offloaded - slept == pytest.approx(2 * states / pcie, rel=1e-6)

@@ -253,6 +253,16 @@ class Recipe(StrictModel):
     #: one expert's tokens at a time, each output added into the result by ``index_add_``,
     #: which keeps it.
     moe_experts: Literal["grouped", "loop"] = "grouped"
+    #: GRPO: the engine sleeps while the step trains (vLLM sleep mode: TRL
+    #: ``vllm_enable_sleep_mode``, verl ``free_cache_engine``, ms-swift ``sleep_level``, NeMo RL
+    #: colocated): its weights go to host memory, its KV cache is dropped, and both come back for
+    #: the next generation.
+    generation_sleep: bool = False
+    #: GRPO: the trainer's weights and optimizer states go to host memory while the engine
+    #: generates (verl ``param_offload``/``optimizer_offload``, ms-swift ``offload_model``/
+    #: ``offload_optimizer``, NeMo RL's offload after the refit). With the engine asleep while the
+    #: step trains, each phase then has the card to itself.
+    rollout_offload: bool = False
     # How its ZeRO/FSDP implementation and release shard, accumulate, check and free.
     unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
     full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once

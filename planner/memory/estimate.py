@@ -172,7 +172,7 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
     reserve = rs.overrides.reserve
     capacity = usable = headroom = None
     fits = tight = None
-    share = engine_share(rs.workload, rs.layout)
+    share = engine_share(rs.workload, rs.layout, rs.recipe)
     if rs.gpu is not None:
         capacity = rs.gpu.memory_bytes
         usable = usable_bytes(capacity, rs.profile, reserve, share)
@@ -208,7 +208,7 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         fits=fits,
         host_bytes=mem.host_bytes,
         assumptions=list(mem.assumptions) + dpo_notes(rs.workload)
-        + generation_notes(rs.model, rs.workload, rs.layout, capacity),
+        + generation_notes(rs.model, rs.workload, rs.layout, rs.recipe, capacity),
         warnings=list(rs.warnings),
         predicted=mem.predicted,
         error_band=mem.error_band,

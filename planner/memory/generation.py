@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from planner.core.arch import total_params
 from planner.core.entries import ModelSpec
-from planner.core.specs import Layout, Workload
+from planner.core.specs import Layout, Recipe, Workload
 
 #: Bytes per weight and per cached key or value element in the engine: vLLM serves the policy in
 #: its 16-bit dtype (TRL loads the policy's weights, LoRA merged, each step).
@@ -37,10 +37,13 @@ def engine_weight_bytes(model: ModelSpec) -> float:
     return float(total_params(model)) * ENGINE_BYTES_PER_ELEMENT
 
 
-def engine_share(wl: Workload, lay: Layout) -> float:
-    """The share of each training GPU a colocated engine takes: 0 without generation or with the
-    engine on GPUs of its own."""
-    if not wl.generates or lay.generation_gpus:
+def engine_share(wl: Workload, lay: Layout, recipe: Recipe) -> float:
+    """The share of each training GPU a colocated engine takes from the step: 0 without generation,
+    with the engine on GPUs of its own, or where the phases take turns (the engine asleep while
+    the step trains, the trainer's states in host memory while it generates). An engine asleep
+    beside states that stay keeps its share counted: the states must fit beside it while it
+    generates, which the step's own peak bounds from above."""
+    if not wl.generates or lay.generation_gpus or (recipe.generation_sleep and recipe.rollout_offload):
         return 0.0
     return lay.engine_memory_fraction
 
@@ -66,12 +69,18 @@ def engine_fits(model: ModelSpec, wl: Workload, lay: Layout, capacity_bytes: int
     return not wl.generates or engine_need_bytes(model, wl) <= engine_budget_bytes(capacity_bytes, lay)
 
 
-def generation_notes(model: ModelSpec, wl: Workload, lay: Layout, capacity_bytes: int | None) -> list[str]:
+def generation_notes(model: ModelSpec, wl: Workload, lay: Layout, recipe: Recipe,
+                     capacity_bytes: int | None) -> list[str]:
     """What a GRPO estimate assumes of its engine, in words (none without generation)."""
     if not wl.generates:
         return []
-    where = (f"colocated on the training GPUs, {lay.engine_memory_fraction:.0%} of each held through the step "
-             "(TRL vllm_mode colocate, no sleep mode)" if not lay.generation_gpus else
+    turns = recipe.generation_sleep and recipe.rollout_offload
+    where = (f"colocated on the training GPUs at {lay.engine_memory_fraction:.0%} of each, "
+             + ("asleep while the step trains and the trainer's states in host memory while it generates: "
+                "each phase has the card" if turns else
+                "held through the step (TRL vllm_mode colocate, no sleep mode)" if not recipe.generation_sleep else
+                "asleep while the step trains, its share still counted: the trainer's states stay beside it "
+                "while it generates") if not lay.generation_gpus else
              f"on {lay.generation_gpus} GPUs of its own at {lay.engine_memory_fraction:.0%} (TRL server mode); "
              "the training GPUs carry no engine")
     ref = ("a reference model (beta > 0), run forward on every completion" if wl.reference == "model"

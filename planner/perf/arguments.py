@@ -56,7 +56,8 @@ def generation_arguments(rs: ResolvedScenario) -> dict[str, Any]:
     return {"gen_completion_len": wl.completion_len, "gen_prompt_len": wl.prompt_len,
             "gen_num_generations": wl.num_generations, "gen_tp": lay.generation_tp,
             "gen_gpus": lay.generation_gpus, "gen_fraction": lay.engine_memory_fraction,
-            "gen_weight_bytes": engine_weight_bytes(rs.model), "gen_kv_bytes_per_token": kv_bytes_per_token(rs.model)}
+            "gen_weight_bytes": engine_weight_bytes(rs.model), "gen_kv_bytes_per_token": kv_bytes_per_token(rs.model),
+            "gen_sleep": int(rs.recipe.generation_sleep), "gen_rollout_offload": int(rs.recipe.rollout_offload)}
 
 
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,

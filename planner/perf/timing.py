@@ -148,6 +148,9 @@ BACKWARD_SHARE = 2.0 / 3.0
 #: initialisation on 2,048 GPUs before its optimisations; cloud VM boot + image pull + a
 #: checkpoint load of tens of GB take several minutes on their own. A stated guess, not fitted.
 JOB_STARTUP_S = 900.0
+#: Bytes per trainable parameter a rollout offload moves besides the weights: the FP32 master
+#: copy and Adam's two FP32 moments.
+ROLLOUT_STATE_BYTES_PER_PARAM = 12.0
 #: vLLM's default cap on the sequences one engine decodes together (``max_num_seqs``, 256).
 VLLM_MAX_NUM_SEQS = 256
 #: Host time per decode step of a vLLM engine (scheduling, sampling, detokenising, with CUDA
@@ -335,7 +338,11 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
       memory bandwidth, or computes 2·N_active FLOPs per sequence if that takes longer, plus
       :data:`DECODE_STEP_HOST_S` of scheduling;
     - loads the policy's weights first: a copy in the GPU's memory when colocated, a broadcast
-      over the network to an engine served apart.
+      over the network to an engine served apart;
+    - where the engine sleeps while the step trains (``gen_sleep``), moves its weights to host
+      memory and back over PCIe each step, and where the trainer's states leave for generation
+      (``gen_rollout_offload``), moves them (the weights and, for trainable parameters, the
+      FP32 master and Adam moments) out and back too.
 
     Plans give one length, the cap: runs whose completions stop early generate faster. Measured runs
     give the mean generated (``gen_completion_len``) and the cap apart.
@@ -364,7 +371,13 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
     read = (weights + batch * (prompt + completion / 2.0) * kv_token) / bandwidth
     step = np.maximum(read, 2.0 * mf.active_params * batch / rate) + DECODE_STEP_HOST_S
     load = np.where(served > 0, weights / perf.inter_bps, 2.0 * weights / bandwidth)
-    return np.where(completion > 0, load + prefill + decode_steps * step, 0.0)
+    pcie = PCIE_HOST_GBPS * 1e9
+    swap = np.where(np.asarray(x.get("gen_sleep", 0)) > 0, 2.0 * weights / gtp / pcie, 0.0)
+    _, _, weight_gpu, shard = _parameters_on_gpu(mf, x)
+    states = np.where(np.asarray(x["zero"]) >= 3, weight_gpu / np.maximum(zero_degree(x["dp"], x["cp"]), 1), weight_gpu)
+    states = states + shard * ROLLOUT_STATE_BYTES_PER_PARAM
+    swap = swap + np.where(np.asarray(x.get("gen_rollout_offload", 0)) > 0, 2.0 * states / pcie, 0.0)
+    return np.where(completion > 0, load + prefill + decode_steps * step + swap, 0.0)
 
 
 def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> tuple[Any, Any]:
@@ -458,19 +471,26 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     return tp_comm, pp_comm, cp_comm, ep_comm
 
 
+def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """This GPU's parameters (expert parallelism shards the routed experts over ep ranks), the
+    trainable ones among them, the bytes of its stored weights (divided by TP and PP) and its
+    shard of the trainable parameters (divided further by the ZeRO degree from stage 1)."""
+    method, tp, pp, zero = x["method"], x["tp"], x["pp"], x["zero"]
+    local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(x.get("ep", 1), 1))
+    trainable = np.where(method == FULL, local, x.get("n_lora", 0.0) + x.get("n_saved", 0.0))
+    weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
+    shard = trainable / (tp * pp * np.where(zero >= 1, np.maximum(zero_degree(x["dp"], x["cp"]), 1), 1))
+    return local, trainable, weight_bytes, shard
+
+
 def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], compute: Any,
                                    node: Any) -> tuple[Any, Any, Any, Any]:
     """Data-parallel traffic not hidden behind compute, the optimizer step and offload."""
-    method, ga = x["method"], x["grad_accum"]
+    ga = x["grad_accum"]
     tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
-    n_lora = x.get("n_lora", 0.0)
-    ep = x.get("ep", 1)
     d = zero_degree(dp, cp)
-    # Parameters on this GPU: expert parallelism shards the routed experts over ep ranks.
-    local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(ep, 1))
-    trainable = np.where(method == FULL, local, n_lora + x.get("n_saved", 0.0))
+    _, trainable, weight_bytes, shard = _parameters_on_gpu(mf, x)
     grad_bytes = trainable * 2.0 / (tp * pp)
-    weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
 
     def dp_collective(n_bytes: Any, factor: float) -> Any:
         return group_collective_s(n_bytes, d, tp, node, perf.intra_bps, perf.inter_bps, factor)
@@ -480,7 +500,6 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
     zero3 = ga * exposed_s(per_mb, compute)
     dp_comm = np.where(zero >= 3, zero3, allreduce)
 
-    shard = trainable / (tp * pp * np.where(zero >= 1, np.maximum(d, 1), 1))
     opt_bytes = x.get("optimizer_bytes", OPTIMIZER_BYTES_PER_PARAM)
     optimizer = 0.0 if x.get("intra_only") else shard * opt_bytes / perf.memory_bps
     # An AdamW stepping one tensor at a time waits on its launches where they outlast the traffic.

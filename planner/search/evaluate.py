@@ -39,7 +39,7 @@ class GpuTable:
 def gpu_table(req: SearchRequest) -> GpuTable:
     reserve = req.rs.overrides.reserve
     rs = req.rs
-    share = engine_share(rs.workload, rs.layout)
+    share = engine_share(rs.workload, rs.layout, rs.recipe)
 
     def usable(g) -> int:
         """What a plan's step may hold on this card: none where a colocated engine cannot start."""

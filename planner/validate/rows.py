@@ -398,6 +398,7 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     lay = layout(row)
     if algorithm == "grpo":
         lay.update(grpo_engine(row))
+        rec.update(generation_sleep=yes(row, "generation_sleep"), rollout_offload=yes(row, "param_offload_rollout"))
     rec.update(sharding_recipe(t, row, lay["zero"], wl.get("grad_accum", 1)))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
             "workload": wl, "layout": lay, "recipe": rec}

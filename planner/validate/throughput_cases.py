@@ -201,7 +201,8 @@ def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
 #: The generation arguments of a row that generates nothing (every row carries the same keys, so
 #: rows stack into arrays): no completions, and harmless sizes.
 NO_GENERATION = {"gen_completion_len": 0, "gen_completion_cap": 0, "gen_prompt_len": 1, "gen_num_generations": 1, "gen_tp": 1, "gen_gpus": 0,
-                 "gen_fraction": 0.3, "gen_weight_bytes": 1.0, "gen_kv_bytes_per_token": 1.0, "reference_forward": 0}
+                 "gen_fraction": 0.3, "gen_weight_bytes": 1.0, "gen_kv_bytes_per_token": 1.0, "reference_forward": 0,
+                 "gen_sleep": 0, "gen_rollout_offload": 0}
 
 
 def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, Any]:
@@ -223,7 +224,9 @@ def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, An
             "gen_num_generations": int(lenient_num(row, "num_generations", 8)),
             "gen_tp": int(lenient_num(row, "generation_tp", 1)), "gen_gpus": served, "gen_fraction": fraction,
             "gen_weight_bytes": engine_weight_bytes(model), "gen_kv_bytes_per_token": kv_bytes_per_token(model),
-            "reference_forward": int(row.get("reference", "").strip().lower() == "model")}
+            "reference_forward": int(row.get("reference", "").strip().lower() == "model"),
+            "gen_sleep": int(row.get("generation_sleep", "").strip().lower() == "yes"),
+            "gen_rollout_offload": int(row.get("param_offload_rollout", "").strip().lower() == "yes")}
 
 
 def case_of(row: dict[str, str]) -> ThroughputCase:
