@@ -128,7 +128,9 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
            + ("; time includes the reference forward)" if wl.get("reference", "model") == "model" else ")")
            if wl.get("algorithm") == "dpo" else "")
     if result.plans and result.plans[0].generation:
-        dpo = f" (GRPO: mb counts completions; generation: {result.plans[0].generation})"
+        placements = {p.generation for p in result.plans}
+        where = result.plans[0].generation if len(placements) == 1 else "vLLM, colocated unless a plan shows + N gen GPUs"
+        dpo = f" (GRPO: mb counts completions; generation: {where})"
     table = Table(header_style="bold", title=f"{result.scenario}: {len(result.plans)} plans, "
                   f"objective {result.objective}, {status_words(result)}{dpo}")
     for col in ("#", "stack", "GPU × n", "dp·tp·pp·cp", "zero/offload", "mb×ga", "ckpt/attn", "method/seq",
@@ -141,7 +143,8 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
         t = _band(p.time_s, p.time_s_band.low, p.time_s_band.high, lambda v, unit=unit: _duration(v, unit))
         table.add_row(
             str(p.rank), p.stack + (f" ({recipe_text(p.recipe)})" if recipe_text(p.recipe) else ""),
-            f"{p.gpu} × {p.gpus}", f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
+            f"{p.gpu} × {p.gpus}" + (f" + {p.generation_gpus} gen" if p.generation_gpus else ""),
+            f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
             f"{p.zero}/{p.offload}", f"{p.micro_batch}×{p.grad_accum}", f"{p.checkpointing}/{p.attention}",
             f"{p.method}/{p.seq_len}" + (" *" if p.relaxations else ""),
             format_bytes(mem["total_bytes"], gib=gib),
