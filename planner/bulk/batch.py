@@ -36,8 +36,8 @@ from planner.search.answer import absolute_model_path
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 COLUMNS = [
-    "file", "scenario", "status", "rank", "gpu", "gpus", "nodes", "dp", "tp", "pp", "cp", "sp", "zero",
-    "offload", "micro_batch", "grad_accum", "global_batch", "seq_len", "method", "precision",
+    "file", "scenario", "status", "rank", "gpu", "gpus", "generation_gpus", "nodes", "dp", "tp", "pp",
+    "cp", "sp", "zero", "offload", "micro_batch", "grad_accum", "global_batch", "seq_len", "method", "precision",
     "checkpointing", "attention", "memory_bytes", "usable_bytes", "headroom_bytes", "time_s",
     "cost_usd", "hourly_usd", "tokens_per_s", "price_date", "price_stale", "relaxations", "error",
     "seconds", "memory_components",

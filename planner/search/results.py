@@ -85,8 +85,8 @@ class Plan(BaseModel):
 
 
 #: The plan's own fields of :meth:`Plan.row` (and of ``planner batch``'s records).
-ROW_FIELDS = ("dp", "tp", "pp", "cp", "sp", "zero", "offload", "micro_batch", "grad_accum", "global_batch",
-              "seq_len", "method", "precision", "checkpointing", "attention", "time_s", "cost_usd", "hourly_usd",
+ROW_FIELDS = ("generation_gpus", "dp", "tp", "pp", "cp", "sp", "zero", "offload", "micro_batch", "grad_accum",
+              "global_batch", "seq_len", "method", "precision", "checkpointing", "attention", "time_s", "cost_usd", "hourly_usd",
               "tokens_per_s")
 
 
