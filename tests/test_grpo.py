@@ -5,6 +5,7 @@ independent checker, the stacks that run it, and the CLI."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,15 @@ def test_phases_that_take_turns_leave_each_the_card():
     # LoRA on one GPU per replica: the 16-bit base and the adapters' FP32 master and moments
     states = mf.params * x.get("weight_bytes", 2.0) + x["n_lora"] * timing.ROLLOUT_STATE_BYTES_PER_PARAM
     assert offloaded - slept == pytest.approx(2 * states / pcie, rel=1e-6)
+
+
+def test_the_time_cost_front_spans_every_placement():
+    """--pareto with the placement open: the fronts of every placement merged, no plan beaten by
+    another on both time and cost, the cheapest plan of any placement on it."""
+    front = plan_raw(GRPO_PLAN, pareto=True)
+    assert front.objective == "pareto" and front.plans and not front.checker_rejected
+    pts = [(p.time_s, p.cost_usd) for p in front.plans]
+    assert pts == sorted(pts)
+    assert all(b[1] < a[1] for a, b in itertools.pairwise(pts))  # faster costs more along it
+    cheapest = plan_raw({**GRPO_PLAN, "top": 1}).plans[0]
+    assert min(c for _, c in pts) == pytest.approx(cheapest.cost_usd)

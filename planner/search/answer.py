@@ -32,6 +32,9 @@ def plan_raw(
         raw = absolute_model_path(raw, base_dir)  # plans are re-checked from elsewhere
     rs = resolve(raw, source=source, base_dir=base_dir)
     req = build_request(rs)
+    if rs.workload.generates and "generation_gpus" not in rs.scenario.layout.model_fields_set:
+        return _best_placement(raw, req, source=source, base_dir=base_dir, explain_infeasible=explain_infeasible,
+                               pareto=pareto)
     if pareto:
         if rs.scenario.objective is not None and rs.scenario.objective not in ("cost", "time"):
             from planner.core.errors import InputError
@@ -39,8 +42,6 @@ def plan_raw(
             raise InputError([(f"objective: --pareto trades time against cost; {rs.scenario.objective!r} is "
                               "neither (leave the objective out, or give cost or time)")])
         return pareto_front(req, raw)
-    if rs.workload.generates and "generation_gpus" not in rs.scenario.layout.model_fields_set:
-        return _best_placement(raw, req, source=source, base_dir=base_dir, explain_infeasible=explain_infeasible)
     outcome = search(req, time_limit_s=rs.scenario.time_limit_s, started=started)
     plans, rejected = checked(raw, assemble(req, raw, outcome))
     explanation = None
@@ -66,18 +67,21 @@ _OBJECTIVE_KEY = {
 
 
 def _best_placement(raw: dict[str, Any], req: SearchRequest, *, source: str | None, base_dir: Path | None,
-                    explain_infeasible: bool) -> PlanResult:
+                    explain_infeasible: bool, pareto: bool = False) -> PlanResult:
     """GRPO with the engine's placement left open: the search solved once per placement (colocated,
     then each count of GPUs of its own), every answer checked, and the plans of all ranked together
-    by the objective. Each placement's search is exact, so the best of them is."""
+    by the objective (or, for ``pareto``, the fronts merged into one). Each placement's search is
+    exact, so the best of them is."""
     lay = req.rs.layout
     placements = [0, *(k for k in GENERATION_GPU_CHOICES if k % lay.generation_tp == 0 and k < req.max_gpus)]
     results = []
     for k in placements:
         variant = {**raw, "layout": {**(raw.get("layout") or {}), "generation_gpus": k}}
-        results.append(plan_raw(variant, source=source, base_dir=base_dir,
+        results.append(plan_raw(variant, source=source, base_dir=base_dir, pareto=pareto,
                                 explain_infeasible=explain_infeasible and k == 0))
     first = results[0]
+    if pareto:
+        return _merged_front(results, len(placements))
     key = _OBJECTIVE_KEY.get(first.objective)
     ranked = [p for r in results for p in r.plans]
     if key is not None:
@@ -90,6 +94,24 @@ def _best_placement(raw: dict[str, Any], req: SearchRequest, *, source: str | No
     stats = {**(first.stats or {}), "placements": float(len(placements))}
     return PlanResult(status=status, scenario=first.scenario, objective=first.objective, plans=plans,
                       explanation=first.explanation if not plans else None, stats=stats,
+                      checker_rejected=[line for r in results for line in r.checker_rejected])
+
+
+def _merged_front(results: list[PlanResult], placements: int) -> PlanResult:
+    """The time–cost fronts of several placements as one: the plans no other beats on both."""
+    timed = [(p.time_s, p.cost_usd, p) for r in results for p in r.plans
+             if p.time_s is not None and p.cost_usd is not None]  # a front needs both (a token budget)
+    front: list[Plan] = []
+    best = np.inf
+    for _, cost, p in sorted(timed, key=lambda t: (t[0], t[1])):
+        if cost < best:
+            front.append(p)
+            best = cost
+    if len(front) > MAX_PARETO_POINTS:
+        front = [front[i] for i in np.linspace(0, len(front) - 1, MAX_PARETO_POINTS).round().astype(int)]
+    plans = [p.model_copy(update={"rank": i}) for i, p in enumerate(front, start=1)]
+    return PlanResult(status="optimal" if plans else "infeasible", scenario=results[0].scenario,
+                      objective="pareto", plans=plans, stats={"front": float(len(plans)), "placements": float(placements)},
                       checker_rejected=[line for r in results for line in r.checker_rejected])
 
 
