@@ -189,3 +189,20 @@ def test_dpo_on_the_page(page):
                                       "seq_len": 2048, "micro_batch": 1}, "layout": {"gpu": "h100-sxm-80gb", "gpus": 8}}))
     assert int(page.get_attribute("#fit-total", "data-bytes")) == want.total_bytes
     assert "reference_weights" in page.inner_text("#fit-result")
+
+
+def test_grpo_on_the_page(page):
+    """GRPO on the plan tab: the library's plans, each saying where its completions are generated."""
+    from planner.search.answer import plan_raw
+
+    page.click("#tab-plan")
+    _fill(page, "plan-form", {"model": "qwen2.5-7b", "method": "lora", "algorithm": "grpo", "seq_len": 1536,
+                              "tokens": "1e8", "objective": "cost", "top": 3})
+    page.click("#plan-form button[type=submit]")
+    page.wait_for_selector("#plan-table", timeout=60_000)
+    want = plan_raw({"name": "web", "model": "qwen2.5-7b", "workload": {"method": "lora", "algorithm": "grpo",
+                     "seq_len": 1536, "tokens": 1e8}, "objective": "cost", "top": 3}, source="request")
+    rows = page.locator("#plan-table tbody tr")
+    assert rows.count() == len(want.plans)
+    assert rows.nth(0).locator("td").nth(2).inner_text().startswith(f"{want.plans[0].gpus}× {want.plans[0].gpu}")
+    assert want.plans[0].generation in page.inner_text("#generation")

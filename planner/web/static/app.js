@@ -224,7 +224,8 @@ function renderPlans(out, result) {
     renderLadder(out, result);
     return;
   }
-  const cols = [["#", (p) => p.rank], ["stack", (p) => p.stack], ["GPUs", (p) => `${p.gpus}× ${p.gpu}`],
+  const cols = [["#", (p) => p.rank], ["stack", (p) => p.stack],
+    ["GPUs", (p) => `${p.gpus}× ${p.gpu}` + (p.generation_gpus ? ` + ${p.generation_gpus} gen` : "")],
     ["dp·tp·pp", (p) => `${p.dp}·${p.tp}·${p.pp}`], ["ZeRO", (p) => p.zero], ["offload", (p) => p.offload],
     ["mb×ga", (p) => `${p.micro_batch}×${p.grad_accum}`], ["ckpt", (p) => p.checkpointing], ["method", (p) => p.method + (p.relaxations.length ? " *" : "")],
     ["memory", (p) => gb(p.memory.total_bytes)], ["headroom", (p) => gb(p.memory.headroom_bytes)], ["verdict", (p) => p.memory.verdict],
@@ -234,7 +235,9 @@ function renderPlans(out, result) {
   const t = table(cols, plans);
   t.id = "plan-table";
   const relaxed = plans.filter((p) => p.relaxations.length).map((p) => `#${p.rank}: ${p.relaxations.join("; ")}`);
-  out.replaceChildren(head, t, relaxed.length ? el("p", {}, "* relaxed: " + relaxed.join(" · ")) : "", paretoChart(plans));
+  const gen = plans[0].generation ? el("p", { id: "generation" }, "GRPO generation: " +
+    [...new Set(plans.map((p) => p.generation))].join(" · ")) : "";
+  out.replaceChildren(head, t, gen, relaxed.length ? el("p", {}, "* relaxed: " + relaxed.join(" · ")) : "", paretoChart(plans));
 }
 
 function bundleLink(p) {
