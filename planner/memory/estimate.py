@@ -110,6 +110,11 @@ SEED_RESERVE = 0.10
 FIT_MARGIN = 0.04
 
 
+def card_left_bytes(capacity_bytes: int, engine_share: float) -> int:
+    """What a colocated generation engine's share leaves the training step of a card, rounded down."""
+    return floor_bytes(capacity_bytes * (1.0 - engine_share)) if engine_share else capacity_bytes
+
+
 def usable_bytes(capacity_bytes: int, profile: str = "detailed", reserve: float | None = None,
                  engine_share: float = 0.0) -> int:
     """The most a GPU of ``capacity_bytes`` may hold by the profile's fit rule, rounded down: a
@@ -117,8 +122,7 @@ def usable_bytes(capacity_bytes: int, profile: str = "detailed", reserve: float 
     free; otherwise the seed profile keeps :data:`SEED_RESERVE` and the detailed profile fits
     ``total · (1 + FIT_MARGIN) ≤ capacity``. A colocated generation engine's ``engine_share``
     (:func:`planner.memory.generation.engine_share`) is taken off the card first."""
-    if engine_share:
-        capacity_bytes = floor_bytes(capacity_bytes * (1.0 - engine_share))
+    capacity_bytes = card_left_bytes(capacity_bytes, engine_share)
     if reserve is not None:
         return floor_bytes(capacity_bytes * (1.0 - reserve))
     if profile == "seed":
@@ -177,8 +181,7 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         capacity = rs.gpu.memory_bytes
         usable = usable_bytes(capacity, rs.profile, reserve, share)
         headroom = usable - total
-        training_card = floor_bytes(capacity * (1.0 - share))  # what the engine leaves the step
-        tight = is_tight(total, usable, training_card, mem.error_band,
+        tight = is_tight(total, usable, card_left_bytes(capacity, share), mem.error_band,
                          (mem.predicted or {}).get("device_bytes"))
         fits = total <= usable or bool(tight)  # over the line by less than the error: tight
         if not engine_fits(rs.model, rs.workload, rs.layout, capacity):

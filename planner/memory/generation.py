@@ -74,27 +74,34 @@ def generation_notes(model: ModelSpec, wl: Workload, lay: Layout, recipe: Recipe
     """What a GRPO estimate assumes of its engine, in words (none without generation)."""
     if not wl.generates:
         return []
-    turns = recipe.generation_sleep and recipe.rollout_offload
-    where = (f"colocated on the training GPUs at {lay.engine_memory_fraction:.0%} of each, "
-             + ("asleep while the step trains and the trainer's states in host memory while it generates: "
-                "each phase has the card" if turns else
-                "held through the step (TRL vllm_mode colocate, no sleep mode)" if not recipe.generation_sleep else
-                "asleep while the step trains, its share still counted: the trainer's states stay beside it "
-                "while it generates") if not lay.generation_gpus else
-             f"on {lay.generation_gpus} GPUs of its own at {lay.engine_memory_fraction:.0%} (TRL server mode); "
-             "the training GPUs carry no engine")
+    where = _placement_words(lay, recipe)
     ref = ("a reference model (beta > 0), run forward on every completion" if wl.reference == "model"
            else "no reference model (beta 0)")
     notes = [(f"GRPO: {wl.num_generations} completions of up to {wl.completion_len} tokens per prompt of "
               f"{wl.prompt_len}; micro-batch counts completions; {ref}; vLLM engine (tp {lay.generation_tp}) {where}")]
-    if capacity_bytes is not None:
-        need, budget = engine_need_bytes(model, wl), engine_budget_bytes(capacity_bytes, lay)
-        if need > budget:
-            notes.append(f"GRPO: the engine's {budget / 1e9:.1f} GB cannot hold its 16-bit weights "
-                         f"({engine_weight_bytes(model) / 1e9:.1f} GB) and one {wl.seq_len}-token sequence's KV "
-                         f"cache ({kv_bytes_per_token(model) * wl.seq_len / 1e9:.2f} GB): vLLM will not start; "
-                         "raise layout.generation_memory_fraction or generation_tp")
-        else:
-            notes.append(f"GRPO: the engine's KV cache holds {engine_kv_tokens(model, lay, capacity_bytes):,.0f} "
-                         f"tokens ({engine_kv_tokens(model, lay, capacity_bytes) / wl.seq_len:,.0f} full sequences)")
+    if capacity_bytes is None:
+        return notes
+    if not engine_fits(model, wl, lay, capacity_bytes):
+        notes.append(f"GRPO: the engine's {engine_budget_bytes(capacity_bytes, lay) / 1e9:.1f} GB cannot hold its "
+                     f"16-bit weights ({engine_weight_bytes(model) / 1e9:.1f} GB) and one {wl.seq_len}-token "
+                     f"sequence's KV cache ({kv_bytes_per_token(model) * wl.seq_len / 1e9:.2f} GB): vLLM will not "
+                     "start; raise layout.generation_memory_fraction or generation_tp")
+    else:
+        tokens = engine_kv_tokens(model, lay, capacity_bytes)
+        notes.append(f"GRPO: the engine's KV cache holds {tokens:,.0f} tokens ({tokens / wl.seq_len:,.0f} full sequences)")
     return notes
+
+
+def _placement_words(lay: Layout, recipe: Recipe) -> str:
+    """Where the engine runs and what it holds through the step, in words."""
+    if lay.generation_gpus:
+        return (f"on {lay.generation_gpus} GPUs of its own at {lay.engine_memory_fraction:.0%} (TRL server mode); "
+                "the training GPUs carry no engine")
+    share = f"colocated on the training GPUs at {lay.engine_memory_fraction:.0%} of each, "
+    if recipe.generation_sleep and recipe.rollout_offload:
+        return share + ("asleep while the step trains and the trainer's states in host memory while it "
+                        "generates: each phase has the card")
+    if recipe.generation_sleep:
+        return share + ("asleep while the step trains, its share still counted: the trainer's states stay "
+                        "beside it while it generates")
+    return share + "held through the step (TRL vllm_mode colocate, no sleep mode)"

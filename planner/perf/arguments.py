@@ -19,6 +19,8 @@ from planner.core.codes import FULL
 from planner.perf.timing import adapter_bytes_per_token
 
 if TYPE_CHECKING:
+    from planner.core.entries import ModelSpec
+    from planner.core.specs import Layout, Recipe, Workload
     from planner.scenario.resolve import ResolvedScenario
 
 
@@ -47,17 +49,17 @@ def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
     return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
 
 
-def generation_arguments(rs: ResolvedScenario) -> dict[str, Any]:
+def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Recipe) -> dict[str, Any]:
     """GRPO's arguments of :func:`planner.perf.timing.generation_s`: the completions, the engine's
-    placement and share, and its 16-bit weights and KV cache per token."""
+    placement and share, its 16-bit weights and KV cache per token, and whether the phases swap
+    (for a scenario's plans, and for measured rows read into the same models)."""
     from planner.memory.generation import engine_weight_bytes, kv_bytes_per_token
 
-    wl, lay = rs.workload, rs.layout
     return {"gen_completion_len": wl.completion_len, "gen_prompt_len": wl.prompt_len,
             "gen_num_generations": wl.num_generations, "gen_tp": lay.generation_tp,
             "gen_gpus": lay.generation_gpus, "gen_fraction": lay.engine_memory_fraction,
-            "gen_weight_bytes": engine_weight_bytes(rs.model), "gen_kv_bytes_per_token": kv_bytes_per_token(rs.model),
-            "gen_sleep": int(rs.recipe.generation_sleep), "gen_rollout_offload": int(rs.recipe.rollout_offload)}
+            "gen_weight_bytes": engine_weight_bytes(model), "gen_kv_bytes_per_token": kv_bytes_per_token(model),
+            "gen_sleep": int(recipe.generation_sleep), "gen_rollout_offload": int(recipe.rollout_offload)}
 
 
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
@@ -83,7 +85,7 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
     if wl.reference_forward:
         x["reference_forward"] = 1
     if wl.generates:
-        x.update(generation_arguments(rs))
+        x.update(generation_arguments(rs.model, wl, lay, rs.recipe))
     if intra_only:
         x["intra_only"] = True
     return x

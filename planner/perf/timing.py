@@ -358,8 +358,7 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
     prompts = sequences / np.maximum(x["gen_num_generations"], 1)
     prompt = np.asarray(x["gen_prompt_len"], dtype=float)
     weights, kv_token = x["gen_weight_bytes"], x["gen_kv_bytes_per_token"]
-    util = np.asarray(perf.utilization, dtype=float)
-    rate = perf.peak_flops * np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu) * gtp
+    rate = perf.peak_flops * _utilization(perf, p) * gtp
     bandwidth = perf.memory_bps * gtp * perf.kernel_speed
     kv_tokens = np.maximum(x["gen_fraction"] * perf.memory_capacity * gtp - weights, 0.0) / kv_token
     batch = np.clip(np.minimum(np.minimum(sequences, VLLM_MAX_NUM_SEQS),
@@ -380,6 +379,12 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
     return np.where(completion > 0, load + prefill + decode_steps * step + swap, 0.0)
 
 
+def _utilization(perf: GpuPerf, p: TimeParams) -> Any:
+    """The card's utilisation of the tensor-core work, the fitted ``gemm_hfu`` where it has none."""
+    util = np.asarray(perf.utilization, dtype=float)
+    return np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu)
+
+
 def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> tuple[Any, Any]:
     """One micro-batch's compute on one GPU (GEMMs and attention, memory-bound element-wise
     traffic and QLoRA dequantisation), and its attention part."""
@@ -392,8 +397,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     tokens_mb = mb * seq
     tokens_gpu = tokens_mb / cp  # tokens of one micro-batch this GPU processes
     mp = tp * pp * cp
-    util = np.asarray(perf.utilization, dtype=float)
-    util = np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu)
+    util = _utilization(perf, p)
 
     attention_kernel = x.get("attention", 1)  # 0 eager (math path), 1 fused (flash)
     # DPO's reference policy: one more forward of the frozen weights (and of attention) per token.

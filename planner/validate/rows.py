@@ -379,6 +379,12 @@ def grpo_engine(row: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def grpo_phases(row: dict[str, str]) -> dict[str, bool]:
+    """A GRPO row's recipe keys: the engine asleep while the step trains, the trainer's states in
+    host memory while it generates."""
+    return {"generation_sleep": yes(row, "generation_sleep"), "rollout_offload": yes(row, "param_offload_rollout")}
+
+
 def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     """The scenario mapping a row describes (raises :class:`Unmodelable`)."""
     t = text_of(row)
@@ -398,7 +404,7 @@ def scenario_of(row: dict[str, str]) -> dict[str, Any]:
     lay = layout(row)
     if algorithm == "grpo":
         lay.update(grpo_engine(row))
-        rec.update(generation_sleep=yes(row, "generation_sleep"), rollout_offload=yes(row, "param_offload_rollout"))
+        rec.update(grpo_phases(row))
     rec.update(sharding_recipe(t, row, lay["zero"], wl.get("grad_accum", 1)))
     return {"name": f"row-{row['id']}", "profile": "detailed", "model": model_of(row),
             "workload": wl, "layout": lay, "recipe": rec}

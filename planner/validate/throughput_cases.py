@@ -206,27 +206,29 @@ NO_GENERATION = {"gen_completion_len": 0, "gen_completion_cap": 0, "gen_prompt_l
 
 
 def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, Any]:
-    """A GRPO row's generation arguments (planner.perf.timing.generation_s): its completions (at
-    the length the row gives: a mean where the source states one), the group, the engine's GPUs
-    (0: colocated), share and tensor parallelism; the reference forward where beta > 0."""
-    from planner.core.specs import COLOCATED_ENGINE_FRACTION, SERVED_ENGINE_FRACTION
-    from planner.memory.generation import engine_weight_bytes, kv_bytes_per_token
+    """A GRPO row's generation arguments (planner.perf.timing.generation_s), read as the memory
+    rows read it (planner.validate.rows) into the scenario's own models: its completions (at the
+    length the row gives: a mean where the source states one, the cap bounding the longest), the
+    group, the engine's GPUs (0: colocated), share and tensor parallelism, the phases that swap,
+    and the reference forward where beta > 0."""
+    from pydantic import ValidationError
 
-    completion = lenient_num(row, "completion_len")
-    if completion is None or completion >= seq:
+    from planner.core.specs import Layout, Recipe, Workload
+    from planner.perf.arguments import generation_arguments
+    from planner.validate.rows import grpo_engine, grpo_phases, grpo_workload
+
+    keys = {k: v for k, v in grpo_workload(row).items() if k != "global_batch"}
+    completion = keys["completion_len"]
+    if completion >= seq:
         raise Unmodelable("completion_len: a GRPO row needs a completion shorter than seq_len")
     prompt = int(lenient_num(row, "prompt_len", seq - completion))  # seq_len: prompt + completion, capped
-    served = int(lenient_num(row, "generation_gpus", 0))
-    fraction = lenient_num(row, "generation_memory_fraction",
-                           SERVED_ENGINE_FRACTION if served else COLOCATED_ENGINE_FRACTION)
-    return {"gen_completion_len": int(completion), "gen_prompt_len": prompt,
-            "gen_completion_cap": max(int(completion), seq - prompt),
-            "gen_num_generations": int(lenient_num(row, "num_generations", 8)),
-            "gen_tp": int(lenient_num(row, "generation_tp", 1)), "gen_gpus": served, "gen_fraction": fraction,
-            "gen_weight_bytes": engine_weight_bytes(model), "gen_kv_bytes_per_token": kv_bytes_per_token(model),
-            "reference_forward": int(row.get("reference", "").strip().lower() == "model"),
-            "gen_sleep": int(row.get("generation_sleep", "").strip().lower() == "yes"),
-            "gen_rollout_offload": int(row.get("param_offload_rollout", "").strip().lower() == "yes")}
+    try:
+        wl = Workload(**keys, seq_len=prompt + completion)
+        lay, recipe = Layout(**grpo_engine(row)), Recipe(**grpo_phases(row))
+    except ValidationError as exc:
+        raise Unmodelable(f"generation: {exc.errors()[0]['msg']}") from None
+    return {**generation_arguments(model, wl, lay, recipe), "gen_completion_cap": max(completion, seq - prompt),
+            "reference_forward": int(wl.reference_forward)}
 
 
 def case_of(row: dict[str, str]) -> ThroughputCase:
