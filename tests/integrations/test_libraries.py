@@ -425,6 +425,29 @@ def _word_tokenizer(transformers, tmp_path):
                                                 unk_token="<unk>")
 
 
+def _two_cpu_steps(config_cls, body: dict, tmp_path):
+    """A TRL config from an exported file's keys, for two steps on the CPU, nothing saved or logged."""
+    return config_cls(**body, output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=2, report_to=[],
+                      save_strategy="no", logging_strategy="no", dataloader_num_workers=0)
+
+
+def _tiny_model_dir(transformers, bundle, tmp_path):
+    """The tiny Llama built from the bundle's model kwargs and the word-level tokenizer, saved where
+    a trainer loads them by path: (that directory, the tokenizer)."""
+    model_dir = tmp_path / "model"
+    _tiny_llama(transformers, _json(bundle, "model_kwargs.json")).save_pretrained(model_dir)
+    tokenizer = _word_tokenizer(transformers, tmp_path)
+    tokenizer.save_pretrained(model_dir)
+    return model_dir, tokenizer
+
+
+def _trains_two_steps(trainer) -> None:
+    """The trainer runs its two steps and moves the trainable parameters."""
+    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainer.train().global_step == 2
+    assert any(not (p.detach() == trained[n]).all() for n, p in trainer.model.named_parameters() if p.requires_grad)
+
+
 @pytest.mark.parametrize("name", sorted(DPO_PLANS))
 def test_trl_dpo_trainer_runs_two_steps_with_the_exported_config(name, tmp_path):
     """The exported dpo_config.json is TRL's DPOConfig: DPOTrainer takes it and trains two steps on
@@ -440,13 +463,9 @@ def test_trl_dpo_trainer_runs_two_steps_with_the_exported_config(name, tmp_path)
     assert body["max_length"] == rs.workload.seq_len and body["precompute_ref_log_probs"] is False
     body.pop("deepspeed", None)  # its engine needs a process group; the config itself is checked above
     body["bf16"] = False  # CPU
-    args = trl.DPOConfig(**body, output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=2, report_to=[],
-                         save_strategy="no", logging_strategy="no", dataloader_num_workers=0)
+    args = _two_cpu_steps(trl.DPOConfig, body, tmp_path)
     assert args.per_device_train_batch_size == rs.workload.micro_batch  # pairs
-    model_dir = tmp_path / "model"
-    _tiny_llama(transformers, _json(bundle, "model_kwargs.json")).save_pretrained(model_dir)
-    tokenizer = _word_tokenizer(transformers, tmp_path)
-    tokenizer.save_pretrained(model_dir)
+    model_dir, tokenizer = _tiny_model_dir(transformers, bundle, tmp_path)
     peft_config = None
     if "lora_config.json" in bundle.files:
         peft = pytest.importorskip("peft", reason="peft is not installed")
@@ -455,9 +474,7 @@ def test_trl_dpo_trainer_runs_two_steps_with_the_exported_config(name, tmp_path)
     trainer = trl.DPOTrainer(model=str(model_dir), args=args, train_dataset=pairs, processing_class=tokenizer,
                              peft_config=peft_config)
     assert (trainer.ref_model is not None) == rs.workload.reference_copy
-    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    assert trainer.train().global_step == 2
-    assert any(not (p.detach() == trained[n]).all() for n, p in trainer.model.named_parameters() if p.requires_grad)
+    _trains_two_steps(trainer)
 
 
 def test_trl_grpo_trainer_runs_two_steps_with_the_exported_config(tmp_path):
@@ -478,18 +495,12 @@ def test_trl_grpo_trainer_runs_two_steps_with_the_exported_config(tmp_path):
     body = _json(bundle, "grpo_config.json")
     assert (body["num_generations"], body["max_completion_length"], body["beta"]) == (4, 8, 0.0)
     body.update(use_vllm=False, bf16=False)  # CPU: transformers generates
-    args = trl.GRPOConfig(**body, output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=2, report_to=[],
-                          save_strategy="no", logging_strategy="no", dataloader_num_workers=0)
+    args = _two_cpu_steps(trl.GRPOConfig, body, tmp_path)
     assert args.per_device_train_batch_size == rs.workload.micro_batch  # completions
-    model_dir = tmp_path / "model"
-    _tiny_llama(transformers, _json(bundle, "model_kwargs.json")).save_pretrained(model_dir)
-    tokenizer = _word_tokenizer(transformers, tmp_path)
-    tokenizer.save_pretrained(model_dir)
+    model_dir, tokenizer = _tiny_model_dir(transformers, bundle, tmp_path)
     prompts = datasets.Dataset.from_list([{"prompt": "w1 w2 w3"}] * 8)
     trainer = trl.GRPOTrainer(model=str(model_dir), args=args, train_dataset=prompts, processing_class=tokenizer,
                               reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
                               peft_config=peft.LoraConfig(**_json(bundle, "lora_config.json")))
     assert getattr(trainer, "ref_model", None) is None  # beta 0: no reference model, as planned
-    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    assert trainer.train().global_step == 2
-    assert any(not (p.detach() == trained[n]).all() for n, p in trainer.model.named_parameters() if p.requires_grad)
+    _trains_two_steps(trainer)
