@@ -18,7 +18,8 @@ from planner.core.errors import InputError
 from planner.core.specs import COLOCATED_ENGINE_FRACTION, SERVED_ENGINE_FRACTION, Workload
 from planner.core.units import floor_bytes
 from planner.memory import generation as G
-from planner.memory.estimate import FIT_MARGIN, estimate_resolved, usable_bytes
+from planner.memory.estimate import FIT_MARGIN, estimate_resolved, memory_of, usable_bytes
+from planner.memory.generation import ENGINE_ASLEEP_BYTES
 from planner.perf import flops, hardware, timing
 from planner.perf.arguments import step_arguments
 from planner.scenario.resolve import resolve
@@ -171,6 +172,17 @@ def test_grpo_search_matches_its_oracle_and_the_checker(profile):
     assert_search_matches_oracle({**GRPO_PLAN, "profile": profile})
 
 
+#: Full fine-tuning with a sleeping engine at 0.6 of each card: a step may take the card, the
+#: states at rest only 0.4 of it (on a 48 GB L40S at one or two GPUs the binding one).
+GRPO_ASLEEP = {**GRPO_PLAN, "workload": {**GRPO_PLAN["workload"], "method": "full"},
+               "layout": {"generation_memory_fraction": 0.6}, "recipe": {"generation_sleep": True}}
+
+
+@pytest.mark.parametrize("profile", ["seed", "detailed"])
+def test_search_with_a_sleeping_engine_matches_its_oracle_and_the_checker(profile):
+    assert_search_matches_oracle({**GRPO_ASLEEP, "profile": profile})
+
+
 def test_grpo_plans_name_stacks_that_run_it_and_where_they_generate():
     """Only stacks whose sources run GRPO with a colocated engine (TRL under accelerate or
     DeepSpeed) are named; each plan says where its completions are generated, and costs more than
@@ -308,16 +320,27 @@ def test_a_batch_ends_with_its_longest_completion():
 
 
 def test_phases_that_take_turns_leave_each_the_card():
-    """An engine asleep while the step trains, with the trainer's states in host memory while it
-    generates (verl, NeMo RL colocated), takes nothing from the step; asleep beside states that
-    stay, its share still counts. Each step then moves the engine's weights (and the trainer's
+    """An engine asleep while the step trains leaves the step the card less what it keeps asleep
+    (its CUDA graphs); while it generates, the trainer's states at rest (no gradients, no
+    activations) must fit beside its whole share, unless they go to host memory then (verl's
+    param_offload, NeMo RL colocated). Each step moves the engine's weights (and the trainer's
     states) out and back over PCIe."""
     plain = estimate_resolved(resolve(scenario()))
     turns = estimate_resolved(resolve({**scenario(), "recipe": {"generation_sleep": True, "rollout_offload": True}}))
     asleep = estimate_resolved(resolve({**scenario(), "recipe": {"generation_sleep": True}}))
     cap = get_gpu("h100").memory_bytes
-    assert turns.usable_bytes == usable_bytes(cap, "detailed") > plain.usable_bytes == asleep.usable_bytes
-    assert turns.total_bytes == plain.total_bytes
+    whole, beside = usable_bytes(cap, "detailed"), usable_bytes(cap, "detailed", engine_share=0.3)
+    assert plain.usable_bytes == beside < whole == turns.usable_bytes == asleep.usable_bytes
+    # asleep, the engine keeps its CUDA graphs' pool: a component of the step's total
+    assert turns.components["engine_asleep"] == ENGINE_ASLEEP_BYTES
+    assert turns.total_bytes == asleep.total_bytes == plain.total_bytes + ENGINE_ASLEEP_BYTES
+    assert plain.generation_bytes is None and turns.generation_bytes is None  # nothing of the trainer's
+    # the states at rest: the 16-bit base and the adapters' states, the CUDA context, no activations
+    mem = memory_of(resolve(scenario()))
+    at_rest = sum(v for k, v in mem.components.items() if k in ("weights", "adapter_states"))
+    assert at_rest < asleep.generation_bytes < at_rest + 2 * 2**30
+    assert asleep.generation_usable_bytes == beside
+    assert asleep.headroom_bytes == min(whole - asleep.total_bytes, beside - asleep.generation_bytes)
     rs = resolve(scenario())
     mf, perf = flops.model_flops(rs.model), hardware.GpuPerf.of(rs.gpu)
     x = _x(rs)
@@ -329,6 +352,25 @@ def test_phases_that_take_turns_leave_each_the_card():
     # LoRA on one GPU per replica: the 16-bit base and the adapters' FP32 master and moments
     states = mf.params * x.get("weight_bytes", 2.0) + x["n_lora"] * timing.ROLLOUT_STATE_BYTES_PER_PARAM
     assert offloaded - slept == pytest.approx(2 * states / pcie, rel=1e-6)
+
+
+def test_states_at_rest_beside_a_waking_engine_bind():
+    """A fully trained 7B model's FP32 master weights and Adam moments (~12 bytes/param) stay
+    on the card while a sleeping engine generates beside them: the step alone fits a 141 GB H200,
+    the states at rest beside the engine's 75 % do not, so the layout is refused; with the states
+    in host memory while it generates it fits (awake through the step, the engine leaves the
+    step too little)."""
+    sc = scenario(layout={"gpu": "h200", "gpus": 2, "zero": 3, "generation_memory_fraction": 0.75},
+                  method="full", micro_batch=1, global_batch=8)
+    awake = estimate_resolved(resolve(sc))
+    asleep = estimate_resolved(resolve({**sc, "recipe": {"generation_sleep": True}}))
+    turns = estimate_resolved(resolve({**sc, "recipe": {"generation_sleep": True, "rollout_offload": True}}))
+    assert awake.verdict == "does_not_fit"  # the step beside the engine's 75 %
+    assert asleep.total_bytes == turns.total_bytes <= asleep.usable_bytes  # the step alone fits
+    # FSDP over 2 GPUs: half of the FP32 master, the moments and the 16-bit weights stay
+    assert asleep.generation_bytes > 7.6e9 * (4 + 8 + 2) / 2
+    assert asleep.generation_bytes > asleep.generation_usable_bytes * (1 + asleep.error_band)
+    assert asleep.verdict == "does_not_fit" and turns.verdict == "fits"
 
 
 def test_the_time_cost_front_spans_every_placement():

@@ -228,6 +228,11 @@ class StackRecipe(StrictModel):
     loss: Loss = "standard"
     kernels: Kernels = "standard"
     compile: bool = False
+    #: GRPO with a colocated engine: the engine sleeps while the step trains, and the trainer's
+    #: states go to host memory while it generates (``Recipe.generation_sleep``,
+    #: ``Recipe.rollout_offload``).
+    generation_sleep: bool = False
+    rollout_offload: bool = False
 
 
 class StackSpec(StrictModel):

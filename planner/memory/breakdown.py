@@ -55,11 +55,14 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
 #: A stack's recipe where memory depends on it (``StackRecipe`` fields that set ``Recipe`` keys
 #: of the same name): how its FSDP frees gathers, who implements its ZeRO stages, whether its
 #: training loop accumulates gradients unsharded under FSDP, the loss's implementation, the
-#: norm/activation kernels and torch.compile.
+#: norm/activation kernels, torch.compile, and whether a colocated GRPO engine sleeps while the
+#: step trains and the trainer's states leave the card while it generates.
 STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
-                                 "loss", "kernels", "compile")
+                                 "loss", "kernels", "compile", "generation_sleep", "rollout_offload")
+#: Of those, the ones only GRPO's colocated engine reads (left out of other workloads' rows).
+GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload")
 #: Array keys whose values are flags.
-FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile"})
+FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile", "generation_sleep", "rollout_offload"})
 
 
 def decode(key: str, value: Any) -> Any:

@@ -24,6 +24,7 @@ from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Overrides, Recipe, Workload
 from planner.core.units import zero_degree
 from planner.memory.buffers import buffer_terms, deepspeed_zero3, gathers_units
+from planner.memory.generation import GENERATION_PHASE
 from planner.memory.model_states import (
     StateParts,
     compute_bytes,
@@ -298,6 +299,14 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, st: 
         phases["evaluation"] = {**at_rest, "activations": ev["working"] + kept_after,
                                 "logits": ev["logits"] + held,
                                 "buffers": buf["gather"] + buf["dequant"] + kept_buffer}
+    if wl.generates and not layout.generation_gpus:
+        # A colocated engine generates between steps beside the trainer's states at rest:
+        # ``zero_grad`` has set the gradients to None (DeepSpeed ZeRO-3 keeps its flat
+        # partition) and no step's activations or gathers are left (the trainers empty the
+        # allocator's cache before waking the engine).
+        at_rest = {k: v for k, v in persistent.items()
+                   if k != "gradients" or deepspeed_zero3(layout, recipe)}
+        phases[GENERATION_PHASE] = {**at_rest, "buffers": kept_buffer}
     if recipe.full_state_dict and layout.zero == 3:
         # A full (unsharded) state dict at a checkpoint save, or an unsharded load with
         # ``sync_module_states``: FSDP gathers it unit by unit. Each unit's pre-state-dict

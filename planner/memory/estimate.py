@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from planner.core.arch import total_params
+from planner.core.entries import ModelSpec
+from planner.core.specs import Layout, Workload
 from planner.core.units import floor_bytes
 from planner.memory.breakdown import MemoryBreakdown
-from planner.memory.generation import engine_fits, engine_share, generation_notes
+from planner.memory.generation import (
+    ASLEEP_SUFFIX,
+    GENERATION_PHASE,
+    engine_fits,
+    engine_share,
+    generation_notes,
+)
 from planner.memory.profiles import memory_breakdown
 from planner.scenario.resolve import ResolvedScenario
 
 #: The order components are shown in (those a profile does not model are absent).
 COMPONENT_ORDER = (
     "weights", "gradients", "optimizer_states", "master_weights", "adapter_states", "reference_weights",
-    "activations", "logits", "kv_cache", "buffers", "overhead",
+    "activations", "logits", "kv_cache", "buffers", "overhead", "engine_asleep",
 )
 
 
@@ -54,6 +63,10 @@ class Estimate(BaseModel):
     #: cache: device view above capacity).
     error_band: float | None = None
     tight: bool | None = None
+    #: GRPO with a colocated engine asleep while the step trains: the trainer's states at rest
+    #: while the engine generates, and what the card less the engine's share leaves them.
+    generation_bytes: int | None = None
+    generation_usable_bytes: int | None = None
 
     def __getitem__(self, key: str) -> Any:
         """``est["total_bytes"]``: read like the JSON it prints (and as plans' ``memory`` once was)."""
@@ -83,7 +96,11 @@ class Estimate(BaseModel):
     @property
     def within_usable(self) -> bool | None:
         """The predicted total at most the usable bytes: the rule every plan keeps."""
-        return None if self.usable_bytes is None else self.total_bytes <= self.usable_bytes
+        if self.usable_bytes is None:
+            return None
+        generation = (self.generation_bytes is None or self.generation_usable_bytes is None
+                      or self.generation_bytes <= self.generation_usable_bytes)
+        return self.total_bytes <= self.usable_bytes and generation
 
     #: What ``--config`` read: each scenario key, its value and the config key it came from.
     read_from_configs: list[dict[str, Any]] | None = None
@@ -145,6 +162,50 @@ def is_tight(total_bytes: int, usable: int, capacity_bytes: int, error_band: flo
     return usable - total_bytes < error_band * total_bytes or device > capacity_bytes
 
 
+@dataclass(frozen=True)
+class Fit:
+    """A prediction held to one card: the step's phases to ``usable_bytes``, and where a sleeping
+    colocated engine generates between steps, the trainer's states at rest to what its share
+    leaves (``generation_usable_bytes``)."""
+
+    usable_bytes: int
+    headroom_bytes: int
+    fits: bool
+    tight: bool | None
+    #: the engine's share the step's usable bytes are less (0 while it sleeps)
+    step_share: float
+    generation_bytes: int | None = None
+    generation_usable_bytes: int | None = None
+
+
+def fit_of(mem: MemoryBreakdown, capacity_bytes: int, *, profile: str, reserve: float | None,
+           wl: Workload, lay: Layout, model: ModelSpec) -> Fit:
+    """The profile's fit rule on ``mem`` (its phases as the card holds them, from
+    :func:`planner.memory.profiles.memory_breakdown`) for a card of ``capacity_bytes``: each
+    check within its usable bytes or ``tight`` (:func:`is_tight`); no fit where a colocated
+    engine cannot start. The one rule ``estimate``, plans and verdicts apply."""
+    phases = mem.phase_bytes or {}
+    share = engine_share(wl, lay)
+    step_share = 0.0 if any(k.endswith(ASLEEP_SUFFIX) for k in phases) else share
+    total = mem.total_bytes
+    usable = usable_bytes(capacity_bytes, profile, reserve, step_share)
+    device = (mem.predicted or {}).get("device_bytes")
+    tight = is_tight(total, usable, card_left_bytes(capacity_bytes, step_share), mem.error_band, device)
+    fits = total <= usable or bool(tight)  # over the line by less than the error: tight
+    headroom = usable - total
+    gen = phases.get(GENERATION_PHASE)
+    gen_usable = None
+    if gen is not None:
+        gen_usable = usable_bytes(capacity_bytes, profile, reserve, share)
+        gen_tight = is_tight(gen, gen_usable, card_left_bytes(capacity_bytes, share), mem.error_band)
+        fits = fits and (gen <= gen_usable or bool(gen_tight))
+        tight = None if tight is None else bool(tight or gen_tight)
+        headroom = min(headroom, gen_usable - gen)
+    if not engine_fits(model, wl, lay, capacity_bytes):
+        fits, tight = False, False  # the engine cannot start on this card (generation_notes says why)
+    return Fit(usable, headroom, fits, tight if fits or tight is None else False, step_share, gen, gen_usable)
+
+
 def fit_rule(profile: str, reserve: float | None, engine_share: float = 0.0) -> str:
     """The fit rule in words, for tables: what ``usable`` is the capacity less."""
     engine = f" less the generation engine's {engine_share:.0%}" if engine_share else ""
@@ -174,18 +235,11 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
     components = {k: mem.components[k] for k in COMPONENT_ORDER if k in mem.components}
     total = mem.total_bytes
     reserve = rs.overrides.reserve
-    capacity = usable = headroom = None
-    fits = tight = None
-    share = engine_share(rs.workload, rs.layout, rs.recipe)
+    capacity = fit = None
     if rs.gpu is not None:
         capacity = rs.gpu.memory_bytes
-        usable = usable_bytes(capacity, rs.profile, reserve, share)
-        headroom = usable - total
-        tight = is_tight(total, usable, card_left_bytes(capacity, share), mem.error_band,
-                         (mem.predicted or {}).get("device_bytes"))
-        fits = total <= usable or bool(tight)  # over the line by less than the error: tight
-        if not engine_fits(rs.model, rs.workload, rs.layout, capacity):
-            fits = tight = False  # the engine cannot start on this card (generation_notes says why)
+        fit = fit_of(mem, capacity, profile=rs.profile, reserve=reserve, wl=rs.workload, lay=rs.layout,
+                     model=rs.model)
     lay = rs.layout
     return Estimate(
         scenario=rs.name,
@@ -205,15 +259,17 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         total_bytes=total,
         capacity_bytes=capacity,
         reserve=reserve,
-        fit_rule=fit_rule(rs.profile, reserve, share),
-        usable_bytes=usable,
-        headroom_bytes=headroom,
-        fits=fits,
+        fit_rule=fit_rule(rs.profile, reserve, fit.step_share if fit else 0.0),
+        usable_bytes=fit.usable_bytes if fit else None,
+        headroom_bytes=fit.headroom_bytes if fit else None,
+        fits=fit.fits if fit else None,
         host_bytes=mem.host_bytes,
         assumptions=list(mem.assumptions) + dpo_notes(rs.workload)
         + generation_notes(rs.model, rs.workload, rs.layout, rs.recipe, capacity),
         warnings=list(rs.warnings),
         predicted=mem.predicted,
         error_band=mem.error_band,
-        tight=tight,
+        tight=fit.tight if fit else None,
+        generation_bytes=fit.generation_bytes if fit else None,
+        generation_usable_bytes=fit.generation_usable_bytes if fit else None,
     )

@@ -9,11 +9,25 @@ cache of one sequence of ``max_model_len`` tokens. Colocated with training (TRL'
 the step must fit in the rest of the card; an engine on GPUs of its own (TRL's server mode) leaves
 the training GPUs whole.
 
+Where the engine sleeps while the step trains (vLLM sleep mode: TRL ``vllm_enable_sleep_mode``,
+verl's ``free_cache_engine``) a step has the card less what a sleeping engine keeps, and the card
+holds two peaks in turn: the step's, and while generating the trainer's states at rest (weights,
+optimizer states, a reference copy: no gradients, no activations) beside the engine's whole share.
+That second peak is the phase :data:`GENERATION_PHASE`, held to the card less the engine's share;
+the step's phases are renamed with :data:`ASLEEP_SUFFIX` and held to the card less the engine
+asleep (:func:`engine_phases`, one rule for the estimate, the search and the checker). Where the
+trainer's states also go to host memory while it generates, the generation phase holds nothing of
+the trainer's.
+
 Not counted: vLLM's CUDA graphs and sampler buffers (inside its share), and the transient copy of
 the policy's weights gathered to load them into the engine each step (freed before training).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
 
 from planner.core.arch import total_params
 from planner.core.entries import ModelSpec
@@ -22,6 +36,20 @@ from planner.core.specs import Layout, Recipe, Workload
 #: Bytes per weight and per cached key or value element in the engine: vLLM serves the policy in
 #: its 16-bit dtype (TRL loads the policy's weights, LoRA merged, each step).
 ENGINE_BYTES_PER_ELEMENT = 2
+
+#: What a sleeping engine keeps on the card: vLLM's sleep (level 1) moves its weights to host
+#: memory and drops its KV cache, both allocated through its ``CuMemAllocator`` pool; its CUDA
+#: graphs' memory pool stays. vLLM logs that pool at start-up ("Graph capturing finished ...
+#: took X GiB"): 0.10–0.39 GiB for 0.6B–20B models at 16K tokens on an H100 (llm-d's empirical
+#: vLLM memory table), and vLLM's own sleep test bounds what stays at 2 GiB for a 1B model
+#: (``tests/basic_correctness/test_cumem.py``, ``test_end_to_end``). A stated guess inside that
+#: range; an engine run eagerly (verl's ``enforce_eager``) keeps less.
+ENGINE_ASLEEP_BYTES = 2**29  # 0.5 GiB
+
+#: The phase in which a sleeping engine generates beside the trainer's states at rest.
+GENERATION_PHASE = "generation"
+#: Suffix of a step's phases while the engine sleeps: held to the card less the engine asleep.
+ASLEEP_SUFFIX = " (engine asleep)"
 
 
 def kv_bytes_per_token(model: ModelSpec) -> float:
@@ -37,15 +65,45 @@ def engine_weight_bytes(model: ModelSpec) -> float:
     return float(total_params(model)) * ENGINE_BYTES_PER_ELEMENT
 
 
-def engine_share(wl: Workload, lay: Layout, recipe: Recipe) -> float:
-    """The share of each training GPU a colocated engine takes from the step: 0 without generation,
-    with the engine on GPUs of its own, or where the phases take turns (the engine asleep while
-    the step trains, the trainer's states in host memory while it generates). An engine asleep
-    beside states that stay keeps its share counted: the states must fit beside it while it
-    generates, which the step's own peak bounds from above."""
-    if not wl.generates or lay.generation_gpus or (recipe.generation_sleep and recipe.rollout_offload):
-        return 0.0
-    return lay.engine_memory_fraction
+def colocated(wl: Workload, lay: Layout) -> bool:
+    """Whether each step generates on the training GPUs themselves (GRPO, engine colocated)."""
+    return wl.generates and not lay.generation_gpus
+
+
+def engine_share(wl: Workload, lay: Layout) -> float:
+    """The share of each training GPU a colocated engine holds while it generates (and, awake,
+    through the step): 0 without generation or with the engine on GPUs of its own. Phases named
+    with :data:`ASLEEP_SUFFIX` are held to the card without it (:func:`phase_usable`)."""
+    return lay.engine_memory_fraction if colocated(wl, lay) else 0.0
+
+
+def engine_phases(phases: dict[str, Any], wl: Workload, lay: Layout, *, sleep: Any, offload: Any) -> dict[str, Any]:
+    """A step's phases (bytes per GPU, scalars or arrays) as the card holds them beside a colocated
+    engine, with the trainer's states at rest in :data:`GENERATION_PHASE` (as the memory profile
+    gives them) and ``sleep``/``offload`` the recipe's ``generation_sleep``/``rollout_offload``
+    (flags or arrays of them):
+
+    - engine awake through the step: the step's phases as they are, held to the card less the
+      engine's share; the states at rest fit wherever the step does, so no generation phase;
+    - engine asleep while the step trains: each step phase renamed with :data:`ASLEEP_SUFFIX`, plus
+      :data:`ENGINE_ASLEEP_BYTES`, and the generation phase kept: the states at rest beside the
+      engine's share, unless the trainer's states go to host memory while it generates.
+
+    Entries that do not apply are 0 (phases of 0 bytes constrain nothing). Phases of other
+    workloads pass through, less a generation phase."""
+    gen = phases.get(GENERATION_PHASE)
+    steps = {k: v for k, v in phases.items() if k != GENERATION_PHASE}
+    if gen is None or not colocated(wl, lay):
+        return steps
+    asleep = np.asarray(sleep, dtype=bool)
+    out: dict[str, Any] = {}
+    for name, value in steps.items():
+        out[name] = np.where(asleep, 0, value)
+        out[name + ASLEEP_SUFFIX] = np.where(asleep, np.asarray(value) + ENGINE_ASLEEP_BYTES, 0)
+    out[GENERATION_PHASE] = np.where(asleep & ~np.asarray(offload, dtype=bool), gen, 0)
+    if all(np.ndim(v) == 0 for v in phases.values()) and np.ndim(sleep) == 0 and np.ndim(offload) == 0:
+        return {k: int(v) for k, v in out.items() if int(v) > 0}
+    return out
 
 
 def engine_budget_bytes(capacity_bytes: int, lay: Layout) -> float:
@@ -102,6 +160,6 @@ def _placement_words(lay: Layout, recipe: Recipe) -> str:
         return share + ("asleep while the step trains and the trainer's states in host memory while it "
                         "generates: each phase has the card")
     if recipe.generation_sleep:
-        return share + ("asleep while the step trains, its share still counted: the trainer's states stay "
-                        "beside it while it generates")
+        return share + ("asleep while the step trains (the step has the card less what it keeps asleep); the "
+                        "trainer's states at rest stay beside it while it generates, within the rest of the card")
     return share + "held through the step (TRL vllm_mode colocate, no sleep mode)"

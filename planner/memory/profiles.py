@@ -8,14 +8,17 @@ come through here, so a plan is always judged by the formula its estimate shows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Overrides, Recipe, Workload
 from planner.memory.breakdown import MemoryBreakdown, dpo_codes
 from planner.memory.detailed import detailed_memory
 from planner.memory.detailed_array import detailed_components
+from planner.memory.generation import ASLEEP_SUFFIX, ENGINE_ASLEEP_BYTES, GENERATION_PHASE, engine_phases
 from planner.memory.seed import seed_array_memory, seed_memory
 
 
@@ -36,7 +39,8 @@ def _seed_one(model: ModelSpec, workload: Workload, layout: Layout, overrides: O
 
 def _seed_many(model: ModelSpec, overrides: Overrides, *, workload: Workload, layout: Layout,
                recipe: Recipe, **x: Any) -> dict[str, Any]:
-    return seed_array_memory(model, overrides, **x, **dpo_codes(workload))
+    return seed_array_memory(model, overrides, **x, **dpo_codes(workload),
+                             at_rest=workload.generates and not layout.generation_gpus)
 
 
 PROFILES: dict[str, Profile] = {
@@ -55,8 +59,18 @@ def profile(name: str) -> Profile:
 def memory_breakdown(name: str, model: ModelSpec, workload: Workload, layout: Layout,
                      overrides: Overrides, *, recipe: Recipe, dp: int,
                      grad_accum: int | None) -> MemoryBreakdown:
-    """One layout's per-GPU memory under profile ``name``."""
-    return profile(name).one(model, workload, layout, overrides, recipe=recipe, dp=dp, grad_accum=grad_accum)
+    """One layout's per-GPU memory under profile ``name``, its phases as the card holds them beside
+    a colocated generation engine (:func:`~planner.memory.generation.engine_phases`; what a
+    sleeping engine keeps is the component ``engine_asleep``)."""
+    mem = profile(name).one(model, workload, layout, overrides, recipe=recipe, dp=dp, grad_accum=grad_accum)
+    phases = engine_phases(mem.phase_bytes or {"step": mem.total_bytes}, workload, layout,
+                           sleep=recipe.generation_sleep, offload=recipe.rollout_offload)
+    if not mem.phase_bytes and phases == {"step": mem.total_bytes}:
+        return mem
+    components = dict(mem.components)
+    if any(k.endswith(ASLEEP_SUFFIX) for k in phases):
+        components["engine_asleep"] = ENGINE_ASLEEP_BYTES
+    return replace(mem, components=components, phase_bytes=phases)
 
 
 def memory_components(name: str, model: ModelSpec, overrides: Overrides, *,
@@ -66,4 +80,13 @@ def memory_components(name: str, model: ModelSpec, overrides: Overrides, *,
     largest is ``total``). ``base`` (the scenario's workload, layout and recipe) supplies the
     details the arrays lack."""
     workload, layout, recipe = base if base is not None else (Workload(), Layout(), Recipe())
-    return profile(name).many(model, overrides, workload=workload, layout=layout, recipe=recipe, **x)
+    out = profile(name).many(model, overrides, workload=workload, layout=layout, recipe=recipe, **x)
+    if GENERATION_PHASE not in out["phases"]:
+        return out
+    phases = engine_phases(out["phases"], workload, layout,
+                           sleep=x.get("generation_sleep", recipe.generation_sleep),
+                           offload=x.get("rollout_offload", recipe.rollout_offload))
+    steps = [np.asarray(v, dtype=np.int64) for k, v in phases.items() if k != GENERATION_PHASE]
+    shape = np.shape(out["total"])
+    return {**out, "total": np.broadcast_to(np.maximum.reduce(steps), shape) if steps else out["total"],
+            "phases": {k: np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for k, v in phases.items()}}

@@ -30,6 +30,7 @@ from planner.memory.breakdown import (
     ceil_components,
 )
 from planner.memory.breakdown import codes as breakdown_codes
+from planner.memory.generation import GENERATION_PHASE
 
 # ---------------------------------------------------------------------------------------------
 # Named constants (each with its source)
@@ -271,11 +272,25 @@ def seed_memory(
     raw = seed_components(model, overrides, **breakdown_codes(workload, layout, dp=dp, grad_accum=grad_accum))
     names = METHOD_COMPONENTS[workload.method] + (("reference_weights",) if workload.reference_copy else ())
     ints = ceil_components(raw, (*names, "host"))
+    components = {k: int(ints[k]) for k in names}
+    phases = None
+    if workload.generates and not layout.generation_gpus:
+        phases = {"step": sum(components.values()), GENERATION_PHASE: _at_rest(components)}
     return MemoryBreakdown(
-        components={k: int(ints[k]) for k in names},
+        components=components,
         host_bytes=int(ints["host"]),
         assumptions=tuple(_seed_notes(model, workload, layout, overrides)),
+        phase_bytes=phases,
     )
+
+
+#: What a step makes and frees: the states at rest between steps are the rest.
+STEP_ONLY = ("gradients", "activations")
+
+
+def _at_rest(components: dict[str, Any]) -> Any:
+    """The trainer's states at rest between steps (while a colocated engine generates)."""
+    return sum(v for k, v in components.items() if k not in STEP_ONLY)
 
 
 def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides: Overrides) -> list[str]:
@@ -305,12 +320,17 @@ def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides:
     return notes
 
 
-def seed_array_memory(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[str, Any]:
+def seed_array_memory(model: ModelSpec, overrides: Overrides, *, at_rest: bool = False,
+                      **x: Any) -> dict[str, Any]:
     """The seed profile over broadcast arrays: ``total`` (device bytes, summed exactly as an
-    estimate sums its components), ``host`` (offloaded bytes) and ``phases`` (one: the step)."""
+    estimate sums its components), ``host`` (offloaded bytes) and ``phases`` (one: the step; with
+    ``at_rest``, the trainer's states between steps too, beside a colocated generation engine)."""
     raw = seed_components(model, overrides, **x)
     names = tuple(k for k in raw if k != "host")
     ints = ceil_components(raw, (*names, "host"))
     total = sum(ints[k] for k in names)
     # The documents sum one step's components: a single phase.
-    return {"total": total, "host": ints["host"], "phases": {"step": total}}
+    phases = {"step": total}
+    if at_rest:
+        phases[GENERATION_PHASE] = _at_rest({k: ints[k] for k in names})
+    return {"total": total, "host": ints["host"], "phases": phases}

@@ -48,6 +48,10 @@ def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
     if est.capacity_bytes is not None:
         table.add_row("capacity", fmt(est.capacity_bytes))
         table.add_row(f"usable ({est.fit_rule})", fmt(est.usable_bytes))
+        if est.generation_bytes is not None:
+            # the trainer's states at rest while the sleeping engine wakes and generates
+            table.add_row("while generating: trainer's states", fmt(est.generation_bytes))
+            table.add_row("  usable beside the engine", fmt(est.generation_usable_bytes))
         headroom = est.headroom_bytes
         sign = "" if headroom >= 0 else "−"
         table.add_row("headroom", f"{sign}{fmt(abs(headroom))}")

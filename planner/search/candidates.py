@@ -233,7 +233,7 @@ def _fill_memory(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluated
     e.ev["memory_bytes"], e.ev["host_bytes"] = mem, host
     for phase, values in memory["phases"].items():  # CP-SAT's memory rows (decision_space)
         e.ev[PHASE_PREFIX + phase] = values
-    e.ev["fits"], e.ev["host_ok"] = memory_flags(table, c["gpu"], e.ev["gpus"], mem, host)
+    e.ev["fits"], e.ev["host_ok"] = memory_flags(table, c["gpu"], e.ev["gpus"], mem, host, memory["phases"])
     ok = np.ones(len(e.key), dtype=bool)
     for name, mask in feasible(req, e.ev).items():
         e.rejected[name] = int((ok & ~mask).sum())
@@ -268,7 +268,7 @@ def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluat
     first = np.zeros(len(degrees), dtype=np.int64)
     first[k_of[::-1]] = np.arange(n)[::-1]  # a column of each degree row
     phases = {key.removeprefix(PHASE_PREFIX): v[first] for key, v in e.ev.items() if key.startswith(PHASE_PREFIX)}
-    cap = int(table.usable_bytes.max(initial=0)) + 1  # above every card: as infeasible as any larger value
+    cap = int(table.asleep_usable_bytes.max(initial=0)) + 1  # above every card: as infeasible as any larger value
     ram = np.where(np.isfinite(table.host_bytes_per_node), table.host_bytes_per_node, -1).astype(np.int64)
     host_node = host_bytes_per_node(table, a["gpu"], e.ev["gpus"], e.ev["host_bytes"]) if n else np.zeros(0)
     need_price = req.objective in ("cost", "hourly") or req.budget_usd is not None
@@ -285,7 +285,7 @@ def decision_space(req: SearchRequest, table: GpuTable, cls: Classes, e: Evaluat
         c_time=_bounded(time_ms(e.ev["time_s"])) if req.deadline_s is not None and n else None,
     )
     limits = Limits(
-        usable_bytes=table.usable_bytes, gpu_limit=table.limit, gpus_per_node=table.gpus_per_node,
+        usable_bytes=table.usable_bytes, asleep_usable_bytes=table.asleep_usable_bytes, gpu_limit=table.limit, gpus_per_node=table.gpus_per_node,
         host_bytes_per_node=ram, priced=np.isfinite(table.perf.price_usd_per_hour), max_gpus=req.max_gpus,
         global_batch=req.global_batch,
         budget_units=None if req.budget_usd is None else budget_units(req.budget_usd),

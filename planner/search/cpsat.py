@@ -24,7 +24,8 @@ Constraints (each in its own method, tested alone)
     (0) one plan, and x_g the one-hot sum of the plans on type g
     (1) memory:       M_p[k(c)] ≤ U[g] for every phase p of a step (device bytes per GPU from
                       the profile's phases, planner.memory.profiles; U = usable bytes of the
-                      card), stated per GPU type: Σ_{c on g} M_p[k(c)] · y_c ≤ U[g]
+                      card, less a colocated generation engine's share except for the phases
+                      it sleeps through), stated per GPU type: Σ_{c on g} M_p[k(c)] · y_c ≤ U_p[g]
     (2) host RAM:     per type, Σ_{c on g} H[c] · y_c ≤ R[g]  (offloaded bytes of a node's GPUs)
     (3) budget:       Σ_c cost[c] · y_c ≤ budget      (1e-4 USD, rounded up)
     (4) deadline:     Σ_c time[c] · y_c ≤ deadline    (ms, rounded up)
@@ -62,6 +63,7 @@ import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from planner.core.units import ceil_units_array, floor_units
+from planner.memory.generation import ASLEEP_SUFFIX
 
 #: Integer units of each objective inside CP-SAT (and in the oracle's ranking).
 OBJECTIVE_SCALE = {"gpus": 1.0, "hourly": 1e4, "cost": 1e4, "time": 1e3}
@@ -120,6 +122,9 @@ class Limits:
     deadline_ms: int | None = None
     need_price: bool = False
     forbidden_groups: list[int] = field(default_factory=list)
+    #: What a step's phase may hold while a colocated engine sleeps (phases named with
+    #: ``planner.memory.generation.ASLEEP_SUFFIX``); ``usable_bytes`` where not given.
+    asleep_usable_bytes: np.ndarray | None = None
 
 
 def _ints(values) -> list[int]:
@@ -211,8 +216,10 @@ class PlanModel:
 
     # (1)
     def _add_memory(self) -> None:
-        for table in self.space.k_phases.values():
-            self._within_each_type(table[self.space.c_k], self.limits.usable_bytes)
+        for phase, table in self.space.k_phases.items():
+            asleep = phase.endswith(ASLEEP_SUFFIX) and self.limits.asleep_usable_bytes is not None
+            self._within_each_type(table[self.space.c_k],
+                                   self.limits.asleep_usable_bytes if asleep else self.limits.usable_bytes)
 
     # (2)
     def _add_host_ram(self) -> None:

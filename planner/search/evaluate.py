@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from planner.core.arrays import unique_rows
-from planner.memory.breakdown import STACK_RECIPE
+from planner.memory.breakdown import GENERATION_RECIPE, STACK_RECIPE
 from planner.memory.estimate import usable_bytes
-from planner.memory.generation import engine_fits, engine_share
+from planner.memory.generation import ASLEEP_SUFFIX, engine_fits, engine_share
 from planner.memory.profiles import memory_components
 from planner.perf.arguments import step_arguments
 from planner.perf.flops import model_flops
@@ -27,6 +27,9 @@ class GpuTable:
     """Per GPU type arrays (indexed by the class's ``gpu``)."""
 
     usable_bytes: np.ndarray
+    #: What a step may hold while a colocated engine sleeps (phases named with ``ASLEEP_SUFFIX``):
+    #: the card without the engine's share.
+    asleep_usable_bytes: np.ndarray
     host_bytes_per_node: np.ndarray  # inf where unknown
     gpus_per_node: np.ndarray
     whole_node: np.ndarray
@@ -39,13 +42,14 @@ class GpuTable:
 def gpu_table(req: SearchRequest) -> GpuTable:
     reserve = req.rs.overrides.reserve
     rs = req.rs
-    share = engine_share(rs.workload, rs.layout, rs.recipe)
+    share = engine_share(rs.workload, rs.layout)
 
-    def usable(g) -> int:
-        """What a plan's step may hold on this card: none where a colocated engine cannot start."""
+    def usable(g, engine: float) -> int:
+        """What a plan's phase may hold on this card beside ``engine`` (its share): none where a
+        colocated engine cannot start."""
         if not engine_fits(rs.model, rs.workload, rs.layout, g.memory_bytes):
             return -1
-        return usable_bytes(g.memory_bytes, rs.profile, reserve, share)
+        return usable_bytes(g.memory_bytes, rs.profile, reserve, engine)
 
     def perf(which: str) -> GpuPerf:
         rows = []
@@ -56,7 +60,8 @@ def gpu_table(req: SearchRequest) -> GpuTable:
                          for f in GpuPerf.__dataclass_fields__))
 
     return GpuTable(
-        usable_bytes=np.array([usable(g) for g in req.gpus], dtype=np.int64),
+        usable_bytes=np.array([usable(g, share) for g in req.gpus], dtype=np.int64),
+        asleep_usable_bytes=np.array([usable(g, 0.0) for g in req.gpus], dtype=np.int64),
         host_bytes_per_node=np.array([g.host_ram_budget_bytes for g in req.gpus]),
         gpus_per_node=np.array([g.gpus_per_node for g in req.gpus], dtype=np.int64),
         whole_node=np.array([g.whole_node_only for g in req.gpus]),
@@ -93,7 +98,7 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
     # the stack's recipe where memory depends on it
     for key in STACK_RECIPE:
-        if req.stack_sets(key):
+        if req.stack_sets(key) and (key not in GENERATION_RECIPE or req.rs.workload.generates):
             x[key] = req.stack_recipe(key, c["stack"])
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -129,12 +134,17 @@ def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_acc
     """The time model's arguments for columns ``c`` (planner.perf.arguments.step_arguments), for
     the search and its best-first bound. ``offload``/``zero`` replace the columns' own (the
     bound takes none); ``intra_only`` prices every group at the in-node link."""
-    return step_arguments(
+    x = step_arguments(
         req.rs, method=c["method"], checkpointing=c["checkpointing"],
         offload=c["offload"] if offload is None else offload, zero=c["zero"] if zero is None else zero,
         seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
         cp=c["cp"], ep=c["ep"], dp=dp, attention=c["attention"], fused=req.fused(c["stack"]),
         native_attention=req.stack_recipe("native_attention", c["stack"]), intra_only=intra_only)
+    if req.rs.workload.generates:  # the stack's engine phases, where the scenario leaves them to it
+        for key, arg in zip(GENERATION_RECIPE, ("gen_sleep", "gen_rollout_offload")):
+            if req.stack_sets(key):
+                x[arg] = req.stack_recipe(key, c["stack"])
+    return x
 
 
 def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: np.ndarray,
@@ -155,6 +165,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
     node = table.gpus_per_node[g]
     billed = billed_gpus(gpus + req.rs.layout.generation_gpus, node, table.whole_node[g])  # GRPO's served engine too
     host_exact = True
+    phases = None
     if not memory:  # the caller fills memory in for the columns it keeps (planner.search.candidates)
         mem = host = np.full(np.shape(dp), -1, dtype=np.int64)
     elif known_to_fit and req.rs.profile != "seed":
@@ -166,7 +177,8 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
         if len(over):
             host[over] = memory_total(req, {k: v[over] for k, v in c.items()}, dp[over], ga[over])[1]
     else:
-        mem, host = memory_total(req, c, dp, ga)
+        memory_ = memory_of(req, c, dp, ga)
+        mem, host, phases = memory_["total"], memory_["host"], memory_["phases"]
     mf = model_flops(req.model)
     x = step_args(req, c, dp=dp, grad_accum=ga)
     out = {"dp": dp, "grad_accum": ga, "gpus": gpus, "billed_gpus": billed, "memory_bytes": mem,
@@ -184,7 +196,7 @@ def evaluate(req: SearchRequest, table: GpuTable, c: dict[str, np.ndarray], dp: 
             out["cost_usd" + label] = job_cost_usd(t, gpus=billed, price_usd_per_hour=rows.price_usd_per_hour)
     out["tokens_per_s"] = tokens_per_step / out["step_s"]
     out["hourly_usd"] = billed * perf_rows(table.perf, g).price_usd_per_hour
-    out["fits"], out["host_ok"] = memory_flags(table, g, gpus, mem, host)
+    out["fits"], out["host_ok"] = memory_flags(table, g, gpus, mem, host, phases)
     out["ga_ok"] = ga >= 1
     return out
 
@@ -194,8 +206,24 @@ def host_bytes_per_node(table: GpuTable, g: np.ndarray, gpus: np.ndarray, host: 
     return host * np.minimum(gpus, table.gpus_per_node[g])
 
 
+def phase_usable(table: GpuTable, phase: str) -> np.ndarray:
+    """What ``phase`` may hold on each GPU type: a step phase while a colocated engine sleeps the
+    card without the engine's share, any other the card less it (the same for every phase
+    without generation)."""
+    return table.asleep_usable_bytes if phase.endswith(ASLEEP_SUFFIX) else table.usable_bytes
+
+
+def within_card(table: GpuTable, g: np.ndarray, phases: dict[str, np.ndarray]) -> np.ndarray:
+    """Whether every phase of each column fits its card (``phases`` from :func:`memory_of`)."""
+    ok = np.ones(np.shape(g), dtype=bool)
+    for name, values in phases.items():
+        ok &= values <= phase_usable(table, name)[g]
+    return ok
+
+
 def memory_flags(table: GpuTable, g: np.ndarray, gpus: np.ndarray, mem: np.ndarray,
-                 host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(fits on the card, offloaded bytes of a node's GPUs fit its host RAM) of each column."""
-    return (mem <= table.usable_bytes[g],
-            host_bytes_per_node(table, g, gpus, host) <= table.host_bytes_per_node[g])
+                 host: np.ndarray, phases: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(fits on the card, offloaded bytes of a node's GPUs fit its host RAM) of each column: every
+    phase within its usable bytes where ``phases`` are given, else the total (-1 where known to fit)."""
+    fits = within_card(table, g, phases) if phases is not None else mem <= table.usable_bytes[g]
+    return fits, host_bytes_per_node(table, g, gpus, host) <= table.host_bytes_per_node[g]

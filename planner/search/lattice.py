@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.core.arrays import unique_rows
-from planner.search.evaluate import GpuTable, grad_accum_of, memory_total
+from planner.search.evaluate import GpuTable, grad_accum_of, memory_of, within_card
 from planner.search.request import SearchRequest
 from planner.search.space import Classes
 
@@ -81,8 +81,7 @@ def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
 def memory_fits(req: SearchRequest, table: GpuTable, cls: Classes, idx: np.ndarray, dp: np.ndarray) -> np.ndarray:
     c = {k: v[idx] for k, v in cls.a.items()}
     ga = grad_accum_of(req, c["micro_batch"], dp)
-    mem, _ = memory_total(req, c, dp, np.maximum(ga, 1))
-    return mem <= table.usable_bytes[c["gpu"]]
+    return within_card(table, c["gpu"], memory_of(req, c, dp, np.maximum(ga, 1))["phases"])
 
 
 def fitting_start(req: SearchRequest, table: GpuTable, cls: Classes, lat: Lattice,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.catalog.stacks import get_stack
 from planner.core.units import nodes_for
-from planner.memory.breakdown import STACK_RECIPE, decode_class
+from planner.memory.breakdown import GENERATION_RECIPE, STACK_RECIPE, decode_class
 from planner.memory.estimate import Estimate, estimate_resolved
 from planner.scenario.files import deep_merge
 from planner.scenario.resolve import ResolvedScenario, resolve
@@ -136,9 +136,11 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
         wl["global_batch"] = None
     lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
     rec = {}
+    generates = raw.get("workload", {}).get("algorithm") == "grpo"
     for key in STACK_RECIPE:  # the stack's recipe, where the scenario's recipe: does not set the key
         if ("stack" in fields and key not in raw.get("recipe", {})
-                and (key not in PLAN_RECIPE or raw.get("profile") != "seed")):
+                and (key not in PLAN_RECIPE + GENERATION_RECIPE or raw.get("profile") != "seed")
+                and (key not in GENERATION_RECIPE or generates)):
             rec[key] = getattr(get_stack(fields["stack"]).recipe, key)
     out = deep_merge(out, {"workload": wl, "layout": lay, **({"recipe": rec} if rec else {})})
     if out["workload"].get("global_batch") is None:
@@ -155,7 +157,11 @@ def generation_text(rs: ResolvedScenario) -> str | None:
     if not wl.generates:
         return None
     where = "colocated" if not lay.generation_gpus else f"on {lay.generation_gpus} GPUs of its own"
-    return (f"vLLM {where} (tp {lay.generation_tp}, {lay.engine_memory_fraction:.0%} of each GPU); "
+    turns = ""
+    if not lay.generation_gpus and rs.recipe.generation_sleep:
+        turns = ", asleep while the step trains" + (
+            ", trainer's states in host memory while it generates" if rs.recipe.rollout_offload else "")
+    return (f"vLLM {where} (tp {lay.generation_tp}, {lay.engine_memory_fraction:.0%} of each GPU{turns}); "
             f"{wl.num_generations} × {wl.completion_len}-token completions per prompt")
 
 

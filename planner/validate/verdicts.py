@@ -96,7 +96,7 @@ def _model_cell(row: dict[str, str]) -> str:
 
 
 def judge_row(row: dict[str, str]) -> VerdictResult:
-    from planner.memory.estimate import estimate_resolved, is_tight, usable_bytes
+    from planner.memory.estimate import estimate_resolved, fit_of, memory_of
     from planner.scenario.resolve import resolve
     from planner.validate.memory_loso import source_of
 
@@ -109,18 +109,21 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
         capacity = capacity_of(row)
         raw = scenario_of(stated_or_least({**row, "model": _model_cell(row)}))
         try:
-            est = estimate_resolved(resolve(raw))
+            rs = resolve(raw)
+            est = estimate_resolved(rs)
         except InputError as exc:
             raise Unmodelable("; ".join(exc.problems)) from None
     except Unmodelable as exc:
         return VerdictResult(**base, capacity_bytes=None, usable_bytes=None, predicted_bytes=None,
                              judged_fit=None, reason=str(exc))
-    usable = usable_bytes(capacity, est.profile, est.reserve)
-    tight = is_tight(est.total_bytes, usable, capacity, est.error_band,
-                     (est.predicted or {}).get("device_bytes"))
-    return VerdictResult(**base, capacity_bytes=capacity, usable_bytes=usable,
-                         predicted_bytes=est.total_bytes, judged_fit=est.total_bytes <= usable, reason=None,
-                         tight=tight)
+    # the estimate's own fit rule on the row's card: a colocated engine's share and phases too
+    fit = fit_of(memory_of(rs), capacity, profile=est.profile, reserve=est.reserve, wl=rs.workload,
+                 lay=rs.layout, model=rs.model)
+    within = est.total_bytes <= fit.usable_bytes and (
+        fit.generation_bytes is None or fit.generation_bytes <= (fit.generation_usable_bytes or 0))
+    return VerdictResult(**base, capacity_bytes=capacity, usable_bytes=fit.usable_bytes,
+                         predicted_bytes=est.total_bytes, judged_fit=within and (fit.fits or bool(fit.tight)),
+                         reason=None, tight=fit.tight)
 
 
 #: Cells a source may leave unstated, and the value that needs the least memory: a run that ran
