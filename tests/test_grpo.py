@@ -383,3 +383,38 @@ def test_the_time_cost_front_spans_every_placement():
     assert all(b[1] < a[1] for a, b in itertools.pairwise(pts))  # faster costs more along it
     cheapest = plan_raw({**GRPO_PLAN, "top": 1}).plans[0]
     assert min(c for _, c in pts) == pytest.approx(cheapest.cost_usd)
+
+
+#: Full GRPO of a 7B model on at most two H100s with no CPU offload: beside TRL's engine awake at
+#: 0.3 of each card the FSDP step does not fit; verl's engine sleeps while the step trains.
+VERL_ONLY = {"model": "qwen2.5-7b",
+             "workload": {"method": "full", "algorithm": "grpo", "seq_len": 1536, "completion_len": 1024,
+                          "tokens": 1e7, "global_batch": 64},
+             "layout": {"generation_gpus": 0},
+             "search": {"gpu_types": ["h100"], "max_gpus": 2, "offload": ["none"], "micro_batch": [1, 2, 4],
+                        "tp": [1], "pp": [1], "cp": [1]}, "objective": "cost", "top": 3}
+
+
+def test_a_stack_whose_engine_sleeps_is_offered_where_only_it_fits():
+    """verl (``catalogs/stacks.yaml``: ``free_cache_engine`` True, ``param_offload`` False at
+    b178a3cd) sleeps its hybrid engine while the step trains and keeps the actor's states on the
+    card: the plan the TRL stacks cannot make is made with it, states and engine checked in turn,
+    and says so; the search matches its oracle, and the pinned plan carries verl's recipe."""
+    from planner.catalog.stacks import get_stack
+
+    verl = get_stack("verl")
+    assert verl.algorithms == ["grpo"] and verl.recipe.generation_sleep and not verl.recipe.rollout_offload
+    only_trl = plan_raw({**VERL_ONLY, "search": {**VERL_ONLY["search"], "stacks": ["hf-fsdp", "hf-deepspeed"]}})
+    assert not only_trl.plans
+    out = plan_raw(VERL_ONLY)
+    assert out.plans and {p.stack for p in out.plans} == {"verl"} and not out.checker_rejected
+    for p in out.plans:
+        assert p.pinned_scenario["recipe"]["generation_sleep"] is True
+        assert "asleep while the step trains" in p.generation
+        est = p.memory
+        assert est.usable_bytes > est.generation_usable_bytes >= est.generation_bytes
+        assert est.total_bytes > est.generation_usable_bytes  # the step needs more than the engine leaves
+    assert_search_matches_oracle(VERL_ONLY)
+    # supervised and DPO plans never name it (its sources run GRPO here)
+    sft = plan_raw({**VERL_ONLY, "workload": {"method": "full", "seq_len": 1536, "tokens": 1e7}})
+    assert all(p.stack != "verl" for p in sft.plans)

@@ -157,15 +157,30 @@ def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps
 def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The stack is a decision where it changes memory: a ZeRO-3 class whose first stack frees
     gathers FSDP1-style is offered again with the first FSDP2 stack that runs it (less reserved
-    memory; ``StackRecipe.fsdp_version``). Where both fit, the earlier row (the preferred stack)
-    wins the tie."""
-    versions = req.stack_recipe("fsdp_version", np.arange(len(req.stacks)))
-    if not req.stack_sets("fsdp_version") or not len(part["zero"]) or not (versions == 2).any():
+    memory; ``StackRecipe.fsdp_version``); a GRPO class whose first stack keeps its colocated
+    engine awake through the step, again with the first stack whose engine sleeps meanwhile
+    (``StackRecipe.generation_sleep``: the step has the card, the states at rest must fit beside
+    the engine). Where both fit, the earlier row (the preferred stack) wins the tie."""
+    if req.stack_sets("fsdp_version") and len(part["zero"]):
+        versions = req.stack_recipe("fsdp_version", np.arange(len(req.stacks)))
+        part = _offer_again(req, gpu, part, versions == 2, part["zero"] == 3)
+    wl = req.rs.workload
+    if wl.generates and not req.rs.layout.generation_gpus and req.stack_sets("generation_sleep"):
+        sleeps = req.stack_recipe("generation_sleep", np.arange(len(req.stacks))) == 1
+        part = _offer_again(req, gpu, part, sleeps, np.ones(len(part["zero"]), dtype=bool))
+    return part
+
+
+def _offer_again(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndarray], better: np.ndarray,
+                 wanted: np.ndarray) -> dict[str, np.ndarray]:
+    """``part``'s ``wanted`` rows whose stack is not ``better`` (a flag per stack), offered again
+    with the first ``better`` stack that runs them."""
+    if not len(wanted) or not better.any():
         return part
-    wanted = (part["zero"] == 3) & (versions[part["stack"]] == 1)
+    wanted = wanted & ~better[part["stack"]]
     alt = np.full(len(wanted), -1, dtype=np.int64)
     layout = {k: part[k] for k in ("tp", "pp", "cp", "ep", "zero", "offload", "checkpointing")}
-    for i in np.flatnonzero(versions == 2):
+    for i in np.flatnonzero(better):
         runs = stack_runs(req.stacks[i], vendor=gpu.vendor, quant_type=req.rs.workload.quant_type,
                           method=part["method"], sp=part["sp"].astype(bool),
                           saved_modules=bool(req.rs.workload.modules_to_save),
@@ -175,5 +190,3 @@ def _with_fsdp2_stacks(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndar
     if not extra.any():
         return part
     return {k: np.concatenate([v, alt[extra] if k == "stack" else v[extra]]) for k, v in part.items()}
-
-
