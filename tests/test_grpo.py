@@ -6,6 +6,7 @@ independent checker, the stacks that run it, and the CLI."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -418,3 +419,37 @@ def test_a_stack_whose_engine_sleeps_is_offered_where_only_it_fits():
     # supervised and DPO plans never name it (its sources run GRPO here)
     sft = plan_raw({**VERL_ONLY, "workload": {"method": "full", "seq_len": 1536, "tokens": 1e7}})
     assert all(p.stack != "verl" for p in sft.plans)
+
+
+def test_verl_export_writes_the_plan_as_verl_counts_it():
+    """A verl plan's bundle runs verl's trainer with the plan's overrides (keys of verl's trainer
+    config at b178a3cd): batches in prompts (the global batch of completions over the group
+    size), micro-batches in completions per GPU, the engine's share and TP as planned and its sleep
+    as the stack's recipe; its sharding files are FSDP's. A served engine or a supervised plan is
+    not verl's: asked for, it is skipped with the reason; unasked, a supervised bundle says nothing
+    of it."""
+    from planner.launch.exporters import export_resolved
+
+    plan = plan_raw(VERL_ONLY).plans[0]
+    rs = resolve(plan.pinned_scenario)
+    bundle = export_resolved(rs, stack="verl")
+    script = bundle.files["verl_run.sh"]
+    args = dict(line.strip().rstrip(" \\").split("=", 1) for line in script.splitlines() if "=" in line)
+    assert int(args["data.train_batch_size"]) * 8 == plan.global_batch == 64
+    assert args["actor_rollout_ref.actor.ppo_mini_batch_size"] == args["data.train_batch_size"]
+    assert int(args["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]) == plan.micro_batch
+    assert args["actor_rollout_ref.rollout.n"] == "8"
+    assert float(args["actor_rollout_ref.rollout.gpu_memory_utilization"]) == rs.layout.engine_memory_fraction
+    assert args["actor_rollout_ref.rollout.free_cache_engine"] == "True"
+    assert args["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    assert int(args["data.max_prompt_length"]) + int(args["data.max_response_length"]) == plan.seq_len
+    assert int(args["trainer.n_gpus_per_node"]) * int(args["trainer.nnodes"]) == plan.gpus
+    assert "ds_config.json" not in bundle.files and "accelerate_config.yaml" in bundle.files
+    assert json.loads(bundle.files["grpo_config.json"])["vllm_enable_sleep_mode"] is True
+    served = export_resolved(resolve({**plan.pinned_scenario, "layout": {**plan.pinned_scenario["layout"],
+                                                                         "generation_gpus": 1}}),
+                             formats=("verl",))
+    assert "verl_run.sh" not in served.files and "colocated" in served.skipped["verl"]
+    sft = plan_raw({**VERL_ONLY, "workload": {"method": "lora", "seq_len": 1536, "tokens": 1e7}}).plans[0]
+    assert "verl" not in export_resolved(resolve(sft.pinned_scenario)).skipped
+    assert "GRPO" in export_resolved(resolve(sft.pinned_scenario), formats=("verl",)).skipped["verl"]

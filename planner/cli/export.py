@@ -25,7 +25,8 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="Print the files as JSON; write nothing.")] = False,
 ) -> None:
     """Write the configs that run a plan: DeepSpeed, accelerate, torchrun, HF Trainer + PEFT +
-    bitsandbytes, torchtune, Megatron-LM, SkyPilot; and PLAN.md with what you must fill in."""
+    bitsandbytes (TRL for DPO and GRPO), torchtune, Megatron-LM, SkyPilot, verl (GRPO); and PLAN.md with
+    what you must fill in."""
     from planner.cli.app import fail as _fail
     from planner.launch.exporters import export_plan, write_bundle
 

@@ -18,6 +18,7 @@ from planner.launch.exporters.frameworks import (
     torchrun_command,
 )
 from planner.launch.exporters.recipes import hf_files, megatron_args, torchtune_override
+from planner.launch.exporters.rl import verl_overrides, verl_script
 from planner.scenario.files import read_scenario_file
 from planner.scenario.resolve import ResolvedScenario, resolve
 
@@ -123,6 +124,11 @@ def export_resolved(rs: ResolvedScenario, formats: tuple[str, ...] = FORMATS, *,
         out.files["launch.sh"] = _launch_script(run, ctx)
     if "torchtune" in formats:
         _add_torchtune_files(ctx, out)
+    if "verl" in formats and (rs.workload.algorithm == "grpo" or formats != FORMATS):
+        # verl is written for GRPO plans; other plans name it as skipped only where asked for
+        verl = verl_overrides(ctx, out)
+        if verl is not None:
+            out.files["verl_run.sh"] = verl_script(verl)
     if "megatron" in formats:
         margs = megatron_args(ctx, out)
         if margs is not None:

@@ -8,7 +8,7 @@ from planner.core.units import nodes_for
 from planner.scenario.resolve import ResolvedScenario
 
 #: Export formats, in the order they are written.
-FORMATS = ("deepspeed", "accelerate", "torchrun", "hf", "torchtune", "megatron", "skypilot")
+FORMATS = ("deepspeed", "accelerate", "torchrun", "hf", "torchtune", "megatron", "skypilot", "verl")
 
 #: Settings no plan decides: every bundle lists them for the user to fill in.
 ALWAYS_FILL_IN = (
@@ -53,7 +53,7 @@ class Bundle:
 #: Sharding back-ends of the Hugging Face files: a bundle points at one of them, never both.
 BACKENDS = ("deepspeed", "fsdp")
 #: The back-end a plan's stack (catalogs/stacks.yaml) shards with.
-STACK_BACKEND = {"hf-deepspeed": "deepspeed", "hf-fsdp": "fsdp", "torchtune": "fsdp", "torchtitan": "fsdp"}
+STACK_BACKEND = {"hf-deepspeed": "deepspeed", "hf-fsdp": "fsdp", "torchtune": "fsdp", "torchtitan": "fsdp", "verl": "fsdp"}
 
 
 @dataclass(frozen=True)

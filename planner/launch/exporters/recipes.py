@@ -124,6 +124,11 @@ def grpo_config(ctx: Ctx, out: Bundle, args: dict) -> dict:
               "vllm_mode": "server" if lay.generation_gpus else "colocate",
               "vllm_gpu_memory_utilization": lay.engine_memory_fraction,
               "vllm_tensor_parallel_size": lay.generation_tp}
+    if not lay.generation_gpus:  # the engine asleep while the step trains, as the plan fitted it
+        config["vllm_enable_sleep_mode"] = ctx.rs.recipe.generation_sleep
+        if ctx.rs.recipe.rollout_offload:
+            out.note("hf", "the plan moves the trainer's states to host memory while the engine generates "
+                           "(recipe.rollout_offload), which GRPOTrainer does not do: it needs more memory there")
     if lay.generation_gpus:
         out.note("hf", f"start the engine on the {lay.generation_gpus} generation GPUs first: trl vllm-serve "
                        f"--model <model> --tensor-parallel-size {lay.generation_tp} "
