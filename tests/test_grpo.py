@@ -421,6 +421,24 @@ def test_a_stack_whose_engine_sleeps_is_offered_where_only_it_fits():
     assert all(p.stack != "verl" for p in sft.plans)
 
 
+def test_engine_flags_on_the_command_line():
+    """--generation-sleep, --rollout-offload, --generation-memory-fraction and --generation-gpus set
+    the scenario's recipe and layout keys: the estimate then shows the states beside the waking
+    engine, and a plan pinned to served GPUs searches that placement only."""
+    runner = CliRunner()
+    base = ["estimate", "--model", "qwen2.5-7b", "--method", "full", "--algorithm", "grpo", "--gpu", "h100",
+            "--gpus", "2", "--zero", "3", "--micro-batch", "1", "--checkpointing", "full", "--json"]
+    asleep = json.loads(runner.invoke(app, [*base, "--generation-sleep", "--generation-memory-fraction", "0.5"]).output)
+    assert asleep["generation_bytes"] > asleep["generation_usable_bytes"] and asleep["verdict"] == "does_not_fit"
+    assert asleep["components"]["engine_asleep"] == ENGINE_ASLEEP_BYTES
+    turns = runner.invoke(app, [*base, "--generation-sleep", "--rollout-offload", "--generation-memory-fraction", "0.5"])
+    assert turns.exit_code == 0 and json.loads(turns.output)["generation_bytes"] is None
+    served = runner.invoke(app, ["plan", "--model", "qwen2.5-7b", "--method", "lora", "--algorithm", "grpo",
+                                 "--tokens", "1e7", "--gpu", "h100", "--generation-gpus", "2", "--json"])
+    assert served.exit_code == 0, served.output
+    assert {p["generation_gpus"] for p in json.loads(served.output)["plans"]} == {2}
+
+
 def test_verl_export_writes_the_plan_as_verl_counts_it():
     """A verl plan's bundle runs verl's trainer with the plan's overrides (keys of verl's trainer
     config at b178a3cd): batches in prompts (the global batch of completions over the group

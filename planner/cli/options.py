@@ -64,6 +64,22 @@ Generations = Annotated[S, opt("--num-generations", metavar="G", help="GRPO: com
                                default=_WL.num_generations)]
 CompletionLen = Annotated[S, opt("--completion-len", metavar="TOKENS", help="GRPO: longest completion "
                                  "(seq-len counts prompt + completion).", default=_WL.completion_len)]
+GenerationGpus = Annotated[S, opt("--generation-gpus", metavar="N", help="GRPO: GPUs serving the vLLM engine "
+                                  "apart from the training GPUs (0: colocated on them). plan: searched where "
+                                  "not given.", default=_LAY.generation_gpus)]
+GenerationFraction = Annotated[S, opt("--generation-memory-fraction", metavar="F", help="GRPO: the engine's "
+                                      "share of each GPU it runs on (vLLM gpu_memory_utilization).",
+                                      default="0.3 colocated (TRL), 0.9 on GPUs of its own")]
+GenerationTp = Annotated[S, opt("--generation-tp", metavar="N", help="GRPO: GPUs per engine (vLLM tensor "
+                                "parallelism).", default=_LAY.generation_tp)]
+GenerationSleep = Annotated[bool | None, typer.Option(
+    "--generation-sleep/--no-generation-sleep", metavar=" ",
+    help="GRPO, colocated: the engine sleeps while the step trains (vLLM sleep mode; TRL "
+         "vllm_enable_sleep_mode, verl free_cache_engine). Default: the stack's (plan), off (estimate).")]
+RolloutOffload = Annotated[bool | None, typer.Option(
+    "--rollout-offload/--no-rollout-offload", metavar=" ",
+    help="GRPO, colocated: the trainer's states go to host memory while the engine generates (verl "
+         "param_offload/optimizer_offload). Default: the stack's (plan), off (estimate).")]
 Reference = Annotated[S, opt(metavar="REFERENCE", help="DPO's reference policy: a frozen model, log-probs "
                              "precomputed before training, or none (ORPO, SimPO).",
                              values=("model", "precomputed", "none"), default=_WL.reference)]

@@ -67,10 +67,13 @@ def memory_breakdown(name: str, model: ModelSpec, workload: Workload, layout: La
                            sleep=recipe.generation_sleep, offload=recipe.rollout_offload)
     if not mem.phase_bytes and phases == {"step": mem.total_bytes}:
         return mem
-    components = dict(mem.components)
+    components, predicted = dict(mem.components), mem.predicted
     if any(k.endswith(ASLEEP_SUFFIX) for k in phases):
         components["engine_asleep"] = ENGINE_ASLEEP_BYTES
-    return replace(mem, components=components, phase_bytes=phases)
+        if predicted:  # the card holds it beside the trainer's memory, as nvidia-smi shows it
+            predicted = {**predicted, **{k: predicted[k] + ENGINE_ASLEEP_BYTES
+                                         for k in ("device_bytes", "needed_bytes") if k in predicted}}
+    return replace(mem, components=components, phase_bytes=phases, predicted=predicted)
 
 
 def memory_components(name: str, model: ModelSpec, overrides: Overrides, *,

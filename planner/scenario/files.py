@@ -23,7 +23,8 @@ FLAG_SECTIONS: dict[str, str] = {
         "double_quant", "allow_relax", "algorithm", "reference", "num_generations", "completion_len")},
     **{k: "layout" for k in (
         "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing",
-        "attention", "uneven_pp")},
+        "attention", "uneven_pp", "generation_gpus", "generation_memory_fraction", "generation_tp")},
+    **{k: "recipe" for k in ("generation_sleep", "rollout_offload")},
     **{k: "overrides" for k in (
         "activation_bytes", "k_factor", "lora_params", "lora_bytes_per_param",
         "base_bytes_per_param", "reserve")},
