@@ -25,6 +25,7 @@ from planner.perf import flops, hardware, timing
 from planner.perf.arguments import step_arguments
 from planner.scenario.resolve import resolve
 from planner.search.answer import plan_raw
+from planner.search.checker import check_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -471,3 +472,49 @@ def test_verl_export_writes_the_plan_as_verl_counts_it():
     sft = plan_raw({**VERL_ONLY, "workload": {"method": "lora", "seq_len": 1536, "tokens": 1e7}}).plans[0]
     assert "verl" not in export_resolved(resolve(sft.pinned_scenario)).skipped
     assert "GRPO" in export_resolved(resolve(sft.pinned_scenario), formats=("verl",)).skipped["verl"]
+
+
+def test_old_log_probs_and_off_policy_overlap_in_time():
+    """Two stack behaviours read from their sources: a stack that scores its completions with one
+    more forward (verl's hybrid engine recomputes the old log-probs; NeMo RL's previous log-probs)
+    pays a forward without gradients per token, as a reference forward costs; an engine on GPUs
+    of its own that generates the next step's completions meanwhile (one-step off-policy) makes a
+    step the longer of training and generating, plus the weights' transfer. A colocated engine
+    cannot overlap."""
+    rs = resolve(scenario())
+    mf, perf = flops.model_flops(rs.model), hardware.GpuPerf.of(rs.gpu)
+    x = _x(rs)
+    base = float(timing.step_time_s(mf, perf, None, **x))
+    one = float(timing.step_time_s(mf, perf, None, **{**x, "reference_forward": 1}))
+    two = float(timing.step_time_s(mf, perf, None, **{**x, "reference_forward": 2}))
+    assert base < one < two and two - one == pytest.approx(one - base, rel=1e-6)
+    scored = resolve({**scenario(), "recipe": {"logprob_forward": True}})
+    assert _x(scored)["reference_forward"] == 1 and "reference_forward" not in x
+    both = resolve({**scenario(reference="model"), "recipe": {"logprob_forward": True}})
+    assert _x(both)["reference_forward"] == 2
+    served = resolve({**scenario(layout={"generation_gpus": 8}), "recipe": {"async_generation": True}})
+    xs = _x(served)
+    assert xs["gen_async"] == 1
+    load, work = timing._generation_parts(mf, perf, timing.FITTED, xs)
+    sync = float(timing.step_time_s(mf, perf, None, **{**xs, "gen_async": 0}))
+    overlapped = float(timing.step_time_s(mf, perf, None, **xs))
+    train = sync - float(load) - float(work)
+    assert overlapped == pytest.approx(max(train, float(work)) + float(load), rel=1e-9) and overlapped < sync
+    colocated = resolve({**scenario(), "recipe": {"async_generation": True}})
+    assert _x(colocated)["gen_async"] == 0  # nothing to overlap on the training GPUs
+
+
+def test_verl_plans_are_timed_with_their_old_log_prob_forward():
+    """A verl plan's time counts its old-log-prob forward: the search's figure is the checker's
+    (the plan passes it), and above the same layout timed as TRL runs it (no such forward)."""
+    plan = plan_raw(VERL_ONLY).plans[0]
+    assert plan.pinned_scenario["recipe"]["logprob_forward"] is True and check_plan(VERL_ONLY, plan) == []
+    trl = {**plan.pinned_scenario, "recipe": {**plan.pinned_scenario["recipe"], "logprob_forward": False}}
+    rs_v, rs_t = resolve(plan.pinned_scenario), resolve(trl)
+    mf, perf = flops.model_flops(rs_v.model), hardware.GpuPerf.of(rs_v.gpu)
+    args = {"method": 0, "checkpointing": 0, "offload": 0, "zero": 3, "seq_len": plan.seq_len,
+            "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "tp": 1, "pp": 1, "cp": 1, "ep": 1,
+            "dp": plan.dp, "attention": 1, "fused": 0}
+    t_v = float(timing.step_time_s(mf, perf, None, **step_arguments(rs_v, **args)))
+    t_t = float(timing.step_time_s(mf, perf, None, **step_arguments(rs_t, **args)))
+    assert t_v > t_t

@@ -233,6 +233,9 @@ class StackRecipe(StrictModel):
     #: ``Recipe.rollout_offload``).
     generation_sleep: bool = False
     rollout_offload: bool = False
+    #: GRPO: a forward over the completions for their old log-probs each step
+    #: (``Recipe.logprob_forward``).
+    logprob_forward: bool = False
 
 
 class StackSpec(StrictModel):

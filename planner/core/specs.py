@@ -263,6 +263,16 @@ class Recipe(StrictModel):
     #: ``offload_optimizer``, NeMo RL's offload after the refit). With the engine asleep while the
     #: step trains, each phase then has the card to itself.
     rollout_offload: bool = False
+    #: GRPO: each step runs the policy forward once more over its completions before training, to
+    #: score them with the trainer's own numerics (verl's hybrid engine always recomputes the old
+    #: log-probs; NeMo RL's previous log-probs); TRL at ``num_iterations`` 1 takes them from the
+    #: training forward itself. Time only: a forward without gradients, 2N FLOPs per token.
+    logprob_forward: bool = False
+    #: GRPO with an engine on GPUs of its own: it generates the next step's completions while this
+    #: step trains (one-step off-policy: NeMo RL's asynchronous GRPO, ``max_trajectory_age_steps``;
+    #: verl's one-step-off recipe), so a step takes the longer of the two, plus the weights'
+    #: transfer to the engine. Ignored for a colocated engine, which cannot overlap.
+    async_generation: bool = False
     # How its ZeRO/FSDP implementation and release shard, accumulate, check and free.
     unsharded_grad_accumulation: bool = False  # FSDP no_sync: full gradients between micro-batches
     full_state_dict: bool = False  # FSDP1: the whole unsharded 16-bit model on each GPU once

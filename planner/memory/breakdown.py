@@ -56,13 +56,16 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
 #: of the same name): how its FSDP frees gathers, who implements its ZeRO stages, whether its
 #: training loop accumulates gradients unsharded under FSDP, the loss's implementation, the
 #: norm/activation kernels, torch.compile, and whether a colocated GRPO engine sleeps while the
-#: step trains and the trainer's states leave the card while it generates.
+#: step trains and the trainer's states leave the card while it generates (and, for the time model
+#: only, whether each step scores its completions with one more forward).
 STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
-                                 "loss", "kernels", "compile", "generation_sleep", "rollout_offload")
+                                 "loss", "kernels", "compile", "generation_sleep", "rollout_offload",
+                                 "logprob_forward")
 #: Of those, the ones only GRPO's colocated engine reads (left out of other workloads' rows).
-GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload")
+GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload", "logprob_forward")
 #: Array keys whose values are flags.
-FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile", "generation_sleep", "rollout_offload"})
+FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile", "generation_sleep", "rollout_offload",
+                   "logprob_forward"})
 
 
 def decode(key: str, value: Any) -> Any:

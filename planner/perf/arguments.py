@@ -59,7 +59,8 @@ def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Re
             "gen_num_generations": wl.num_generations, "gen_tp": lay.generation_tp,
             "gen_gpus": lay.generation_gpus, "gen_fraction": lay.engine_memory_fraction,
             "gen_weight_bytes": engine_weight_bytes(model), "gen_kv_bytes_per_token": kv_bytes_per_token(model),
-            "gen_sleep": int(recipe.generation_sleep), "gen_rollout_offload": int(recipe.rollout_offload)}
+            "gen_sleep": int(recipe.generation_sleep), "gen_rollout_offload": int(recipe.rollout_offload),
+            "gen_async": int(recipe.async_generation and lay.generation_gpus > 0)}
 
 
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
@@ -82,8 +83,9 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              adapter_bytes=adapter_bytes_per_token(n_lora, wl.lora_rank, wl.adapter_dtype),
              attention=attention, native_attention=native_attention, fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
-    if wl.reference_forward:
-        x["reference_forward"] = 1
+    forwards = int(wl.reference_forward) + int(wl.generates and rs.recipe.logprob_forward)
+    if forwards:
+        x["reference_forward"] = forwards
     if wl.generates:
         x.update(generation_arguments(rs.model, wl, lay, rs.recipe))
     if intra_only:

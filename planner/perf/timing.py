@@ -284,8 +284,9 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     FlashAttention-3 on Hopper, as Transformer Engine runs them; default off: a portable
     FlashAttention-2-class kernel),
     ``fused`` (the stack fuses element-wise ops: torch.compile, Transformer Engine; default off),
-    ``reference_forward`` (DPO: the reference policy's forward on every token; default off;
-    ``micro_batch`` then counts sequences, two per pair), ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
+    ``reference_forward`` (forwards without gradients on every token beside training: DPO's and
+    GRPO's reference policy, GRPO's old log-probs; default 0; DPO's ``micro_batch`` then counts
+    sequences, two per pair), ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
     default 0), ``optimizer_bytes`` (per trainable parameter, :func:`optimizer_bytes_per_param`;
     default :data:`OPTIMIZER_BYTES_PER_PARAM`).
 
@@ -319,12 +320,25 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     t_microbatch = compute + tp_comm + pp_comm + cp_comm + ep_comm
     pipeline = (x["grad_accum"] + (x["pp"] - 1) / np.maximum(x.get("vp", 1), 1)) * t_microbatch
     dp_comm, optimizer, offload_opt, offload_params = _data_parallel_and_optimizer_s(mf, perf, x, compute, node)
-    return pipeline + dp_comm + optimizer + offload_opt + offload_params + generation_s(mf, perf, p, x)
+    train = pipeline + dp_comm + optimizer + offload_opt + offload_params
+    load, work = _generation_parts(mf, perf, p, x)
+    # An engine apart generating the next step's completions meanwhile (``gen_async``): the step
+    # takes the longer of the two; the weights' transfer to it still comes between steps.
+    overlap = (np.asarray(x.get("gen_async", 0)) > 0) & (np.asarray(x.get("gen_gpus", 0)) > 0)
+    return np.where(overlap, np.maximum(train, work), train + work) + load
 
 
 def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> Any:
     """GRPO: seconds a step spends generating its completions before it trains on them (0 without
-    ``gen_completion_len``), as vLLM runs them: each engine of ``gen_tp`` GPUs (all the training
+    ``gen_completion_len``): :func:`_generation_parts`, the weights' load and the rest."""
+    load, work = _generation_parts(mf, perf, p, x)
+    return load + work
+
+
+def _generation_parts(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> tuple[Any, Any]:
+    """GRPO: (the policy's weights loaded into the engine, the rest of generating the step's
+    completions) in seconds, both 0 without ``gen_completion_len``, as vLLM runs them: each
+    engine of ``gen_tp`` GPUs (all the training
     GPUs' engines when colocated, ``gen_gpus`` / ``gen_tp`` when served apart) takes its share of
     the step's completions (micro-batch · dp · grad_accum) and
 
@@ -349,7 +363,7 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
     The engine's tensor-parallel all-reduces are not counted."""
     completion = np.asarray(x.get("gen_completion_len", 0), dtype=float)
     if not np.any(completion > 0):
-        return 0.0
+        return 0.0, 0.0
     gtp = np.maximum(np.asarray(x["gen_tp"], dtype=float), 1.0)
     served = np.asarray(x["gen_gpus"], dtype=float)
     training_gpus = x["dp"] * x["tp"] * x["pp"] * x["cp"]
@@ -376,7 +390,8 @@ def generation_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]
     states = np.where(np.asarray(x["zero"]) >= 3, weight_gpu / np.maximum(zero_degree(x["dp"], x["cp"]), 1), weight_gpu)
     states = states + shard * ROLLOUT_STATE_BYTES_PER_PARAM
     swap = swap + np.where(np.asarray(x.get("gen_rollout_offload", 0)) > 0, 2.0 * states / pcie, 0.0)
-    return np.where(completion > 0, load + prefill + decode_steps * step + swap, 0.0)
+    on = completion > 0
+    return np.where(on, load, 0.0), np.where(on, prefill + decode_steps * step + swap, 0.0)
 
 
 def _utilization(perf: GpuPerf, p: TimeParams) -> Any:
@@ -400,13 +415,14 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     util = _utilization(perf, p)
 
     attention_kernel = x.get("attention", 1)  # 0 eager (math path), 1 fused (flash)
-    # DPO's reference policy: one more forward of the frozen weights (and of attention) per token.
-    ref = np.asarray(x.get("reference_forward", 0)) > 0
+    # Forwards without gradients beside training, per token: DPO's and GRPO's reference policy, and
+    # GRPO's old log-probs where the stack scores its completions apart (``logprob_forward``).
+    ref = np.asarray(x.get("reference_forward", 0), dtype=float)
     lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora,
                                   saved_head=x.get("saved_head", 0.0))
-           + np.where(ref, FORWARD_FLOPS_PER_PARAM * mf.active_params, 0.0)) * tokens_mb / mp
+           + ref * FORWARD_FLOPS_PER_PARAM * mf.active_params) * tokens_mb / mp
     att = (attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt)
-           + np.where(ref, attention_flops_per_token(mf, seq_len=seq, checkpointing=0) * FORWARD_SHARE, 0.0)
+           + ref * attention_flops_per_token(mf, seq_len=seq, checkpointing=0) * FORWARD_SHARE
            ) * tokens_mb / mp
     att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
     has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
@@ -428,7 +444,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     t_gemm = lin / lin_rate * lin_eff + t_att
     # Forward passes per micro-batch, in thirds of a step (recompute, the reference's forward),
     # and what a fusing stack keeps of its unfused element-wise work and launches.
-    forward_passes = np.where(ckpt == 2, 4.0 / 3.0, 1.0) + np.where(ref, FORWARD_SHARE, 0.0)
+    forward_passes = np.where(ckpt == 2, 4.0 / 3.0, 1.0) + ref * FORWARD_SHARE
     fused_share = np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
     vectors = p.elementwise_vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
     vectors = vectors * forward_passes * fused_share

@@ -144,6 +144,9 @@ def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_acc
         for key, arg in zip(GENERATION_RECIPE, ("gen_sleep", "gen_rollout_offload")):
             if req.stack_sets(key):
                 x[arg] = req.stack_recipe(key, c["stack"])
+        if req.stack_sets("logprob_forward"):  # forwards beside training: reference, old log-probs
+            x["reference_forward"] = (int(req.rs.workload.reference_forward)
+                                      + req.stack_recipe("logprob_forward", c["stack"]))
     return x
 
 

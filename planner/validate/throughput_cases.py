@@ -202,7 +202,7 @@ def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
 #: rows stack into arrays): no completions, and harmless sizes.
 NO_GENERATION = {"gen_completion_len": 0, "gen_completion_cap": 0, "gen_prompt_len": 1, "gen_num_generations": 1, "gen_tp": 1, "gen_gpus": 0,
                  "gen_fraction": 0.3, "gen_weight_bytes": 1.0, "gen_kv_bytes_per_token": 1.0, "reference_forward": 0,
-                 "gen_sleep": 0, "gen_rollout_offload": 0}
+                 "gen_sleep": 0, "gen_rollout_offload": 0, "gen_async": 0}
 
 
 def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, Any]:
@@ -210,7 +210,7 @@ def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, An
     rows read it (planner.validate.rows) into the scenario's own models: its completions (at the
     length the row gives: a mean where the source states one, the cap bounding the longest), the
     group, the engine's GPUs (0: colocated), share and tensor parallelism, the phases that swap,
-    and the reference forward where beta > 0."""
+    and the forwards beside training: the reference's where beta > 0, the old log-probs'."""
     from pydantic import ValidationError
 
     from planner.core.specs import Layout, Recipe, Workload
@@ -228,7 +228,7 @@ def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, An
     except ValidationError as exc:
         raise Unmodelable(f"generation: {exc.errors()[0]['msg']}") from None
     return {**generation_arguments(model, wl, lay, recipe), "gen_completion_cap": max(completion, seq - prompt),
-            "reference_forward": int(wl.reference_forward)}
+            "reference_forward": int(wl.reference_forward) + int(recipe.logprob_forward)}
 
 
 def case_of(row: dict[str, str]) -> ThroughputCase:
