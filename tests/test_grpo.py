@@ -518,3 +518,16 @@ def test_verl_plans_are_timed_with_their_old_log_prob_forward():
     t_v = float(timing.step_time_s(mf, perf, None, **step_arguments(rs_v, **args)))
     t_t = float(timing.step_time_s(mf, perf, None, **step_arguments(rs_t, **args)))
     assert t_v > t_t
+
+
+def test_a_reference_kept_in_host_memory_leaves_the_card():
+    """verl's reference worker keeps its FSDP parameters on the CPU (``reference_offload``): a full
+    fine-tuning's frozen 16-bit copy leaves the card for host memory, byte for byte."""
+    sc = scenario(method="full", micro_batch=1, reference="model", layout={"gpu": "h200", "zero": 3})
+    on_card = estimate_resolved(resolve(sc))
+    in_host = estimate_resolved(resolve({**sc, "recipe": {"reference_offload": True}}))
+    ref = on_card.components["reference_weights"]
+    assert ref == pytest.approx(7.6e9 * 2 / 8, rel=0.01)  # the 16-bit copy over 8 FSDP ranks
+    assert "reference_weights" not in in_host.components
+    assert in_host.host_bytes - on_card.host_bytes == pytest.approx(ref, abs=1)
+    assert in_host.total_bytes < on_card.total_bytes

@@ -236,6 +236,8 @@ class StackRecipe(StrictModel):
     #: GRPO: a forward over the completions for their old log-probs each step
     #: (``Recipe.logprob_forward``).
     logprob_forward: bool = False
+    #: The frozen reference model's weights in host memory (``Recipe.reference_offload``).
+    reference_offload: bool = False
 
 
 class StackSpec(StrictModel):

@@ -60,12 +60,13 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
 #: only, whether each step scores its completions with one more forward).
 STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
                                  "loss", "kernels", "compile", "generation_sleep", "rollout_offload",
-                                 "logprob_forward")
-#: Of those, the ones only GRPO's colocated engine reads (left out of other workloads' rows).
-GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload", "logprob_forward")
+                                 "logprob_forward", "reference_offload")
+#: Of those, the ones only GRPO plans read (left out of other workloads' rows): its colocated
+#: engine's phases, its old-log-prob forward, and where its reference model is kept.
+GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload", "logprob_forward", "reference_offload")
 #: Array keys whose values are flags.
 FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile", "generation_sleep", "rollout_offload",
-                   "logprob_forward"})
+                   "logprob_forward", "reference_offload"})
 
 
 def decode(key: str, value: Any) -> Any:

@@ -155,6 +155,11 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     states = _step_states(wl, layout, recipe, st, dp=dp, grad_accum=grad_accum, fsdp_pp=fsdp_pp,
                           notes=notes)
     reference = reference_weight_bytes(model, wl, layout, dp)
+    reference_host = 0.0
+    if reference and recipe.reference_offload:
+        reference_host, reference = reference, 0.0
+        notes.append(f"{wl.algorithm.upper()}: the frozen reference's 16-bit weights kept in host memory, moved "
+                     "in unit by unit for its forward (FSDP CPU offload)")
     if reference:
         states = replace(states, persistent={**states.persistent, "reference_weights": reference},
                          start={**states.start, "reference_weights": reference})
@@ -182,7 +187,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     allocated, phase, parts, act_host = best
     reserved = max(phase_reserved.values())
     notes.append(f"peak phase: {phase}")
-    return Peak(phase, parts, allocated, reserved, reserved + fixed, st.host + act_host, tuple(notes),
+    return Peak(phase, parts, allocated, reserved, reserved + fixed, st.host + act_host + reference_host, tuple(notes),
                 {k: v + fixed for k, v in phase_needed.items()})
 
 

@@ -67,8 +67,9 @@ def verl_overrides(ctx: Ctx, out: Bundle) -> list[str] | None:
     ]
     if wl.reference == "model":
         args.append(f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={wl.micro_batch}")
-        out.note(FMT, "verl keeps the reference model's parameters on the CPU (FSDP CPU offload): less GPU "
-                      "memory than the plan's reference copy")
+        if not ctx.rs.recipe.reference_offload and wl.method == "full":
+            out.note(FMT, "verl keeps the reference model's parameters on the CPU (FSDP CPU offload): less GPU "
+                          "memory than the plan's reference copy")
     if ctx.lora:
         args += [f"actor_rollout_ref.model.lora_rank={wl.lora_rank}",
                  "actor_rollout_ref.model.target_modules=all-linear",
