@@ -325,8 +325,8 @@ def test_phases_that_take_turns_leave_each_the_card():
     """An engine asleep while the step trains leaves the step the card less what it keeps asleep
     (its CUDA graphs); while it generates, the trainer's states at rest (no gradients, no
     activations) must fit beside its whole share, unless they go to host memory then (verl's
-    param_offload, NeMo RL colocated). Each step moves the engine's weights (and the trainer's
-    states) out and back over PCIe."""
+    param_offload, NeMo RL colocated). Each step moves the engine's weights at sleep level 1 (and
+    the trainer's states) out and back over PCIe."""
     plain = estimate_resolved(resolve(scenario()))
     turns = estimate_resolved(resolve({**scenario(), "recipe": {"generation_sleep": True, "rollout_offload": True}}))
     asleep = estimate_resolved(resolve({**scenario(), "recipe": {"generation_sleep": True}}))
@@ -347,10 +347,14 @@ def test_phases_that_take_turns_leave_each_the_card():
     mf, perf = flops.model_flops(rs.model), hardware.GpuPerf.of(rs.gpu)
     x = _x(rs)
     base = float(timing.generation_s(mf, perf, timing.FITTED, x))
-    slept = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_sleep": 1}))
+    # level 2 (TRL 1.x, verl) drops the weights, which the load reloads anyway: no transfer; level 1
+    # (NeMo RL) keeps them in host memory, out and back over PCIe each step
+    assert float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_sleep": 1})) == base
+    slept = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_sleep": 1, "gen_sleep_level": 1}))
     pcie = timing.PCIE_HOST_GBPS * 1e9
     assert slept - base == pytest.approx(2 * x["gen_weight_bytes"] / pcie, rel=1e-9)
-    offloaded = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_sleep": 1, "gen_rollout_offload": 1}))
+    offloaded = float(timing.generation_s(mf, perf, timing.FITTED, {**x, "gen_sleep": 1, "gen_sleep_level": 1,
+                                                                    "gen_rollout_offload": 1}))
     # LoRA on one GPU per replica: the 16-bit base and the adapters' FP32 master and moments
     states = mf.params * x.get("weight_bytes", 2.0) + x["n_lora"] * timing.ROLLOUT_STATE_BYTES_PER_PARAM
     assert offloaded - slept == pytest.approx(2 * states / pcie, rel=1e-6)
@@ -531,3 +535,43 @@ def test_a_reference_kept_in_host_memory_leaves_the_card():
     assert "reference_weights" not in in_host.components
     assert in_host.host_bytes - on_card.host_bytes == pytest.approx(ref, abs=1)
     assert in_host.total_bytes < on_card.total_bytes
+
+
+def test_a_colocated_only_stack_is_never_named_for_an_engine_apart():
+    """verl's hybrid engine runs on the training GPUs only (``generation_placements``): with verl
+    the only stack, every plan is colocated, and the checker refuses a verl plan whose engine has
+    GPUs of its own."""
+    raw = {**VERL_ONLY, "layout": {}, "search": {**VERL_ONLY["search"], "max_gpus": 4, "stacks": ["verl"]}}
+    out = plan_raw(raw)
+    assert out.plans and {p.generation_gpus for p in out.plans} == {0} and not out.checker_rejected
+    planted = out.plans[0].model_copy(update={"generation_gpus": 1})
+    assert any("does not run" in problem for problem in check_plan(raw, planted))
+
+
+def test_an_engine_apart_swaps_nothing_between_phases():
+    """Sleep and the trainer's offload between phases are a colocated engine's: an engine on GPUs of
+    its own is timed the same with or without them, as memory treats it."""
+    rs = resolve(scenario(layout={"generation_gpus": 8}))
+    mf, perf = flops.model_flops(rs.model), hardware.GpuPerf.of(rs.gpu)
+    x = _x(rs)
+    plain = float(timing.step_time_s(mf, perf, None, **x))
+    for flags in ({"gen_sleep": 1, "gen_sleep_level": 1}, {"gen_rollout_offload": 1}):
+        assert float(timing.step_time_s(mf, perf, None, **{**x, **flags})) == plain
+
+
+def test_nothing_fits_is_explained_with_the_closest_stack_s_engine_phases():
+    """With verl the only stack and nothing fitting, the explanation judges its layouts as verl runs
+    them: the closest layout names verl, and its steps are estimated with the engine asleep (the
+    step against the whole card less its residue, not less the engine's share)."""
+    raw = {**VERL_ONLY, "search": {**VERL_ONLY["search"], "max_gpus": 2, "stacks": ["verl"], "micro_batch": [8],
+                                   "checkpointing": ["none"]}}
+    out = plan_raw(raw)
+    assert not out.plans
+    closest = out.explanation["closest"]
+    assert closest["stack"] == "verl"
+    cap = get_gpu("h100").memory_bytes
+    whole, beside = usable_bytes(cap, "detailed"), usable_bytes(cap, "detailed", engine_share=0.3)
+    assert closest["usable_bytes"] in (whole, beside)
+    steps = out.explanation["steps"]
+    assert steps and all(s["usable_bytes"] in (whole, beside) for s in steps)
+    assert any(s["usable_bytes"] == whole for s in steps)  # a step's own peak, held to the card

@@ -65,8 +65,8 @@ Generations = Annotated[S, opt("--num-generations", metavar="G", help="GRPO: com
 CompletionLen = Annotated[S, opt("--completion-len", metavar="TOKENS", help="GRPO: longest completion "
                                  "(seq-len counts prompt + completion).", default=_WL.completion_len)]
 GenerationGpus = Annotated[S, opt("--generation-gpus", metavar="N", help="GRPO: GPUs serving the vLLM engine "
-                                  "apart from the training GPUs (0: colocated on them). plan: searched where "
-                                  "not given.", default=_LAY.generation_gpus)]
+                                  "apart from the training GPUs (0: colocated on them).",
+                                  default="0 (estimate); searched, colocated and apart (plan)")]
 GenerationFraction = Annotated[S, opt("--generation-memory-fraction", metavar="F", help="GRPO: the engine's "
                                       "share of each GPU it runs on (vLLM gpu_memory_utilization).",
                                       default="0.3 colocated (TRL), 0.9 on GPUs of its own")]

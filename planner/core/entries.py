@@ -270,6 +270,9 @@ class StackSpec(StrictModel):
     #: Training objectives it runs (``Workload.algorithm``): supervised, DPO, and GRPO with a vLLM
     #: engine colocated on the training GPUs or served on GPUs of its own.
     algorithms: list[Literal["sft", "dpo", "grpo"]] = ["sft"]
+    #: Where its GRPO generation engine may run: on the training GPUs (``colocated``) or on GPUs of
+    #: its own (``served``, ``layout.generation_gpus`` > 0).
+    generation_placements: list[Literal["colocated", "served"]] = ["colocated", "served"]
     #: What its training loop does by default where memory and time depend on it.
     recipe: StackRecipe = StackRecipe()
     sources: list[dict[str, str]] = []

@@ -258,6 +258,10 @@ class Recipe(StrictModel):
     #: colocated): its weights go to host memory, its KV cache is dropped, and both come back for
     #: the next generation.
     generation_sleep: bool = False
+    #: GRPO: vLLM's sleep level. 2 (TRL 1.x's ``vllm_enable_sleep_mode``, verl) discards the
+    #: engine's weights, which the next generation reloads from the trainer as it does every step
+    #: anyway; 1 (NeMo RL's colocated worker) moves them to host memory and back over PCIe.
+    sleep_level: Literal[1, 2] = 2
     #: GRPO: the trainer's weights and optimizer states go to host memory while the engine
     #: generates (verl ``param_offload``/``optimizer_offload``, ms-swift ``offload_model``/
     #: ``offload_optimizer``, NeMo RL's offload after the refit). With the engine asleep while the

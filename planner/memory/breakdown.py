@@ -61,8 +61,9 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
 STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
                                  "loss", "kernels", "compile", "generation_sleep", "rollout_offload",
                                  "logprob_forward", "reference_offload")
-#: Of those, the ones only GRPO plans read (left out of other workloads' rows): its colocated
-#: engine's phases, its old-log-prob forward, and where its reference model is kept.
+#: Of those, the ones a stack sets for GRPO plans only (left out of other workloads' rows and
+#: pins): its colocated engine's phases, its old-log-prob forward, and where its reference model
+#: is kept (a scenario's own ``recipe.reference_offload`` holds for DPO too).
 GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload", "logprob_forward", "reference_offload")
 #: Array keys whose values are flags.
 FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile", "generation_sleep", "rollout_offload",

@@ -37,9 +37,9 @@ from planner.core.specs import Layout, Recipe, Workload
 #: its 16-bit dtype (TRL loads the policy's weights, LoRA merged, each step).
 ENGINE_BYTES_PER_ELEMENT = 2
 
-#: What a sleeping engine keeps on the card: vLLM's sleep (level 1) moves its weights to host
-#: memory and drops its KV cache, both allocated through its ``CuMemAllocator`` pool; its CUDA
-#: graphs' memory pool stays. vLLM logs that pool at start-up ("Graph capturing finished ...
+#: What a sleeping engine keeps on the card: vLLM's sleep moves its weights to host memory (level
+#: 1) or drops them (level 2) and drops its KV cache, both allocated through its
+#: ``CuMemAllocator`` pool; its CUDA graphs' memory pool stays. vLLM logs that pool at start-up ("Graph capturing finished ...
 #: took X GiB"): 0.10–0.39 GiB for 0.6B–20B models at 16K tokens on an H100 (llm-d's empirical
 #: vLLM memory table), and vLLM's own sleep test bounds what stays at 2 GiB for a 1B model
 #: (``tests/basic_correctness/test_cumem.py``, ``test_end_to_end``). A stated guess inside that

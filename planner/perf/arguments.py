@@ -59,7 +59,8 @@ def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Re
             "gen_num_generations": wl.num_generations, "gen_tp": lay.generation_tp,
             "gen_gpus": lay.generation_gpus, "gen_fraction": lay.engine_memory_fraction,
             "gen_weight_bytes": engine_weight_bytes(model), "gen_kv_bytes_per_token": kv_bytes_per_token(model),
-            "gen_sleep": int(recipe.generation_sleep), "gen_rollout_offload": int(recipe.rollout_offload),
+            "gen_sleep": int(recipe.generation_sleep), "gen_sleep_level": recipe.sleep_level,
+            "gen_rollout_offload": int(recipe.rollout_offload),
             "gen_async": int(recipe.async_generation and lay.generation_gpus > 0)}
 
 

@@ -353,10 +353,11 @@ def _generation_parts(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str,
       :data:`DECODE_STEP_HOST_S` of scheduling;
     - loads the policy's weights first: a copy in the GPU's memory when colocated, a broadcast
       over the network to an engine served apart;
-    - where the engine sleeps while the step trains (``gen_sleep``), moves its weights to host
-      memory and back over PCIe each step, and where the trainer's states leave for generation
-      (``gen_rollout_offload``), moves them (the weights and, for trainable parameters, the
-      FP32 master and Adam moments) out and back too.
+    - where a colocated engine sleeps at level 1 while the step trains (``gen_sleep`` with
+      ``gen_sleep_level`` 1; level 2 drops the weights, which the load above replaces anyway),
+      moves its weights to host memory and back over PCIe each step, and where the trainer's
+      states leave for generation (``gen_rollout_offload``, colocated), moves them (the weights
+      and, for trainable parameters, the FP32 master and Adam moments) out and back too.
 
     Plans give one length, the cap: runs whose completions stop early generate faster. Measured runs
     give the mean generated (``gen_completion_len``) and the cap apart.
@@ -385,11 +386,13 @@ def _generation_parts(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str,
     step = np.maximum(read, 2.0 * mf.active_params * batch / rate) + DECODE_STEP_HOST_S
     load = np.where(served > 0, weights / perf.inter_bps, 2.0 * weights / bandwidth)
     pcie = PCIE_HOST_GBPS * 1e9
-    swap = np.where(np.asarray(x.get("gen_sleep", 0)) > 0, 2.0 * weights / gtp / pcie, 0.0)
+    colocated = served == 0  # an engine apart neither sleeps beside training nor swaps its states
+    level_one = np.asarray(x.get("gen_sleep_level", 2)) == 1
+    swap = np.where(colocated & (np.asarray(x.get("gen_sleep", 0)) > 0) & level_one, 2.0 * weights / gtp / pcie, 0.0)
     _, _, weight_gpu, shard = _parameters_on_gpu(mf, x)
     states = np.where(np.asarray(x["zero"]) >= 3, weight_gpu / np.maximum(zero_degree(x["dp"], x["cp"]), 1), weight_gpu)
     states = states + shard * ROLLOUT_STATE_BYTES_PER_PARAM
-    swap = swap + np.where(np.asarray(x.get("gen_rollout_offload", 0)) > 0, 2.0 * states / pcie, 0.0)
+    swap = swap + np.where(colocated & (np.asarray(x.get("gen_rollout_offload", 0)) > 0), 2.0 * states / pcie, 0.0)
     on = completion > 0
     return np.where(on, load, 0.0), np.where(on, prefill + decode_steps * step + swap, 0.0)
 

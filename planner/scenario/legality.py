@@ -187,11 +187,12 @@ def reason(v: Verdict) -> str:
 
 def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, tp: Any, pp: Any, cp: Any,
                ep: Any, sp: Any, zero: Any, offload: Any, checkpointing: Any,
-               saved_modules: bool = False, algorithm: str = "sft") -> Any:
+               saved_modules: bool = False, algorithm: str = "sft", served: bool = False) -> Any:
     """Whether ``stack`` runs each layout (arrays broadcast; categorical values as codes into the
     schema's value lists, or names). The one rule of the search, the checker and the estimate.
     ``saved_modules``: the workload trains whole modules beside LoRA (``modules_to_save``);
-    ``algorithm``: the workload's objective, which the stack must run."""
+    ``algorithm``: the workload's objective, which the stack must run; ``served``: GRPO's engine on
+    GPUs of its own, a placement the stack must offer."""
     def code(values: tuple[str, ...], x: Any) -> Any:
         return values.index(x) if isinstance(x, str) else np.asarray(x)
 
@@ -202,7 +203,10 @@ def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, t
 
     m = code(METHOD_CODES, method)
     qlora = m == METHOD_CODES.index("qlora")
-    ok = among(METHOD_CODES, m, stack.methods) & np.asarray(vendor in stack.vendors and algorithm in stack.algorithms)
+    placement = "served" if served else "colocated"
+    generates = algorithm != "grpo" or placement in stack.generation_placements
+    ok = among(METHOD_CODES, m, stack.methods) & np.asarray(vendor in stack.vendors and algorithm in stack.algorithms
+                                                            and generates)
     ok &= ~qlora | (np.asarray(quant_type in stack.quant_types and vendor in stack.qlora_vendors)
                     & among(ZERO_STAGES, zero, stack.zero_with_qlora))
     ok &= among(ZERO_STAGES, zero, stack.zero) & among(OFFLOAD_CODES, offload, stack.offload)

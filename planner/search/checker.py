@@ -145,7 +145,8 @@ def _stack_problems(sc: Scenario, gpu: GpuSpec, p: dict[str, Any]) -> list[str]:
     runs = legality.stack_runs(get_stack(p["stack"]), vendor=gpu.vendor, quant_type=sc.workload.quant_type,
                                method=p["method"], tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], sp=p["sp"],
                                zero=p["zero"], offload=p["offload"], checkpointing=p["checkpointing"],
-                               saved_modules=bool(sc.workload.modules_to_save), algorithm=sc.workload.algorithm)
+                               saved_modules=bool(sc.workload.modules_to_save), algorithm=sc.workload.algorithm,
+                               served=bool(p.get("generation_gpus")))
     return [] if bool(runs) else [f"stack {p['stack']} does not run this plan's combination"]
 
 

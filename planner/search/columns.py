@@ -72,6 +72,9 @@ def lower_bounds(req: SearchRequest, table: GpuTable, cls: Classes, dp_lo: np.nd
         perf = perf_rows(table.perf, g)
         x = step_args(req, a, dp=np.ones_like(g), grad_accum=ga, offload=np.zeros_like(g), zero=np.zeros_like(g),
                       intra_only=True)
+        # GRPO's trainer states moved out for generation are sharded by ZeRO, which the bound
+        # leaves out: their transfer only adds to it.
+        x["gen_rollout_offload"] = 0
         step = step_time_s(model_flops(req.model), perf, **x)
         per_token_s = step / (x["micro_batch"] * ga * a["seq_len"])  # seconds per token per pipeline
         # The job's start-up cost is paid on every GPU whatever the layout (billed ≥ dp·mp).

@@ -224,6 +224,22 @@ def within_card(table: GpuTable, g: np.ndarray, phases: dict[str, np.ndarray]) -
     return ok
 
 
+def binding_phase(table: GpuTable, g: np.ndarray, phases: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, usable bytes) of each column's phase nearest its limit, by the share of the limit it
+    takes (a card whose engine cannot start, usable -1, binds before any)."""
+    best_ratio = np.full(np.shape(g), -np.inf)
+    need = np.zeros(np.shape(g), dtype=np.int64)
+    usable = np.zeros(np.shape(g), dtype=np.int64)
+    for name, values in phases.items():
+        limit = phase_usable(table, name)[g]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(limit > 0, values / np.maximum(limit, 1), np.inf)
+        better = ratio > best_ratio
+        best_ratio = np.where(better, ratio, best_ratio)
+        need, usable = np.where(better, values, need), np.where(better, limit, usable)
+    return need, usable
+
+
 def memory_flags(table: GpuTable, g: np.ndarray, gpus: np.ndarray, mem: np.ndarray,
                  host: np.ndarray, phases: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(fits on the card, offloaded bytes of a node's GPUs fit its host RAM) of each column: every

@@ -23,10 +23,10 @@ from planner.memory.estimate import estimate_resolved
 from planner.scenario.files import deep_merge
 from planner.scenario.resolve import resolve
 from planner.search.candidates import SearchOutcome
-from planner.search.evaluate import gpu_table, grad_accum_of, memory_total
+from planner.search.evaluate import binding_phase, gpu_table, grad_accum_of, memory_of
 from planner.search.lattice import build_lattice
 from planner.search.request import METHOD_LADDER, MIN_RELAXED_SEQ_LEN, SearchRequest
-from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS
+from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS, stack_recipe_pins
 from planner.search.space import build_classes
 
 
@@ -47,20 +47,24 @@ def closest_layout(req: SearchRequest) -> dict[str, Any] | None:
     idx = np.arange(len(cls))
     dp = lat.value(idx, lat.count - 1)
     ga = np.maximum(grad_accum_of(req, cls.a["micro_batch"], dp), 1)
-    mem, _ = memory_total(req, cls.a, dp, ga)
-    usable = table.usable_bytes[cls.a["gpu"]]
-    ratio = mem / usable
+    # each layout's phase nearest its card's limit (a sleeping GRPO engine's two peaks apart)
+    mem, usable = binding_phase(table, cls.a["gpu"], memory_of(req, cls.a, dp, ga)["phases"])
+    with np.errstate(divide="ignore"):
+        ratio = np.where(usable > 0, mem / np.maximum(usable, 1), np.inf)
     best = int(np.lexsort((-cls.a["attention"], mem, ratio))[0])
     a = {k: int(v[best]) for k, v in cls.a.items()}
     gpu = req.gpus[a["gpu"]]
     fields = {k: v for k, v in decode_class(a).items() if k != "optimizer"}
     return {"gpu": gpu.id, "dp": int(dp[best]), "gpus": int(dp[best]) * a["tp"] * a["pp"] * a["cp"], **fields,
-            "memory_bytes": int(mem[best]), "usable_bytes": int(usable[best])}
+            "stack": req.stacks[a["stack"]].id, "memory_bytes": int(mem[best]), "usable_bytes": int(usable[best])}
 
 
 def _walk_estimate(raw: dict[str, Any], layout: dict[str, Any], change: dict[str, Any]) -> Any:
+    """The estimate of ``layout`` (the closest one, with its stack's recipe) after ``change``."""
     scenario = {k: v for k, v in raw.items() if k not in PLAN_ONLY_KEYS}
-    scenario = deep_merge(scenario, {"layout": {k: layout[k] for k in PINNED_LAYOUT_KEYS}})
+    pins = stack_recipe_pins(raw, layout["stack"]) if "stack" in layout else {}
+    scenario = deep_merge(scenario, {"layout": {k: layout[k] for k in PINNED_LAYOUT_KEYS},
+                                     **({"recipe": pins} if pins else {})})
     scenario["workload"] = {k: v for k, v in scenario.get("workload", {}).items()
                             if k not in ("global_batch", "grad_accum", "allow_relax")}
     scenario = deep_merge(scenario, change)
@@ -101,11 +105,23 @@ def document_steps(req: SearchRequest, raw: dict[str, Any], layout: dict[str, An
             continue
         allowed = not label.startswith(("3.", "4.")) or (
             ("method" if label.startswith("3.") else "seq_len") in wl.allow_relax)
-        steps.append({"step": label, "memory_bytes": est.total_bytes, "usable_bytes": est.usable_bytes,
+        need, usable = _binding(est)
+        steps.append({"step": label, "memory_bytes": need, "usable_bytes": usable,
                       "fits": bool(est.within_usable), "allowed": allowed})
         if est.within_usable:
             break
     return steps
+
+
+def _binding(est: Any) -> tuple[int, int]:
+    """(bytes, usable bytes) of the estimate's check nearest its limit: the step's, or the trainer's
+    states beside a waking GRPO engine."""
+    if est.generation_bytes is None or est.generation_usable_bytes is None:
+        return est.total_bytes, est.usable_bytes
+    step = est.total_bytes / max(est.usable_bytes, 1)
+    if est.generation_bytes / max(est.generation_usable_bytes, 1) > step:
+        return est.generation_bytes, est.generation_usable_bytes
+    return est.total_bytes, est.usable_bytes
 
 
 def memory_binding(closest: dict[str, Any], *, gib: bool = False) -> str:

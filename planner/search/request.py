@@ -121,7 +121,9 @@ def build_tiers(rs: ResolvedScenario) -> list[Tier]:
         seqs = list(dict.fromkeys([wl.seq_len, *rs.scenario.search.seq_len]))
     if "seq_len" in wl.allow_relax:
         s = wl.seq_len // 2
-        while s >= MIN_RELAXED_SEQ_LEN:
+        # GRPO's sequence is prompt + completion: a shorter one still leaves a prompt
+        shortest = max(MIN_RELAXED_SEQ_LEN, wl.completion_len + 1 if wl.generates else 0)
+        while s >= shortest:
             seqs.append(s)
             s //= 2
     tiers: list[Tier] = []

@@ -126,6 +126,16 @@ PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero",
 PLAN_RECIPE = ("loss", "kernels", "compile")
 
 
+def stack_recipe_pins(raw: dict[str, Any], stack: str) -> dict[str, Any]:
+    """The recipe keys a plan on ``stack`` pins: the stack's, where the scenario's ``recipe:`` does
+    not set the key (under the seed profile its sharding keys only; GRPO's keys for GRPO only)."""
+    generates = raw.get("workload", {}).get("algorithm") == "grpo"
+    return {key: getattr(get_stack(stack).recipe, key) for key in STACK_RECIPE
+            if key not in raw.get("recipe", {})
+            and (key not in PLAN_RECIPE + GENERATION_RECIPE or raw.get("profile") != "seed")
+            and (key not in GENERATION_RECIPE or generates)}
+
+
 def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """The user's scenario with every decision of a plan pinned: what `estimate` checks."""
     out = copy.deepcopy(raw)
@@ -135,13 +145,7 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
     lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
-    rec = {}
-    generates = raw.get("workload", {}).get("algorithm") == "grpo"
-    for key in STACK_RECIPE:  # the stack's recipe, where the scenario's recipe: does not set the key
-        if ("stack" in fields and key not in raw.get("recipe", {})
-                and (key not in PLAN_RECIPE + GENERATION_RECIPE or raw.get("profile") != "seed")
-                and (key not in GENERATION_RECIPE or generates)):
-            rec[key] = getattr(get_stack(fields["stack"]).recipe, key)
+    rec = stack_recipe_pins(raw, fields["stack"]) if "stack" in fields else {}
     out = deep_merge(out, {"workload": wl, "layout": lay, **({"recipe": rec} if rec else {})})
     if out["workload"].get("global_batch") is None:
         out["workload"].pop("global_batch", None)

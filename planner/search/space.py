@@ -54,7 +54,7 @@ def first_stack(req: SearchRequest, gpu: GpuSpec, method: Any, **layout: Any) ->
     for i, st in enumerate(req.stacks):
         runs = stack_runs(st, vendor=gpu.vendor, quant_type=req.rs.workload.quant_type, method=method,
                           saved_modules=bool(req.rs.workload.modules_to_save),
-                          algorithm=req.rs.workload.algorithm, **layout)
+                          algorithm=req.rs.workload.algorithm, served=req.rs.layout.generation_gpus > 0, **layout)
         chosen = np.where((chosen < 0) & runs, i, chosen)
     return chosen
 
@@ -184,7 +184,7 @@ def _offer_again(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndarray], 
         runs = stack_runs(req.stacks[i], vendor=gpu.vendor, quant_type=req.rs.workload.quant_type,
                           method=part["method"], sp=part["sp"].astype(bool),
                           saved_modules=bool(req.rs.workload.modules_to_save),
-                          algorithm=req.rs.workload.algorithm, **layout)
+                          algorithm=req.rs.workload.algorithm, served=req.rs.layout.generation_gpus > 0, **layout)
         alt = np.where((alt < 0) & wanted & runs, i, alt)
     extra = alt >= 0
     if not extra.any():

@@ -379,12 +379,13 @@ def grpo_engine(row: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def grpo_phases(row: dict[str, str]) -> dict[str, bool]:
+def grpo_phases(row: dict[str, str]) -> dict[str, Any]:
     """A GRPO row's recipe keys: the engine asleep while the step trains, the trainer's states in
     host memory while it generates, a forward over the completions for their old log-probs, and
     generation overlapping training (off-policy steps)."""
     return {"generation_sleep": yes(row, "generation_sleep"), "rollout_offload": yes(row, "param_offload_rollout"),
-            "logprob_forward": yes(row, "logprob_forward"), "async_generation": yes(row, "async_generation")}
+            "logprob_forward": yes(row, "logprob_forward"), "async_generation": yes(row, "async_generation"),
+            "sleep_level": 1 if num(row, "sleep_level") == 1 else 2}
 
 
 def scenario_of(row: dict[str, str]) -> dict[str, Any]:

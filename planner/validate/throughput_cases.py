@@ -202,7 +202,7 @@ def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> float:
 #: rows stack into arrays): no completions, and harmless sizes.
 NO_GENERATION = {"gen_completion_len": 0, "gen_completion_cap": 0, "gen_prompt_len": 1, "gen_num_generations": 1, "gen_tp": 1, "gen_gpus": 0,
                  "gen_fraction": 0.3, "gen_weight_bytes": 1.0, "gen_kv_bytes_per_token": 1.0, "reference_forward": 0,
-                 "gen_sleep": 0, "gen_rollout_offload": 0, "gen_async": 0}
+                 "gen_sleep": 0, "gen_sleep_level": 2, "gen_rollout_offload": 0, "gen_async": 0}
 
 
 def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class VerdictResult:
     reason: str | None  # why the row could not be modelled
     #: within the method's error band of the usable bytes, either side (the estimate's ``tight``)
     tight: bool | None = None
+    #: the share of the card a colocated GRPO engine holds beside the step (0 while it sleeps)
+    step_share: float = 0.0
 
     @property
     def judged(self) -> str | None:
@@ -123,7 +125,7 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
         fit.generation_bytes is None or fit.generation_bytes <= (fit.generation_usable_bytes or 0))
     return VerdictResult(**base, capacity_bytes=capacity, usable_bytes=fit.usable_bytes,
                          predicted_bytes=est.total_bytes, judged_fit=within and (fit.fits or bool(fit.tight)),
-                         reason=None, tight=fit.tight)
+                         reason=None, tight=fit.tight, step_share=fit.step_share)
 
 
 #: Cells a source may leave unstated, and the value that needs the least memory: a run that ran
@@ -176,19 +178,26 @@ def reserve_trade_off(results: list[VerdictResult]) -> list[dict[str, Any]]:
     per reserve, the share of ``ran`` rows judged to fit and of ``oom`` rows judged not to fit
     (unmodelled rows wrong, as in :func:`summarize`). The first entry is the profile's own rule
     (``reserve`` None); every verdict is the estimate's, only the capacity it is held to moves."""
-    from planner.memory.estimate import usable_bytes
-
     out = []
     for reserve in (None, *TRADE_OFF_RESERVES):
         entry: dict[str, Any] = {"reserve": reserve}
         for verdict in VERDICTS:
             rows = [r for r in results if r.verdict == verdict]
-            right = sum(1 for r in rows if r.predicted_bytes is not None and r.capacity_bytes is not None
-                        and (r.predicted_bytes <= usable_bytes(r.capacity_bytes, "detailed", reserve))
-                        == (verdict == "ran"))
+            right = sum(1 for r in rows if r.judged_fit is not None and r.capacity_bytes is not None
+                        and _fits_at(r, reserve) == (verdict == "ran"))
             entry[verdict] = {"right": right, "share_right": right / len(rows) if rows else None}
         out.append(entry)
     return out
+
+
+def _fits_at(r: VerdictResult, reserve: float | None) -> bool:
+    """The row judged at ``reserve``: the verdict itself for the profile's rule (None); else the
+    predicted step within the card less a colocated engine's share, then the reserve."""
+    from planner.memory.estimate import usable_bytes
+
+    if reserve is None:
+        return bool(r.judged_fit)
+    return (r.predicted_bytes or 0) <= usable_bytes(r.capacity_bytes or 0, "detailed", reserve, r.step_share)
 
 
 def validate_verdicts(path: str | Path) -> dict[str, Any]:

@@ -136,16 +136,22 @@ def grpo_config(ctx: Ctx, out: Bundle, args: dict) -> dict:
     return config
 
 
-def lora_config(ctx: Ctx, out: Bundle) -> dict:
+def lora_target_modules(ctx: Ctx, out: Bundle, fmt: str) -> str | list[str]:
+    """PEFT's ``target_modules`` for the plan's LoRA targets: ``all-linear``, or the modules' names
+    (Llama's: a note for ``fmt`` where the model family may name them otherwise)."""
     wl = ctx.wl
     targets = [t for t in wl.lora_targets if t != "lm_head"]
     extra = ["lm_head"] if "lm_head" in wl.lora_targets else []
     if ctx.all_targets and not extra:
-        modules: str | list[str] = "all-linear"
-    else:
-        modules = [PEFT_MODULES[t] for t in ctx.targets if t in targets or ctx.all_targets] + extra
-        if ctx.model.family not in (None, "llama", "mistral", "qwen", "gemma"):
-            out.note("hf", f"target_modules use Llama names; check them against {ctx.model.id}'s modules")
+        return "all-linear"
+    if ctx.model.family not in (None, "llama", "mistral", "qwen", "gemma"):
+        out.note(fmt, f"target_modules use Llama names; check them against {ctx.model.id}'s modules")
+    return [PEFT_MODULES[t] for t in ctx.targets if t in targets or ctx.all_targets] + extra
+
+
+def lora_config(ctx: Ctx, out: Bundle) -> dict:
+    wl = ctx.wl
+    modules = lora_target_modules(ctx, out, "hf")
     cfg: dict = {"r": wl.lora_rank, "target_modules": modules, "task_type": "CAUSAL_LM",
                  "lora_dropout": ctx.detail("lora_dropout", 0.0)}
     if wl.modules_to_save:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 
 from planner.launch.exporters.common import Bundle, Ctx
+from planner.launch.exporters.recipes import lora_target_modules
 
 FMT = "verl"
 
@@ -71,8 +72,10 @@ def verl_overrides(ctx: Ctx, out: Bundle) -> list[str] | None:
             out.note(FMT, "verl keeps the reference model's parameters on the CPU (FSDP CPU offload): less GPU "
                           "memory than the plan's reference copy")
     if ctx.lora:
+        modules = lora_target_modules(ctx, out, FMT)
+        listed = modules if isinstance(modules, str) else "[" + ",".join(modules) + "]"
         args += [f"actor_rollout_ref.model.lora_rank={wl.lora_rank}",
-                 "actor_rollout_ref.model.target_modules=all-linear",
+                 f"actor_rollout_ref.model.target_modules={listed}",
                  "actor_rollout_ref.rollout.load_format=safetensors"]  # verl requires it with LoRA
         if wl.lora_alpha is not None:
             args.append(f"actor_rollout_ref.model.lora_alpha={wl.lora_alpha}")
