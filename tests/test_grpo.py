@@ -575,3 +575,25 @@ def test_nothing_fits_is_explained_with_the_closest_stack_s_engine_phases():
     steps = out.explanation["steps"]
     assert steps and all(s["usable_bytes"] in (whole, beside) for s in steps)
     assert any(s["usable_bytes"] == whole for s in steps)  # a step's own peak, held to the card
+
+
+def test_verl_export_targets_the_plan_s_lora_modules():
+    """The verl command's LoRA targets are the plan's (what memory and time were sized for), named
+    as the PEFT file names them."""
+    from planner.launch.exporters import export_resolved
+
+    sc = scenario(lora_targets=["q", "v"], lora_alpha=16, layout={"gpu": "h100", "gpus": 2, "zero": 3})
+    bundle = export_resolved(resolve(sc), formats=("verl", "hf"))
+    peft = json.loads(bundle.files["lora_config.json"])["target_modules"]
+    assert peft == ["q_proj", "v_proj"]
+    assert "actor_rollout_ref.model.target_modules=[q_proj,v_proj]" in bundle.files["verl_run.sh"]
+
+
+def test_a_relaxed_grpo_sequence_keeps_a_prompt():
+    """GRPO's sequence is prompt + completion: allowed to shorten it, the search never goes down to
+    the completion's length (which would leave no prompt)."""
+    from planner.search.request import build_tiers
+
+    rs = resolve({**scenario(), "workload": {**scenario()["workload"], "allow_relax": ["seq_len"]}})
+    seqs = {t.seq_len for t in build_tiers(rs)}
+    assert min(seqs) > rs.workload.completion_len and rs.workload.seq_len in seqs
