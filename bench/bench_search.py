@@ -1,13 +1,15 @@
 """Search speed against the exhaustive numpy enumeration of the same space, in one run.
 
-    python bench/bench_search.py [--runs 5] [--quick]
+    python bench/bench_search.py [--runs 5] [--quick] [--grpo]
 
 Prints the space size, the median search time per objective (proven optimal top 10) with the
 CP-SAT part of it (model building and solving, the region of plans it was handed), the
 enumeration's time, their ratio, that both found the same top-10 objective values, CP-SAT alone
 (no hints: the whole space as its region) on a smaller space against the enumeration, and how the
 search time grows with the catalog size and the maximum GPU count. Machines are shared and noisy:
-medians of several runs, and the baseline measured in the same run.
+medians of several runs, and the baseline measured in the same run. ``--grpo`` times only a GRPO
+search with its engine colocated (TRL's engine awake, verl's asleep: two memory peaks per plan,
+one CP-SAT row each) against its own enumeration.
 """
 
 from __future__ import annotations
@@ -31,6 +33,37 @@ FULL = {
     "workload": {"method": "lora", "seq_len": 8192, "tokens": 1e9, "allow_relax": ["method"]},
     "search": {"max_gpus": 1024}, "top": 10,
 }
+
+
+#: GRPO full fine-tuning of a 7B model with its engine on the training GPUs, where verl's sleeping
+#: engine and TRL's awake one make different plans (the detailed profile, four GPU types).
+GRPO = {
+    "model": "qwen2.5-7b",
+    "workload": {"method": "full", "algorithm": "grpo", "seq_len": 1536, "completion_len": 1024, "tokens": 1e8},
+    "layout": {"generation_gpus": 0},
+    "search": {"max_gpus": 64, "gpu_types": ["a100-80gb", "h100", "h200", "l40s"], "micro_batch": [1, 2, 4, 8]},
+    "top": 10,
+}
+
+
+def grpo_bench(runs: int) -> None:
+    """The GRPO search against the exhaustive enumeration of its space, per objective."""
+    req = build_request(resolve(GRPO))
+    n_cls, n_cols = space_size(req)
+    print(f"GRPO, colocated engine, detailed profile: {n_cls:,} layouts without dp, {n_cols:,} complete plans")
+    for objective in ("cost", "time"):
+        raw = {**GRPO, "objective": objective}
+        med, out = median_search_s(raw, runs)
+        enum = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            _, e_all, top_all = enumerate_all(build_request(resolve(raw)))
+            enum.append(time.perf_counter() - t)
+        same = [float(out.evaluated.key[j]) for j in out.picked] == [float(e_all.key[j]) for j in top_all]
+        stacks = sorted({req.stacks[int(out.cls.a["stack"][out.evaluated.cls_index[j]])].id for j in out.picked})
+        print(f"  {objective:<5} search {med:.3f} s ({out.status}), enumeration {statistics.median(enum):.3f} s: "
+              f"ratio {statistics.median(enum) / med:.1f}; same top 10: {same}; {cpsat_line(out)}"
+              + f"; stacks {', '.join(stacks)}")
 
 
 def space_size(req) -> tuple[int, int]:
@@ -61,7 +94,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="skip the (slow) enumeration")
+    ap.add_argument("--grpo", action="store_true", help="time the GRPO search only")
     args = ap.parse_args()
+    if args.grpo:
+        grpo_bench(args.runs)
+        return
 
     req = build_request(resolve(FULL))
     n_cls, n_cols = space_size(req)
