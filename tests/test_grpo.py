@@ -597,3 +597,20 @@ def test_a_relaxed_grpo_sequence_keeps_a_prompt():
     rs = resolve({**scenario(), "workload": {**scenario()["workload"], "allow_relax": ["seq_len"]}})
     seqs = {t.seq_len for t in build_tiers(rs)}
     assert min(seqs) > rs.workload.completion_len and rs.workload.seq_len in seqs
+
+
+def test_estimate_as_a_stack_runs_it():
+    """``estimate --stack`` takes the stack's recipe where the scenario leaves a key unset, as a plan
+    naming the stack pins it; a key the user sets wins; an unknown stack is one line, exit 2."""
+    runner = CliRunner()
+    base = ["estimate", "--model", "qwen2.5-7b", "--method", "full", "--algorithm", "grpo", "--gpu", "h100",
+            "--gpus", "2", "--zero", "3", "--micro-batch", "1", "--checkpointing", "full", "--json"]
+    verl = json.loads(runner.invoke(app, [*base, "--stack", "verl"]).output)
+    awake = json.loads(runner.invoke(app, base).output)
+    asleep = json.loads(runner.invoke(app, [*base, "--generation-sleep", "--json"]).output)
+    assert verl["generation_bytes"] == asleep["generation_bytes"] is not None and awake["generation_bytes"] is None
+    assert verl["usable_bytes"] == asleep["usable_bytes"] > awake["usable_bytes"]
+    mine = json.loads(runner.invoke(app, [*base, "--stack", "verl", "--no-generation-sleep"]).output)
+    assert mine["usable_bytes"] == awake["usable_bytes"] and mine["generation_bytes"] is None
+    bad = runner.invoke(app, [*base, "--stack", "verll"])
+    assert bad.exit_code == 2 and "stack: unknown stack 'verll'" in bad.output and "Traceback" not in bad.output

@@ -30,6 +30,7 @@ from planner.memory.estimate import estimate_resolved
 from planner.report.terminal import print_estimate, print_plans, to_json
 from planner.scenario.files import deep_merge, read_scenario_file, scenario_from_flags
 from planner.scenario.resolve import resolve
+from planner.search.results import with_stack_recipe
 
 
 def _run_each(file: Path | None, flags: dict, config: list[Path] | None, run, *, for_plan: bool = False,
@@ -102,6 +103,7 @@ def estimate(
     attention: o.Attention = None,
     reserve: o.Reserve = None,
     profile: o.Profile = None,
+    stack: o.Stack = None,
     config: Annotated[list[Path] | None, typer.Option("--config", metavar="FILE", help=CONFIG_HELP)] = None,
     as_json: o.Json = False,
     gib: o.Gib = False,
@@ -123,6 +125,8 @@ def estimate(
         "profile": profile,
     }.items() if v is not None}
     def run(merged, source, base_dir, found):
+        if stack is not None:
+            merged = with_stack_recipe(merged, stack)
         est = estimate_resolved(resolve(merged, source=source, base_dir=base_dir))
         return annotate(est, found) if found is not None else est
 

@@ -122,6 +122,9 @@ SearchCheckpointing = Annotated[S, many("--checkpointing", metavar="KIND", help=
 SearchAttention = Annotated[S, many("--attention", metavar="KERNEL", help="Attention kernels.", values=ATTENTION)]
 SearchTp = Annotated[S, many("--tp", metavar="N", help="Tensor-parallel degrees.")]
 SearchPp = Annotated[S, many("--pp", metavar="N", help="Pipeline-parallel degrees.")]
+Stack = Annotated[S, opt("--stack", metavar="STACK", help="Estimate as this training stack runs the step "
+                         "(catalogs/stacks.yaml, `planner stacks`): its recipe where the scenario's "
+                         "recipe: leaves a key unset.")]
 Stacks = Annotated[S, opt("--stacks", metavar="STACK[,STACK…]", help="Training stacks a plan may use, in order "
                           "of preference (see catalogs/stacks.yaml).", default="every stack")]
 # files and output

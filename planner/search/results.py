@@ -136,6 +136,20 @@ def stack_recipe_pins(raw: dict[str, Any], stack: str) -> dict[str, Any]:
             and (key not in GENERATION_RECIPE or generates)}
 
 
+def with_stack_recipe(raw: dict[str, Any], stack: str) -> dict[str, Any]:
+    """``raw`` estimated as ``stack`` runs it: its recipe pinned where the scenario's ``recipe:``
+    leaves a key unset, as a plan naming that stack pins it (:func:`stack_recipe_pins`)."""
+    from planner.catalog.store import UnknownName
+    from planner.core.errors import InputError
+
+    try:
+        st = get_stack(stack)
+    except UnknownName as exc:
+        raise InputError([f"stack: {exc.args[0]}"]) from None
+    pins = stack_recipe_pins(raw, st.id)
+    return deep_merge(raw, {"recipe": pins}) if pins else raw
+
+
 def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """The user's scenario with every decision of a plan pinned: what `estimate` checks."""
     out = copy.deepcopy(raw)
