@@ -91,10 +91,12 @@ def engine_phases(phases: dict[str, Any], wl: Workload, lay: Layout, *, sleep: A
 
     Entries that do not apply are 0 (phases of 0 bytes constrain nothing). Phases of other
     workloads pass through, less a generation phase."""
-    gen = phases.get(GENERATION_PHASE)
-    steps = {k: v for k, v in phases.items() if k != GENERATION_PHASE}
-    if gen is None or not colocated(wl, lay):
+    # the generation phase of every pipeline stage ("generation (last stage)"): the largest binds
+    gens = [v for k, v in phases.items() if k.split(" (")[0] == GENERATION_PHASE]
+    steps = {k: v for k, v in phases.items() if k.split(" (")[0] != GENERATION_PHASE}
+    if not gens or not colocated(wl, lay):
         return steps
+    gen = np.maximum.reduce([np.asarray(g) for g in gens]) if len(gens) > 1 else gens[0]
     asleep = np.asarray(sleep, dtype=bool)
     out: dict[str, Any] = {}
     for name, value in steps.items():

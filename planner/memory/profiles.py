@@ -84,7 +84,7 @@ def memory_components(name: str, model: ModelSpec, overrides: Overrides, *,
     details the arrays lack."""
     workload, layout, recipe = base if base is not None else (Workload(), Layout(), Recipe())
     out = profile(name).many(model, overrides, workload=workload, layout=layout, recipe=recipe, **x)
-    if GENERATION_PHASE not in out["phases"]:
+    if not any(k.split(" (")[0] == GENERATION_PHASE for k in out["phases"]):
         return out
     phases = engine_phases(out["phases"], workload, layout,
                            sleep=x.get("generation_sleep", recipe.generation_sleep),
