@@ -614,3 +614,17 @@ def test_estimate_as_a_stack_runs_it():
     assert mine["usable_bytes"] == awake["usable_bytes"] and mine["generation_bytes"] is None
     bad = runner.invoke(app, [*base, "--stack", "verll"])
     assert bad.exit_code == 2 and "stack: unknown stack 'verll'" in bad.output and "Traceback" not in bad.output
+
+
+def test_every_pipeline_stage_s_states_wait_beside_the_engine():
+    """Under pipeline parallelism each stage holds its own states at rest while the engine
+    generates: one generation check, the largest stage's, and no stage's left as a step phase."""
+    sc = {**scenario(method="full", micro_batch=1, layout={"gpu": "h100", "gpus": 4, "pp": 2}),
+          "recipe": {"generation_sleep": True}}
+    mem = memory_of(resolve(sc))
+    names = set(mem.phase_bytes)
+    assert "generation" in names and not any(n.startswith("generation (") for n in names)
+    assert all(n.endswith(" (engine asleep)") for n in names - {"generation"})
+    one_stage = memory_of(resolve({**sc, "layout": {**sc["layout"], "gpus": 2, "pp": 1}}))
+    # two stages split the weights: each holds less at rest than the whole model on one
+    assert mem.phase_bytes["generation"] < one_stage.phase_bytes["generation"]
