@@ -13,11 +13,11 @@ from planner.core.specs import Layout, Workload
 from planner.core.units import floor_bytes
 from planner.memory.breakdown import MemoryBreakdown
 from planner.memory.generation import (
-    ASLEEP_SUFFIX,
     GENERATION_PHASE,
     engine_fits,
     engine_share,
     generation_notes,
+    is_asleep_phase,
 )
 from planner.memory.profiles import memory_breakdown
 from planner.scenario.resolve import ResolvedScenario
@@ -186,7 +186,7 @@ def fit_of(mem: MemoryBreakdown, capacity_bytes: int, *, profile: str, reserve: 
     engine cannot start. The one rule ``estimate``, plans and verdicts apply."""
     phases = mem.phase_bytes or {}
     share = engine_share(wl, lay)
-    step_share = 0.0 if any(k.endswith(ASLEEP_SUFFIX) for k in phases) else share
+    step_share = 0.0 if any(is_asleep_phase(k) for k in phases) else share
     total = mem.total_bytes
     usable = usable_bytes(capacity_bytes, profile, reserve, step_share)
     device = (mem.predicted or {}).get("device_bytes")

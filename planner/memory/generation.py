@@ -52,6 +52,22 @@ GENERATION_PHASE = "generation"
 ASLEEP_SUFFIX = " (engine asleep)"
 
 
+def is_generation_phase(name: str) -> bool:
+    """``name`` is a stage's generation phase (``generation``, ``generation (last stage)``)."""
+    return name.split(" (")[0] == GENERATION_PHASE
+
+
+def is_asleep_phase(name: str) -> bool:
+    """``name`` is a step phase while the engine sleeps: held to the card without its share."""
+    return name.endswith(ASLEEP_SUFFIX)
+
+
+def phase_limit(name: str, usable: Any, asleep_usable: Any) -> Any:
+    """The usable bytes phase ``name`` is held to: ``asleep_usable`` (the card without the engine's
+    share) for a step phase the engine sleeps through, else ``usable``."""
+    return asleep_usable if is_asleep_phase(name) else usable
+
+
 def kv_bytes_per_token(model: ModelSpec) -> float:
     """The KV cache of one token: a key and a value per layer, ``kv_heads · head_dim`` wide, 16-bit."""
     heads = model.heads or max(1, model.hidden // 128)
@@ -73,7 +89,7 @@ def colocated(wl: Workload, lay: Layout) -> bool:
 def engine_share(wl: Workload, lay: Layout) -> float:
     """The share of each training GPU a colocated engine holds while it generates (and, awake,
     through the step): 0 without generation or with the engine on GPUs of its own. Phases named
-    with :data:`ASLEEP_SUFFIX` are held to the card without it (:func:`phase_usable`)."""
+    with :data:`ASLEEP_SUFFIX` are held to the card without it (:func:`phase_limit`)."""
     return lay.engine_memory_fraction if colocated(wl, lay) else 0.0
 
 
@@ -92,8 +108,8 @@ def engine_phases(phases: dict[str, Any], wl: Workload, lay: Layout, *, sleep: A
     Entries that do not apply are 0 (phases of 0 bytes constrain nothing). Phases of other
     workloads pass through, less a generation phase."""
     # the generation phase of every pipeline stage ("generation (last stage)"): the largest binds
-    gens = [v for k, v in phases.items() if k.split(" (")[0] == GENERATION_PHASE]
-    steps = {k: v for k, v in phases.items() if k.split(" (")[0] != GENERATION_PHASE}
+    gens = [v for k, v in phases.items() if is_generation_phase(k)]
+    steps = {k: v for k, v in phases.items() if not is_generation_phase(k)}
     if not gens or not colocated(wl, lay):
         return steps
     gen = np.maximum.reduce([np.asarray(g) for g in gens]) if len(gens) > 1 else gens[0]

@@ -18,7 +18,13 @@ from planner.core.specs import Layout, Overrides, Recipe, Workload
 from planner.memory.breakdown import MemoryBreakdown, dpo_codes
 from planner.memory.detailed import detailed_memory
 from planner.memory.detailed_array import detailed_components
-from planner.memory.generation import ASLEEP_SUFFIX, ENGINE_ASLEEP_BYTES, GENERATION_PHASE, engine_phases
+from planner.memory.generation import (
+    ENGINE_ASLEEP_BYTES,
+    GENERATION_PHASE,
+    engine_phases,
+    is_asleep_phase,
+    is_generation_phase,
+)
 from planner.memory.seed import seed_array_memory, seed_memory
 
 
@@ -68,7 +74,7 @@ def memory_breakdown(name: str, model: ModelSpec, workload: Workload, layout: La
     if not mem.phase_bytes and phases == {"step": mem.total_bytes}:
         return mem
     components, predicted = dict(mem.components), mem.predicted
-    if any(k.endswith(ASLEEP_SUFFIX) for k in phases):
+    if any(is_asleep_phase(k) for k in phases):
         components["engine_asleep"] = ENGINE_ASLEEP_BYTES
         if predicted:  # the card holds it beside the trainer's memory, as nvidia-smi shows it
             predicted = {**predicted, **{k: predicted[k] + ENGINE_ASLEEP_BYTES
@@ -84,7 +90,7 @@ def memory_components(name: str, model: ModelSpec, overrides: Overrides, *,
     details the arrays lack."""
     workload, layout, recipe = base if base is not None else (Workload(), Layout(), Recipe())
     out = profile(name).many(model, overrides, workload=workload, layout=layout, recipe=recipe, **x)
-    if not any(k.split(" (")[0] == GENERATION_PHASE for k in out["phases"]):
+    if not any(is_generation_phase(k) for k in out["phases"]):
         return out
     phases = engine_phases(out["phases"], workload, layout,
                            sleep=x.get("generation_sleep", recipe.generation_sleep),

@@ -49,6 +49,14 @@ def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
     return {"n_saved": float(sum(sizes.values())), "saved_head": float(sizes.get("lm_head", 0))}
 
 
+def forwards_beside_training(wl: Workload, logprob_forward: Any) -> Any:
+    """Forwards without gradients per token beside training (the time model's
+    ``reference_forward``): the reference policy's where it runs, and for GRPO the old
+    log-probs' where the stack scores its completions apart (``logprob_forward``: a flag, or an
+    array of them per stack)."""
+    return int(wl.reference_forward) + (np.asarray(logprob_forward, dtype=np.int64) if wl.generates else 0)
+
+
 def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Recipe) -> dict[str, Any]:
     """GRPO's arguments of :func:`planner.perf.timing.generation_s`: the completions, the engine's
     placement and share, its 16-bit weights and KV cache per token, and whether the phases swap
@@ -84,7 +92,7 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              adapter_bytes=adapter_bytes_per_token(n_lora, wl.lora_rank, wl.adapter_dtype),
              attention=attention, native_attention=native_attention, fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
-    forwards = int(wl.reference_forward) + int(wl.generates and rs.recipe.logprob_forward)
+    forwards = int(forwards_beside_training(wl, rs.recipe.logprob_forward))
     if forwards:
         x["reference_forward"] = forwards
     if wl.generates:

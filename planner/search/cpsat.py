@@ -63,7 +63,7 @@ import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from planner.core.units import ceil_units_array, floor_units
-from planner.memory.generation import ASLEEP_SUFFIX
+from planner.memory.generation import phase_limit
 
 #: Integer units of each objective inside CP-SAT (and in the oracle's ranking).
 OBJECTIVE_SCALE = {"gpus": 1.0, "hourly": 1e4, "cost": 1e4, "time": 1e3}
@@ -216,10 +216,10 @@ class PlanModel:
 
     # (1)
     def _add_memory(self) -> None:
+        usable = self.limits.usable_bytes
+        asleep = usable if self.limits.asleep_usable_bytes is None else self.limits.asleep_usable_bytes
         for phase, table in self.space.k_phases.items():
-            asleep = phase.endswith(ASLEEP_SUFFIX) and self.limits.asleep_usable_bytes is not None
-            self._within_each_type(table[self.space.c_k],
-                                   self.limits.asleep_usable_bytes if asleep else self.limits.usable_bytes)
+            self._within_each_type(table[self.space.c_k], phase_limit(phase, usable, asleep))
 
     # (2)
     def _add_host_ram(self) -> None:

@@ -13,9 +13,9 @@ import numpy as np
 from planner.core.arrays import unique_rows
 from planner.memory.breakdown import GENERATION_RECIPE, STACK_RECIPE
 from planner.memory.estimate import usable_bytes
-from planner.memory.generation import ASLEEP_SUFFIX, engine_fits, engine_share
+from planner.memory.generation import engine_fits, engine_share, phase_limit
 from planner.memory.profiles import memory_components
-from planner.perf.arguments import step_arguments
+from planner.perf.arguments import forwards_beside_training, step_arguments
 from planner.perf.flops import model_flops
 from planner.perf.hardware import GpuPerf
 from planner.perf.timing import billed_gpus, job_cost_usd, job_time_s, step_time_s
@@ -141,12 +141,12 @@ def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_acc
         cp=c["cp"], ep=c["ep"], dp=dp, attention=c["attention"], fused=req.fused(c["stack"]),
         native_attention=req.stack_recipe("native_attention", c["stack"]), intra_only=intra_only)
     if req.rs.workload.generates:  # the stack's engine phases, where the scenario leaves them to it
-        for key, arg in zip(GENERATION_RECIPE, ("gen_sleep", "gen_rollout_offload")):
+        for key, arg in (("generation_sleep", "gen_sleep"), ("rollout_offload", "gen_rollout_offload")):
             if req.stack_sets(key):
                 x[arg] = req.stack_recipe(key, c["stack"])
-        if req.stack_sets("logprob_forward"):  # forwards beside training: reference, old log-probs
-            x["reference_forward"] = (int(req.rs.workload.reference_forward)
-                                      + req.stack_recipe("logprob_forward", c["stack"]))
+        if req.stack_sets("logprob_forward"):
+            x["reference_forward"] = forwards_beside_training(req.rs.workload,
+                                                              req.stack_recipe("logprob_forward", c["stack"]))
     return x
 
 
@@ -213,7 +213,7 @@ def phase_usable(table: GpuTable, phase: str) -> np.ndarray:
     """What ``phase`` may hold on each GPU type: a step phase while a colocated engine sleeps the
     card without the engine's share, any other the card less it (the same for every phase
     without generation)."""
-    return table.asleep_usable_bytes if phase.endswith(ASLEEP_SUFFIX) else table.usable_bytes
+    return phase_limit(phase, table.usable_bytes, table.asleep_usable_bytes)
 
 
 def within_card(table: GpuTable, g: np.ndarray, phases: dict[str, np.ndarray]) -> np.ndarray:

@@ -214,7 +214,7 @@ def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, An
     from pydantic import ValidationError
 
     from planner.core.specs import Layout, Recipe, Workload
-    from planner.perf.arguments import generation_arguments
+    from planner.perf.arguments import forwards_beside_training, generation_arguments
     from planner.validate.rows import grpo_engine, grpo_phases, grpo_workload
 
     keys = {k: v for k, v in grpo_workload(row).items() if k != "global_batch"}
@@ -228,7 +228,7 @@ def _generation(row: dict[str, str], model: ModelSpec, seq: int) -> dict[str, An
     except ValidationError as exc:
         raise Unmodelable(f"generation: {exc.errors()[0]['msg']}") from None
     return {**generation_arguments(model, wl, lay, recipe), "gen_completion_cap": max(completion, seq - prompt),
-            "reference_forward": int(wl.reference_forward) + int(recipe.logprob_forward)}
+            "reference_forward": int(forwards_beside_training(wl, recipe.logprob_forward))}
 
 
 def case_of(row: dict[str, str]) -> ThroughputCase:

@@ -98,7 +98,7 @@ def _model_cell(row: dict[str, str]) -> str:
 
 
 def judge_row(row: dict[str, str]) -> VerdictResult:
-    from planner.memory.estimate import estimate_resolved, fit_of, memory_of
+    from planner.memory.estimate import fit_of, memory_of
     from planner.scenario.resolve import resolve
     from planner.validate.memory_loso import source_of
 
@@ -112,19 +112,19 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
         raw = scenario_of(stated_or_least({**row, "model": _model_cell(row)}))
         try:
             rs = resolve(raw)
-            est = estimate_resolved(rs)
+            mem = memory_of(rs)
         except InputError as exc:
             raise Unmodelable("; ".join(exc.problems)) from None
     except Unmodelable as exc:
         return VerdictResult(**base, capacity_bytes=None, usable_bytes=None, predicted_bytes=None,
                              judged_fit=None, reason=str(exc))
     # the estimate's own fit rule on the row's card: a colocated engine's share and phases too
-    fit = fit_of(memory_of(rs), capacity, profile=est.profile, reserve=est.reserve, wl=rs.workload,
+    fit = fit_of(mem, capacity, profile=rs.profile, reserve=rs.overrides.reserve, wl=rs.workload,
                  lay=rs.layout, model=rs.model)
-    within = est.total_bytes <= fit.usable_bytes and (
+    within = mem.total_bytes <= fit.usable_bytes and (
         fit.generation_bytes is None or fit.generation_bytes <= (fit.generation_usable_bytes or 0))
     return VerdictResult(**base, capacity_bytes=capacity, usable_bytes=fit.usable_bytes,
-                         predicted_bytes=est.total_bytes, judged_fit=within and (fit.fits or bool(fit.tight)),
+                         predicted_bytes=mem.total_bytes, judged_fit=within and (fit.fits or bool(fit.tight)),
                          reason=None, tight=fit.tight, step_share=fit.step_share)
 
 
