@@ -327,16 +327,16 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     record_before: Annotated[bool, typer.Option(
         "--record-before", help="write the planner's prediction now into each row of FILE that has "
-                                "none (predicted_before_gb / predicted_before_tokens_per_s, and the "
-                                "planner's commit), never overwriting one; run it when rows are added, "
+                                "none (predicted_before_gb / predicted_before_tokens_per_s, with --verdicts "
+                                "judged_before, and the planner's commit), never overwriting one; run it when rows are added, "
                                 "before any rule changes for them")] = False,
 ) -> None:
     """Predict every measured run of a CSV and score the model: memory per row and method (per
     source with --loso), throughput per source against the 6N-at-40 %-of-peak baseline, or fit
     verdicts."""
     problems = []
-    if record_before and (verdicts or loso or profile != "detailed"):
-        problems.append("--record-before: memory or throughput files, detailed profile, without --loso")
+    if record_before and (loso or profile != "detailed"):
+        problems.append("--record-before: the detailed profile, without --loso")
     if kind not in ("memory", "throughput"):
         problems.append(f"--kind: {kind!r} is not memory or throughput")
     if profile not in ("seed", "detailed"):
@@ -353,7 +353,7 @@ def validate(
         done = []
         for path in files:
             try:
-                done.append(record(path, kind))
+                done.append(record(path, "verdicts" if verdicts else kind))
             except (OSError, KeyError, ValueError) as exc:
                 _fail([f"{path}: {exc}"])
         for d in done:

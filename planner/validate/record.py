@@ -2,7 +2,8 @@
 
 ``planner validate FILE --record-before`` writes, into each row of a memory or throughput CSV
 whose before column (:data:`planner.validate.before.MEMORY_COLUMN`,
-:data:`~planner.validate.before.THROUGHPUT_COLUMN`) is empty, what the planner predicts for it
+:data:`~planner.validate.before.THROUGHPUT_COLUMN`) is empty, or of a verdicts CSV whose
+:data:`VERDICT_COLUMN` is (``--verdicts``), what the planner predicts for it
 now, and in :data:`SOURCE_COLUMN` which planner made the prediction (the commit of the checkout,
 ``+modified`` when its code or catalogs differ from that commit). A recorded value is never
 overwritten: run it when rows are added, before any rule is changed for them, and the column
@@ -20,6 +21,9 @@ from planner.validate.before import MEMORY_COLUMN, MEMORY_SCALE, THROUGHPUT_COLU
 
 #: The column naming the planner that recorded a row's before value.
 SOURCE_COLUMN = "predicted_before_by"
+#: A verdicts file's before column: the three-class verdict (``fits``, ``tight``,
+#: ``does_not_fit``) the planner gave the row when it was added.
+VERDICT_COLUMN = "judged_before"
 
 
 def planner_revision() -> str:
@@ -61,6 +65,14 @@ def _predict_throughput(rows: list[dict[str, str]]) -> dict[str, float]:
     return {case.id: float(p) / THROUGHPUT_SCALE for case, p in zip(cases, predicted)}
 
 
+def _predict_verdicts(rows: list[dict[str, str]]) -> list[str | None]:
+    """Each row's three-class verdict, as ``planner validate --verdicts`` judges it (None: a row
+    the model cannot read)."""
+    from planner.validate.verdicts import judge_row
+
+    return [judge_row(r).judged for r in rows]
+
+
 def record_before(path: str | Path, kind: str) -> dict[str, Any]:
     """Fill the before column of ``path``'s rows that have none; returns the counts and the
     planner revision that predicted them."""
@@ -69,15 +81,22 @@ def record_before(path: str | Path, kind: str) -> dict[str, Any]:
         reader = csv.DictReader(fh)
         fields = list(reader.fieldnames or [])
         rows = list(reader)
-    column, scale = (THROUGHPUT_COLUMN, THROUGHPUT_SCALE) if kind == "throughput" else (MEMORY_COLUMN, MEMORY_SCALE)
+    column, scale = {"throughput": (THROUGHPUT_COLUMN, THROUGHPUT_SCALE),
+                     "verdicts": (VERDICT_COLUMN, 1.0)}.get(kind, (MEMORY_COLUMN, MEMORY_SCALE))
     for name in (column, SOURCE_COLUMN):
         if name not in fields:
             fields.append(name)
-    todo = [r for r in rows if recorded(r, column, scale) is None]
+    if kind == "verdicts":
+        todo = [r for r in rows if not (r.get(column) or "").strip()]
+    else:
+        todo = [r for r in rows if recorded(r, column, scale) is None]
     revision = planner_revision()
+    values: dict[int, Any]
     if kind == "throughput":
         found = _predict_throughput(todo)
         values = {id(r): found.get(r["id"]) for r in todo}
+    elif kind == "verdicts":
+        values = {id(r): v for r, v in zip(todo, _predict_verdicts(todo))}
     else:
         values = {id(r): v for r, v in zip(todo, _predict_memory(todo))}
     written = 0
@@ -85,7 +104,7 @@ def record_before(path: str | Path, kind: str) -> dict[str, Any]:
         value = values[id(r)]
         if value is None:
             continue
-        r[column] = f"{value:.3f}" if kind != "throughput" else f"{value:.1f}"
+        r[column] = value if kind == "verdicts" else (f"{value:.3f}" if kind != "throughput" else f"{value:.1f}")
         r[SOURCE_COLUMN] = revision
         written += 1
     with path.open("w", newline="", encoding="utf-8") as fh:

@@ -40,6 +40,8 @@ class VerdictResult:
     tight: bool | None = None
     #: the share of the card a colocated GRPO engine holds beside the step (0 while it sleeps)
     step_share: float = 0.0
+    #: the three-class verdict recorded when the row was added (``judged_before``), if any
+    judged_before: str | None = None
 
     @property
     def judged(self) -> str | None:
@@ -104,7 +106,7 @@ def judge_row(row: dict[str, str]) -> VerdictResult:
 
     verdict = row["verdict"].strip().lower()
     base = {"id": row["id"], "source": source_of(row), "model": row["model"], "method": row["method"],
-            "verdict": verdict}
+            "verdict": verdict, "judged_before": (row.get("judged_before") or "").strip() or None}
     try:
         if verdict not in VERDICTS:
             raise Unmodelable(f"verdict {verdict!r}: one of {', '.join(VERDICTS)}")
@@ -200,6 +202,21 @@ def _fits_at(r: VerdictResult, reserve: float | None) -> bool:
     return (r.predicted_bytes or 0) <= usable_bytes(r.capacity_bytes or 0, "detailed", reserve, r.step_share)
 
 
+def before_and_now(results: list[VerdictResult]) -> dict[str, Any]:
+    """On the rows with a recorded verdict (``judged_before``): per outcome, the rows whose
+    verdict was not contradicted (a run that ran not called ``does_not_fit``, an OOM report not
+    called ``fits``) when the row was added and now, and the share called ``tight`` then."""
+    out: dict[str, Any] = {}
+    for verdict in VERDICTS:
+        rows = [r for r in results if r.verdict == verdict and r.judged_before]
+        wrong = "does_not_fit" if verdict == "ran" else "fits"
+        out[verdict] = {"rows": len(rows),
+                        "before": sum(r.judged_before != wrong for r in rows),
+                        "now": sum(r.judged is not None and r.judged != wrong for r in rows),
+                        "tight_before": sum(r.judged_before == "tight" for r in rows)}
+    return out
+
+
 def validate_verdicts(path: str | Path) -> dict[str, Any]:
     from planner.memory.estimate import FIT_MARGIN
 
@@ -209,6 +226,7 @@ def validate_verdicts(path: str | Path) -> dict[str, Any]:
             # runs that ran, judged out of memory by the margin alone: predicted within the card
             "ran_judged_oom_within_card": sum(r.within_card for r in ran_missed),
             "reserve_trade_off": reserve_trade_off(results),
+            "before": before_and_now(results),
             "by_source": {s: summarize([r for r in results if r.source == s])
                           for s in sorted({r.source for r in results})},
             "unmodelled": [{"id": r.id, "reason": r.reason} for r in results if r.reason],
@@ -259,4 +277,17 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
                  else f"fit rule ({result['fit_margin']:.0%} margin)")
         trade.add_row(label, *("—" if t[v]["share_right"] is None
                                else f"{t[v]['right']} ({t[v]['share_right'] * 100:.0f} %)" for v in VERDICTS))
-    return [rows, summary, trade, by_source]
+    tables = [rows, summary, trade, by_source]
+    before = result.get("before") or {}
+    if any(before[v]["rows"] for v in VERDICTS):
+        first = Table(title="before any fit: the verdict recorded when each row was added (an unseen "
+                            "verdict) vs now, not contradicted", header_style="bold")
+        for col in ("what happened", "rows", "before", "now", "tight before"):
+            first.add_column(col, justify="left" if col == "what happened" else "right")
+        for verdict, label in (("ran", "ran (not does_not_fit)"), ("oom", "oom (not fits)")):
+            b = before[verdict]
+            if b["rows"]:
+                first.add_row(label, str(b["rows"]), f"{b['before']} ({b['before'] / b['rows'] * 100:.0f} %)",
+                              f"{b['now']} ({b['now'] / b['rows'] * 100:.0f} %)", str(b["tight_before"]))
+        tables.append(first)
+    return tables
