@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from planner.cli.main import app
 from planner.validate.before import MEMORY_COLUMN, THROUGHPUT_COLUMN
-from planner.validate.record import SOURCE_COLUMN, record_before
+from planner.validate.record import SOURCE_COLUMN, VERDICT_COLUMN, record_before
 from planner.validate.score import validate_file as validate_memory
 from planner.validate.throughput import validate_file as validate_throughput
+from planner.validate.verdicts import validate_verdicts
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -70,5 +71,39 @@ def test_the_cli_records_then_scores_and_refuses_it_with_verdicts(tmp_path):
     result = CliRunner().invoke(app, ["validate", "--kind", "throughput", str(path), "--record-before"])
     assert result.exit_code == 0, result.output
     assert all(r[THROUGHPUT_COLUMN] for r in _read(path))
-    bad = CliRunner().invoke(app, ["validate", "--verdicts", str(DATA / "verdicts.csv"), "--record-before"])
+    bad = CliRunner().invoke(app, ["validate", "--loso", str(path), "--record-before"])
     assert bad.exit_code == 2 and "--record-before" in bad.output
+
+
+def test_verdict_rows_keep_the_verdict_they_got_when_added(tmp_path):
+    """A verdicts file's ``judged_before`` is the three-class verdict ``--verdicts`` gives the row
+    now, written once; a recorded one (even one today's planner would not give) is kept, and the
+    report counts the unseen verdicts beside today's."""
+    path = tmp_path / "v.csv"
+    with (DATA / "verdicts.csv").open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        fields, rows = list(reader.fieldnames or []), list(reader)[:12]
+    fields.append(VERDICT_COLUMN)
+    rows[0][VERDICT_COLUMN] = "does_not_fit"  # a verdict recorded by an older planner
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows({k: r.get(k, "") for k in fields} for r in rows)
+    result = CliRunner().invoke(app, ["validate", "--verdicts", str(path), "--record-before", "--json"])
+    assert result.exit_code == 0, result.output
+    written = _read(path)
+    now = {r["id"]: r for r in validate_verdicts(path)["results"]}
+    assert written[0][VERDICT_COLUMN] == "does_not_fit"
+    for r in written[1:]:
+        judged = now[r["id"]]
+        expected = "tight" if judged["tight"] else ("fits" if judged["judged_fit"] else "does_not_fit")
+        assert r[VERDICT_COLUMN] == (expected if judged["judged_fit"] is not None else "")
+        assert r[SOURCE_COLUMN] or not r[VERDICT_COLUMN]
+    before = validate_verdicts(path)["before"]
+    ran_rows = [r for r in written if r["verdict"] == "ran" and r[VERDICT_COLUMN]]
+    assert before["ran"]["rows"] == len(ran_rows)
+    assert before["ran"]["before"] == sum(r[VERDICT_COLUMN] != "does_not_fit" for r in ran_rows)
+    # every other row was recorded today, so only the kept old verdict can tell then from now
+    first_now = now[written[0]["id"]]
+    assert written[0]["verdict"] == "ran"
+    assert before["ran"]["now"] - before["ran"]["before"] == int(bool(first_now["judged_fit"]))
