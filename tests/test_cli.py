@@ -175,8 +175,9 @@ def test_a_recipe_key_written_in_its_old_section_says_where_it_belongs(tmp_path,
 
 
 def test_every_recipe_key_is_named_in_its_old_section():
-    """Each ``recipe:`` key was a workload or layout key once: written there, it is named with
-    its place (none is left to read as an unknown key)."""
+    """Each ``recipe:`` key was a workload or layout key once (or, for Transformer Engine's FP8
+    storage keys, is written beside the workload's ``fp8`` by habit): written there, it is named
+    with its place (none is left to read as an unknown key)."""
     from planner.core.specs import MOVED_KEYS, Recipe
 
     places = {place for moved in MOVED_KEYS.values() for place in moved.values()}

@@ -245,8 +245,34 @@ class Recipe(StrictModel):
     # (unsloth/kernels/fast_lora.py, rms_layernorm.py, swiglu.py): LoRA_MLP keeps its input and
     # the gate and up outputs, recomputes the SwiGLU product in backward and writes the
     # gradients into those buffers; LoRA_QKV and LoRA_W keep their input only; RMSNorm keeps
-    # its input and rsqrt
+    # its input and rsqrt; "transformer_engine": Megatron-Core's Transformer Engine layers
+    # (LayerNormLinear, fused attention, Megatron's SwiGLU/bias-GELU functions): a norm fused
+    # into the next linear keeps its input and rsigma; q, k and v are one linear (one LoRA
+    # adapter on linear_qkv); the gated activation keeps only its input, the fc1 output; a linear
+    # keeps its input only when its weight trains (TE ``backward_needs_input``); rotary embedding
+    # is fused and keeps no per-token tensor
     kernels: Kernels = "standard"
+    #: Transformer Engine's FP8 dot-product attention (Megatron ``fp8_dot_product_attention``,
+    #: with ``NVTE_FP8_DPA_BWD=1``): q, k, v and the output are kept in FP8 for backward (one byte
+    #: each), with two FP32 softmax statistics per head (M and ZInv) instead of one log-sum-exp.
+    #: Source: TE v2.2 ``attention.py`` ``FusedAttnFunc`` save_for_backward and
+    #: ``fused_attn_fp8.cu``. Needs FP8 linears (``workload.fp8``).
+    fp8_attention: bool = False
+    #: Megatron's ``activation_func_fp8_input_store``: the gated activation keeps its input (the
+    #: fc1 output, 2·ffn wide) as ``float8_e4m3fn`` (Megatron-Core ``fused_bias_swiglu.py``
+    #: ``SwiGLUFunction``). With ``kernels: transformer_engine``.
+    fp8_activation_store: bool = False
+    #: The linear weights are stored in FP8 (Transformer Engine ``fp8_model_init``, NeMo and
+    #: Megatron ``fp8_params``): one byte each, no 16-bit copy (FP32 main copies stay with the
+    #: optimizer for the weights that train). Needs FP8 linears (``workload.fp8``).
+    fp8_params: bool = False
+    #: With ``fp8_params``: whether each weight also keeps a transposed FP8 copy for the
+    #: backward GEMM. Transformer Engine 2.x caches it on the weight on cards whose FP8 GEMM needs
+    #: the TN layout (compute capability below 10: Hopper, Ada) and needs none from Blackwell
+    #: (``non_tn_fp8_gemm_supported``); ``disable_parameter_transpose_cache`` makes it transient.
+    #: Unset: by the scenario's card where it names one (none on Blackwell), else kept (the upper
+    #: bound a search across cards uses).
+    fp8_transpose_cache: bool | None = None
     #: How a MoE layer runs its experts: ``grouped``, one grouped GEMM over every routed token
     #: (transformers 5's default ``experts_implementation``, Megatron-Core, torchtitan), or
     #: ``loop``, an eager loop (transformers 4, or 5 with ``experts_implementation="eager"``):
@@ -329,7 +355,8 @@ MOVED_KEYS: dict[type, dict[str, str]] = {
     Workload: {k: f"recipe.{k}" for k in (
         "bnb_keeps_input", "int8_keeps_transposed", "kbit_prep", "grad_dtype", "optimizer_paged",
         "optimizer_step", "rope_cache_per_layer", "keeps_kv_cache", "loss", "peak_at_first_step",
-        "compile", "kernels", "moe_experts")},
+        "compile", "kernels", "moe_experts", "fp8_attention", "fp8_activation_store", "fp8_params",
+        "fp8_transpose_cache")},
     Layout: {**{k: f"recipe.{k}" for k in (
         "unsharded_grad_accumulation", "full_state_dict", "fsdp_mixed_units", "zero_bucket_elements",
         "zero_overflow_check_bytes", "zero_offload_gpu_copy", "fsdp_version", "zero_impl")},

@@ -57,7 +57,7 @@ def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, r
         return
     litgpt = model is not None and model.impl == "litgpt"
     fp32_y = litgpt or (model is not None and model.norm_fp32_scale)
-    fused = rec.fused or (rec.fused_norm and kind == "rmsnorm")
+    fused = rec.fused or rec.te or (rec.fused_norm and kind == "rmsnorm")
     if kind == "rmsnorm" and not fused and model is not None and not model.norm_upcast:
         inv.add(f"{name}.input", tokens * rec.e * h, split=split)
         inv.add(f"{name}.rstd", tokens * rec.e * groups, split=split)
@@ -137,9 +137,15 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
                        split_input=False, x_bytes=e)
         gate_rg = rg_in or trainable or "gate" in t
         up_rg = rg_in or trainable or "up" in t
-        if gate_rg:
+        if rec.te:  # Megatron's SwiGLUFunction keeps its input, the fc1 output (gate and up)
+            if gate_rg or up_rg:
+                act_b = FP8_BYTES if rec.fp8_activation_store else e
+                inv.add(f"{prefix}.fc1_out", tokens * act_b * 2 * f)
+        elif gate_rg:
             inv.add(f"{prefix}.gate_out", tokens * e * f)  # saved by act
-        if rec.fused:
+        if rec.te:
+            pass
+        elif rec.fused:
             if gate_rg or up_rg:
                 inv.add(f"{prefix}.gate_out", tokens * e * f)
                 inv.add(f"{prefix}.up_out", tokens * e * f)
@@ -149,7 +155,7 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
             if up_rg:
                 inv.add(f"{prefix}.act_out", tokens * e * f)  # mul saves act for d(up)
         prod_rg = gate_rg or up_rg
-        if rec.fused and trainable and not rec.fp8:
+        if rec.fused and not rec.te and trainable and not rec.fp8:
             pass  # the product is recomputed from gate and up for down's weight gradient
         else:
             _linear_inputs(inv, f"{prefix}.product", f, ["down"], rec, tokens, split_input=True,
@@ -236,11 +242,12 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     rg_in = rec.input_requires_grad
     _norm(inv, "norm1", rg_in, rec.trainable_base, h, rec, model.norm, tokens, model)
     out1_rg = rg_in or rec.trainable_base
-    qkv = ["qkv"] if model.fused_qkv else ["q", "k", "v"]
+    fused_qkv = model.fused_qkv or rec.te  # Megatron's linear_qkv: one linear, one adapter
+    qkv = ["qkv"] if fused_qkv else ["q", "k", "v"]
     _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg,
                    x_bytes=FP32 if rec.fp32_stream else e)
     qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
-    if model.qk_norm and not model.fused_qkv:
+    if model.qk_norm and not fused_qkv:
         # RMSNorm over each head of q and of k (Qwen3, Gemma 3) before RoPE: what any norm
         # keeps, per head, for the projections' outputs that need a gradient (OLMo 2 normalises
         # the whole projection: one rsqrt per token, counted here per head).
@@ -254,7 +261,7 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
         litgpt_attention(inv, model, rec, tokens, s)
     elif qkv_rg:
         attention_kernel(inv, model, rec, tokens, s, eager=eager)
-    name_o = "attn.out" if not eager else "attn.out_contiguous"
+    name_o = "attn.out" if not eager else "attn.out_contiguous"  # (FP8 attention: "attn.out_fp8")
     _linear_inputs(inv, name_o, h_q, ["o"], rec, tokens, split_input=True)
     return rg_in or qkv_rg or rec.trainable_base or "o" in t
 

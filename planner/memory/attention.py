@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from planner.core.arch import _attention_dims, _dims
 from planner.core.entries import ModelSpec
-from planner.memory.inventory import FP32, Inventory, LayerRecipe
+from planner.memory.inventory import FP8_BYTES, FP32, Inventory, LayerRecipe
 
 
 def attention_is_eager(model: ModelSpec, rec: LayerRecipe) -> bool:
@@ -53,6 +53,12 @@ def attention_kernel(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
                 inv.add("attn.softmax_copy", tokens * e * a * s)
         else:  # the softmax in the compute dtype keeps its output, which the value matmul reads
             inv.add("attn.softmax", tokens * e * a * s)
+    elif rec.fp8_attention:  # FP8 q, k, v and output; M and ZInv in FP32 per head
+        inv.add("attn.q_fp8", tokens * FP8_BYTES * h_q)
+        inv.add("attn.k_fp8", tokens * FP8_BYTES * h_kv)
+        inv.add("attn.v_fp8", tokens * FP8_BYTES * h_kv)
+        inv.add("attn.out_fp8", tokens * FP8_BYTES * h_q)
+        inv.add("attn.softmax_stats", tokens * 2 * FP32 * a)
     else:
         inv.add("attn.q", tokens * e * h_q)
         inv.add("attn.k", tokens * e * h_kv)

@@ -67,6 +67,13 @@ class LayerRecipe:
     unsloth: bool = False
     #: A fused RMSNorm kernel (``Recipe.kernels`` fused_rmsnorm): input and rsqrt only.
     fused_norm: bool = False
+    #: Transformer Engine layers (``Recipe.kernels`` transformer_engine): norms fused into the
+    #: next linear, q, k and v one linear, the gated activation keeping only its input.
+    te: bool = False
+    #: FP8 dot-product attention (``Recipe.fp8_attention``): q, k, v and the output kept in FP8.
+    fp8_attention: bool = False
+    #: The gated activation keeps its input in FP8 (``Recipe.fp8_activation_store``).
+    fp8_activation_store: bool = False
     #: Bytes per element of the masked scores that eager attention's ``torch.max`` clamp keeps
     #: (``ModelSpec.eager_mask_clamp``): the scores' dtype promoted with the causal mask's, which
     #: is the embeddings' (FP32 for a prepared bitsandbytes base). 0: no clamp.

@@ -265,7 +265,8 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
     opt_b = adam_bytes(workload.optimizer, state_elem, paged)
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
-    ledger.put("weights", place.spread((n_local - n_exp) * e, n_exp * e, "weights"), on_host_w)
+    dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
+    ledger.put("weights", place.spread(dense_w, expert_w, "weights"), on_host_w)
     # Offloading the optimizer moves the reduced gradients to the host too (ZeRO-Offload,
     # FSDP CPUOffload): the GPU holds them only bucket by bucket.
     ledger.put("gradients", place.spread((n_local - n_exp) * grad_b, n_exp * grad_b, "gradients"),
@@ -280,6 +281,25 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     (vocab,) = _dims(model, "vocab")
     largest = max(vocab * model.hidden, model.hidden * (ffn or model.hidden)) / place.tp * grad_b
     return StateParts(ledger.dev, ledger.host, n_local, largest)
+
+
+def fp8_weight_bytes(workload: Workload, recipe: Recipe) -> float | None:
+    """Bytes per decoder-layer linear weight stored in FP8 (``Recipe.fp8_params``): the FP8 data
+    and, where the card's FP8 GEMM needs the TN layout, the transposed copy Transformer Engine
+    caches on the weight (``Recipe.fp8_transpose_cache``; unset: kept). None: 16-bit weights."""
+    if not (workload.fp8 and recipe.fp8_params):
+        return None
+    return BYTES["fp8"] * (1 if recipe.fp8_transpose_cache is False else 2)
+
+
+def _weight_bytes(workload: Workload, recipe: Recipe, place: _Placement, e: int) -> tuple[float, float]:
+    """Weights on this GPU before ZeRO, dense and routed-expert bytes: ``e`` each, or
+    :func:`fp8_weight_bytes` for the decoder layers' linears (embeddings, head and norms stay
+    16-bit: Transformer Engine stores only its own modules in FP8)."""
+    lw = fp8_weight_bytes(workload, recipe) or e
+    linears = place.layer_share / place.tp
+    dense = (place.n_local - place.n_exp) * e + (linears - place.n_exp) * (lw - e)
+    return dense, place.n_exp * lw
 
 
 def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
@@ -314,8 +334,8 @@ def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
         frozen = (place.layer_share * q_total + end_bytes) / place.tp + place.n_norm * e_norm
         per_expert = q_total
     else:
-        frozen = place.n_local * e
-        per_expert = e
+        dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
+        frozen, per_expert = dense_w + expert_w, fp8_weight_bytes(workload, recipe) or e
     n_exp = place.n_exp
     ledger.put("weights", place.spread(frozen - n_exp * per_expert, n_exp * per_expert, "weights"),
                on_host_w)

@@ -81,6 +81,7 @@ def resolve(
     _check_generation(wl, lay, gpus, problems)
     grad_accum = _derive_grad_accum(wl, dp, problems)
     scenario = _fit_profile(scenario, model, problems, warnings)
+    scenario = _card_recipe(scenario, gpu)
     _check_saved_modules(scenario, warnings)
     if gpu is not None:
         _check_gpu(wl, lay, gpu, scenario.constraints.pcie_model_parallel, problems, warnings)
@@ -95,6 +96,21 @@ def resolve(
         warnings=tuple(warnings),
         source=source,
     )
+
+
+#: Card architectures whose FP8 GEMMs take any layout, so Transformer Engine caches no
+#: transposed copy of an FP8 weight (TE ``non_tn_fp8_gemm_supported``: compute capability 10+).
+FP8_ANY_LAYOUT_ARCHITECTURES = frozenset({"blackwell"})
+
+
+def _card_recipe(scenario: Scenario, gpu: GpuSpec | None) -> Scenario:
+    """The recipe keys a named card decides where the scenario leaves them unset: whether FP8
+    weights keep a transposed copy (``Recipe.fp8_transpose_cache``)."""
+    rec = scenario.recipe
+    if gpu is None or not rec.fp8_params or rec.fp8_transpose_cache is not None:
+        return scenario
+    keep = gpu.architecture not in FP8_ANY_LAYOUT_ARCHITECTURES
+    return scenario.model_copy(update={"recipe": rec.model_copy(update={"fp8_transpose_cache": keep})})
 
 
 def _validated(raw: dict[str, Any] | Scenario, prefix: str) -> Scenario:

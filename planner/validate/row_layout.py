@@ -67,6 +67,10 @@ def layout(row: dict[str, str]) -> dict[str, Any]:
         lay["zero"] = max(lay["zero"], 1)
     if int(num(row, "layers", 1)) % lay["pp"]:
         lay["uneven_pp"] = True  # the run split its layers over stages of unequal size
+    virtual = int(num(row, "pp_virtual") or 1)
+    if virtual > 1:  # interleaved 1F1B over that many chunks per stage
+        lay["pp_schedule"] = "interleaved"
+        lay["pp_virtual_stages"] = virtual
     if lay["tp"] > 1:
         # sequence parallelism (TP also shards the norm and dropout regions): on unless the
         # row says the run had none (torchtitan, NeMo and Megatron-Bridge recipes use it)

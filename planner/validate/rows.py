@@ -159,7 +159,7 @@ def lora_targets(text: str) -> list[str]:
 
 
 #: ``kernels`` cells: the layer kernels a run used (Recipe.kernels); blank = standard.
-KERNELS = ("standard", "fused_rmsnorm", "unsloth")
+KERNELS = ("standard", "fused_rmsnorm", "unsloth", "transformer_engine")
 #: ``loss_impl`` cells -> the workload's ``loss`` (and the names other files use for them).
 LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunked", "fused": "fused",
               "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled",
@@ -347,9 +347,51 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
     rec.update(_loss(row))
     wl.update(_evaluation(row))
     wl["fp8"] = "float8" in t.prec
+    rec.update(transformer_engine_recipe(t, row, fp8=wl["fp8"]))
     if num(row, "grad_accum") is not None:
         wl["grad_accum"] = int(num(row, "grad_accum"))
     return wl, rec
+
+
+#: Frameworks built on Megatron-Core whose layers are Transformer Engine's where the row says so.
+TE_FRAMEWORKS = ("nemo", "megatron")
+#: What a row's precision or notes say of a Transformer Engine FP8 recipe, as recipe keys:
+#: FP8 dot-product attention (Megatron ``fp8_dot_product_attention``, NeMo ``FP8_DPA=1``), the
+#: activation's FP8 input store (``activation_func_fp8_input_store``, ``FP8_ACT=1``), FP8-stored
+#: weights (``fp8_params``), and a disabled weight-transpose cache.
+TE_FP8_WORDS = {
+    "fp8_attention": r"fp8 (dot-product )?attention|fp8_dpa=1",
+    "fp8_activation_store": r"fp8_act(ivation)?=(1|true)|activation_func_fp8_input_store on"
+                            r"|fp8 activation-function input store",
+    "fp8_params": r"fp8 (params|weights|base)",
+}
+TE_NO_TRANSPOSE_CACHE = r"disable_parameter_transpose_cache[ =:]+true|transpose cache disabled"
+#: Card architectures on which Transformer Engine keeps no FP8 weight transpose, by the words
+#: a row's card cells use (the catalog's ``architecture`` where ``planner_gpu`` names it).
+NO_TRANSPOSE_CARD_WORDS = r"\bg?b[12]00\b|blackwell"
+
+
+def transformer_engine_recipe(t: RowText, row: dict[str, str], *, fp8: bool) -> dict[str, Any]:
+    """Recipe keys of a run on Transformer Engine layers (``kernels`` transformer_engine): a
+    ``kernels`` cell naming it, or a NeMo/Megatron row whose precision or notes name Transformer
+    Engine; with FP8 linears, what its FP8 recipe stores in FP8 (:data:`TE_FP8_WORDS`) and whether
+    FP8 weights keep a transposed copy (none on Blackwell cards or where the row says the cache
+    was disabled; else the recipe's default, kept)."""
+    text = f"{t.prec} {cell(row, 'notes')}".lower()
+    if not (cell(row, "kernels") == "transformer_engine"
+            or t.framework in TE_FRAMEWORKS and "transformer engine" in text):
+        return {}
+    rec: dict[str, Any] = {"kernels": "transformer_engine"}
+    if not fp8:
+        return rec
+    rec.update({key: True for key, words in TE_FP8_WORDS.items() if re.search(words, text)})
+    if rec.get("fp8_params"):
+        card = cell(row, "planner_gpu")
+        arch = catalog.get_gpu(card).architecture if card else ""
+        blackwell = arch == "blackwell" or re.search(NO_TRANSPOSE_CARD_WORDS, cell(row, "gpu_type").lower())
+        if blackwell or re.search(TE_NO_TRANSPOSE_CACHE, text):
+            rec["fp8_transpose_cache"] = False
+    return rec
 
 
 def grpo_workload(row: dict[str, str]) -> dict[str, Any]:
