@@ -148,3 +148,44 @@ def test_the_mlperf_peaks_are_predicted_within_ten_percent():
     assert len(errors) == 10 and all(e is not None and abs(e) < 0.10 for e in errors.values())
     assert result["before"]["before_median_ape"] > 0.25 and result["before"]["before_median_signed"] > 0.25
     assert result["before"]["now_median_ape"] < 0.10
+
+
+def test_megatrons_cross_entropy_keeps_its_fp32_softmax_only():
+    """``vocab_parallel_cross_entropy`` (Megatron-Core ``tensor_parallel/cross_entropy.py``:
+    ``.float()``, ``torch.exp(..., out=exp_logits)``, ``save_for_backward(exp_logits, ...)``, a
+    backward that updates that tensor in place): 4 bytes per logit saved, the compute-dtype
+    logits (or their gradient's cast) beside it at the peak; Hugging Face's loss peaks at 12."""
+    from planner.memory.logits import eval_loss_bytes, loss_bytes
+
+    m = catalog.get_model("llama-2-70b")
+    tokens, v = 8192, m.vocab
+    saved, peak, held = loss_bytes(m, 2, tokens, "vocab_parallel")
+    assert (saved, peak, held) == (4 * v * tokens, 6 * v * tokens, 0.0)
+    assert loss_bytes(m, 2, tokens, "standard")[1] == 12 * v * tokens
+    assert loss_bytes(m, 2, tokens, "vocab_parallel", tp=4)[0] == 4 * v / 4 * tokens  # vocabulary-split
+    assert eval_loss_bytes(m, 2, tokens, "vocab_parallel") == 6 * v * tokens
+
+
+def test_a_plan_on_megatron_is_estimated_with_its_layers_and_loss():
+    """``estimate --stack megatron`` (and a plan naming the stack) pins Transformer Engine's layers
+    and Megatron's cross-entropy where the scenario leaves them unset: the same full fine-tuning
+    needs less than under the Hugging Face stack's modules, and a scenario's own key wins."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli.main import app
+    from planner.search.results import stack_recipe_pins
+
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "full"}}
+    pins = stack_recipe_pins(raw, "megatron")
+    assert pins["kernels"] == "transformer_engine" and pins["loss"] == "vocab_parallel"
+    assert "kernels" not in stack_recipe_pins({**raw, "recipe": {"kernels": "standard"}}, "megatron")
+    base = ["estimate", "--model", "llama-3.1-8b", "--method", "full", "--seq-len", "4096", "--micro-batch", "2",
+            "--gpu", "h100-sxm-80gb", "--gpus", "8", "--zero", "1", "--json"]
+    runner = CliRunner()
+    plain = json.loads(runner.invoke(app, base).output)
+    mega = json.loads(runner.invoke(app, [*base, "--stack", "megatron"]).output)
+    assert mega["components"]["activations"] < plain["components"]["activations"]
+    assert mega["components"]["logits"] < plain["components"]["logits"]
+    assert mega["components"]["weights"] == plain["components"]["weights"]

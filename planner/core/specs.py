@@ -233,7 +233,10 @@ class Recipe(StrictModel):
     # the head and FP32 cross-entropy run per chunk of tokens with each chunk's graph kept for
     # the one backward (torchtune's LinearCrossEntropyLoss); "chunked_head_in_forward": each
     # chunk's head, loss and backward run in the forward into a gradient of the hidden states
-    # (torchtitan's ChunkedLossWrapper)
+    # (torchtitan's ChunkedLossWrapper); "vocab_parallel": Megatron-Core's
+    # vocab_parallel_cross_entropy (its default, cross_entropy_loss_fusion off): the logits
+    # upcast to FP32, exponentiated in place and saved; the backward writes the gradient into
+    # that FP32 tensor and casts it to the compute dtype
     loss: Loss = "standard"
     # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
     # first): no earlier step's outputs are still held by the training loop at the peak

@@ -79,5 +79,5 @@ class StrictModel(BaseModel):
 
 #: The loss's implementation (``Recipe.loss``) and the layer kernels (``Recipe.kernels``).
 Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace",
-               "chunked_head", "chunked_head_in_forward", "rowwise", "rowwise_fp32"]
+               "chunked_head", "chunked_head_in_forward", "rowwise", "rowwise_fp32", "vocab_parallel"]
 Kernels = Literal["standard", "fused_rmsnorm", "unsloth", "transformer_engine"]

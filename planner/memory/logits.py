@@ -122,6 +122,13 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
                 FP32 * v * tokens)
     if loss == "standard":
         saved, peak = _logits_standard(e, v, tokens, tp)
+    elif loss == "vocab_parallel":
+        # Megatron-Core's ``vocab_parallel_cross_entropy`` (``tensor_parallel/cross_entropy.py``:
+        # ``.float()``, ``torch.exp(..., out=exp_logits)``, ``save_for_backward(exp_logits, ...)``,
+        # the backward's ``grad_input = softmax`` updated in place): the FP32 softmax is saved
+        # (4 per logit); the compute-dtype logits beside it while the loss runs, and the
+        # compute-dtype cast of its gradient in backward (e + 4 at either peak).
+        saved, peak = FP32 * v, (e + FP32) * v
     elif loss == "compiled":
         # Inductor fuses the FP32 upcast, log-softmax and NLL: it keeps the e-byte logits (and a
         # per-token log-sum-exp) and writes the e-byte gradient in one kernel (2e per logit at
@@ -200,7 +207,7 @@ def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 
         per = (e + 2 * FP32) * v / LOSS_CHUNKS
     elif loss in ("compiled", "inplace"):
         per = e * v
-    elif loss == "in_forward":
+    elif loss in ("in_forward", "vocab_parallel"):  # the logits and their FP32 copy
         per = (e + FP32) * v
     elif loss == "cce":
         per = FP32

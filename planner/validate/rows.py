@@ -166,7 +166,7 @@ LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunk
               "cce": "cce", "in-forward": "in_forward", "inplace": "inplace",
               "chunked-head": "chunked_head", "linear-ce": "chunked_head",
               "chunked-head-in-forward": "chunked_head_in_forward", "rowwise": "rowwise",
-              "rowwise-fp32": "rowwise_fp32"}
+              "rowwise-fp32": "rowwise_fp32", "vocab-parallel": "vocab_parallel"}
 #: AutoAWQ's GEMM checkpoints pack int4 weights with an FP16 scale and an int4 zero point per group
 #: of 128 inputs, as GPTQ does: the same bytes per weight (``awq`` reads as ``gptq``).
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}
@@ -345,6 +345,8 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
     if yes(row, "peak_at_first_step"):
         rec["peak_at_first_step"] = True
     rec.update(_loss(row))
+    if t.framework in MEGATRON_FRAMEWORKS and "loss" not in rec:
+        rec["loss"] = "vocab_parallel"  # Megatron's cross-entropy (cross_entropy_loss_fusion off)
     wl.update(_evaluation(row))
     wl["fp8"] = "float8" in t.prec
     rec.update(transformer_engine_recipe(t, row, fp8=wl["fp8"]))
