@@ -227,6 +227,22 @@ def test_model_parallel_plan_goes_to_megatron_and_says_why_not_elsewhere():
     assert "ds_config.json" not in b.files
 
 
+def test_an_fp8_plan_exports_transformer_engines_fp8_recipe():
+    """FP8 linears, FP8-stored weights and FP8 attention: ``--fp8-format hybrid``,
+    ``--fp8-param-gather`` and cuDNN's fused attention backend; the two TransformerConfig fields
+    Megatron-LM's command line leaves out (FP8 attention, the FP8 activation store) are named."""
+    raw = {**TP_PP, "workload": {**TP_PP["workload"], "fp8": True},
+           "recipe": {"kernels": "transformer_engine", "fp8_params": True, "fp8_attention": True,
+                      "fp8_activation_store": True}}
+    b = _export(raw)
+    margs = b.files["megatron_args.txt"].splitlines()
+    for arg in ("--fp8-format hybrid", "--fp8-param-gather", "--attention-backend fused"):
+        assert arg in margs, arg
+    assert any("fp8_dot_product_attention and activation_func_fp8_input_store" in n for n in b.notes)
+    plain = _export(TP_PP).files["megatron_args.txt"].splitlines()
+    assert "--attention-backend flash" in plain and not any(a.startswith("--fp8") for a in plain)
+
+
 def test_fp16_on_a_card_without_bf16():
     raw = {**QLORA, "layout": {"gpu": "t4", "gpus": 1, "checkpointing": "full", "attention": "eager"}}
     b = _export(raw)

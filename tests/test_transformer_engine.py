@@ -44,17 +44,20 @@ def _mlperf_lora_recipe(**kw) -> LayerRecipe:
 
 
 def test_the_mlperf_lora_layer_keeps_the_bytes_its_sources_save():
-    """Per token and layer (h 8192, 8 KV heads of 128, FFN 28672, 64 heads):
-    norm1 2h + 4; the qkv adapter h (mask) + 2h (dropped input) + 2·16; FP8 attention
-    h + 2·1024 + h + 2·4·64; the proj adapter h + 2h + 2·16; norm2 2h + 4; the SwiGLU input
-    in FP8 2·28672 = 158,280 bytes. Without the FP8 store the SwiGLU input doubles (+57,344);
-    without FP8 attention q, k, v and o are bf16 with one FP32 log-sum-exp per head."""
+    """Per token and layer (h 8192, 8 KV heads of 128, FFN 28672, 64 heads): linear_qkv's
+    LayerNormLinear 2h + 4, and h for the FP8 norm output TE 2.x saves because NeMo's adapter
+    asks for it (``return_layernorm_output``: the frozen weight's ``ln_out = None`` is skipped);
+    the qkv adapter h (mask) + 2h (dropped input) + 2·16; FP8 attention h + 2·1024 + h + 2·4·64;
+    the proj adapter h + 2h + 2·16; linear_fc1's 2h + 4 (no adapter: its FP8 norm output is
+    dropped); the SwiGLU input in FP8 2·28672 = 166,472 bytes. Without the FP8 store the SwiGLU
+    input doubles (+57,344); without FP8 attention q, k, v and o are bf16 with one FP32
+    log-sum-exp per head."""
     m = catalog.get_model("llama-2-70b")
     h, f, a = m.hidden, m.ffn, m.heads
     qkv_adapter = h + 2 * h + 2 * 16
     fp8_attention = h + 2 * 1024 + h + 2 * 4 * a
-    expected = (2 * h + 4) + qkv_adapter + fp8_attention + qkv_adapter + (2 * h + 4) + 2 * f
-    assert expected == 158_280
+    expected = (2 * h + 4 + h) + qkv_adapter + fp8_attention + qkv_adapter + (2 * h + 4) + 2 * f
+    assert expected == 166_472
     assert act.layer_saved(m, _mlperf_lora_recipe(), 1, 1).total() == expected
     no_store = act.layer_saved(m, _mlperf_lora_recipe(fp8_activation_store=False), 1, 1).total()
     assert no_store - expected == 2 * f
@@ -70,10 +73,11 @@ def test_transformer_engine_layers_keep_less_than_hugging_face_ones():
     te = act.layer_saved(m, _mlperf_lora_recipe(fp8_attention=False, fp8_activation_store=False), 1, 1).total()
     hf = act.layer_saved(m, _mlperf_lora_recipe(te=False, fp8_attention=False, fp8_activation_store=False),
                          1, 1).total()
-    # norms: 2·(4h + 4) vs 2·(2h + 4); q, k, v: two more masks, dropped copies (3h each) and
-    # rank-16 intermediates (2·16 each); MLP: gate, up and act (3·2f) vs the fc1 output (2·2f)
+    # norms: 2·(4h + 4) vs 2·(2h + 4), less TE's FP8 copy of linear_qkv's norm output (h);
+    # q, k, v: two more masks, dropped copies (3h each) and rank-16 intermediates (2·16 each);
+    # MLP: gate, up and act (3·2f) vs the fc1 output (2·2f)
     h, f = m.hidden, m.ffn
-    assert hf - te == 2 * (4 * h - 2 * h) + 2 * (3 * h + 2 * 16) + (3 * 2 * f - 2 * 2 * f)
+    assert hf - te == 2 * (4 * h - 2 * h) - h + 2 * (3 * h + 2 * 16) + (3 * 2 * f - 2 * 2 * f)
 
 
 def test_a_trainable_layer_saves_its_linears_inputs_in_fp8():
@@ -189,3 +193,82 @@ def test_a_plan_on_megatron_is_estimated_with_its_layers_and_loss():
     assert mega["components"]["activations"] < plain["components"]["activations"]
     assert mega["components"]["logits"] < plain["components"]["logits"]
     assert mega["components"]["weights"] == plain["components"]["weights"]
+
+
+def test_a_search_over_cards_holds_fp8_weights_to_each_cards_copy():
+    """With ``fp8_params`` and no card named, a search over a Blackwell and a Hopper card charges
+    each its own weights (no transposed copy on the B200, one on the H200), as the estimate of
+    the plan's pinned card does: every plan passes the independent checker, and the cheapest
+    plan is a B200 one whose memory is that of the estimate with the card pinned."""
+    from planner.search.checker import check_plan
+
+    raw = {"model": "llama-2-70b", "profile": "detailed",
+           "workload": {"method": "lora", "fp8": True, "seq_len": 2048, "lora_rank": 16, "lora_dropout": 0.1,
+                        "tokens": 1e8},
+           "recipe": {"fp8_params": True, "fp8_attention": True, "fp8_activation_store": True},
+           "search": {"gpu_types": ["b200", "h200-sxm-141gb"], "stacks": ["megatron"], "tp": [1], "max_gpus": 8}}
+    from planner.search.answer import plan_raw
+
+    plans = plan_raw(raw).plans
+    assert plans and all(check_plan(raw, p.model_dump()) == [] for p in plans)
+    best = plans[0]
+    assert best.gpu == "b200"
+    assert best.memory.components["weights"] == pytest.approx(_weights({"kernels": "transformer_engine",
+                                                                         "fp8_params": True}, "b200"))
+    # the same search held to the Hopper card: the copy is counted, 2 bytes per linear weight
+    hopper = plan_raw({**raw, "search": {**raw["search"], "gpu_types": ["h200-sxm-141gb"], "tp": [1, 2, 4]}}).plans
+    whole = _weights({"kernels": "transformer_engine", "fp8_params": True}, "h200-sxm-141gb")
+    assert hopper and all(check_plan(raw, p.model_dump()) == [] for p in hopper)
+    for p in hopper:  # split by TP and PP, and over the data-parallel group under ZeRO-3
+        shards = p.tp * p.pp * (p.dp if p.zero == 3 else 1)
+        assert p.memory.components["weights"] * shards == pytest.approx(whole, rel=0.02)
+
+
+def test_megatrons_selective_recomputation_reruns_only_the_attention_kernel():
+    """Under Transformer Engine, ``checkpointing: selective`` is Megatron's core-attention
+    recomputation: the layer keeps all it keeps without checkpointing but the kernel's own
+    tensors, whose inputs q, k and v (bf16) the checkpoint keeps: for FP8 attention, FP8 q, k, v
+    and output and the two statistics give way to bf16 q, k and v."""
+    m = catalog.get_model("llama-2-70b")
+    rec = _mlperf_lora_recipe()
+    full = act.layer_saved(m, rec, 1, 1).total()
+    selective = act.selective_saved(m, rec, 1, 1).total()
+    h, a = m.hidden, m.heads
+    assert full - selective == (h + 2 * 1024 + h + 2 * 4 * a) - 2 * (h + 2 * 1024)
+    # not torchtitan's op-level policy, which keeps less (here even more than no checkpointing:
+    # bf16 q, k and v outweigh the FP8 tensors the kernel saves)
+    assert selective > full
+    assert act.selective_saved(m, _mlperf_lora_recipe(te=False), 1, 1).total() < selective
+
+
+def test_qk_norms_and_gelu_under_transformer_engine():
+    """Qwen3's per-head q/k norms stay under Transformer Engine layers (TENorm keeps its input
+    and rsigma); a plain GELU MLP keeps its fc1 output only, not the written-out GELU's copies
+    a Hugging Face module keeps in one dtype."""
+    qwen = catalog.get_model("qwen3-8b")
+    rec = LayerRecipe(e=2, trainable_base=True, te=True)
+    names = set(act.layer_saved(qwen, rec, 1, 1).split) | set(act.layer_saved(qwen, rec, 1, 1).whole)
+    assert any(n.startswith("q_norm") for n in names) and any(n.startswith("k_norm") for n in names)
+    gpt = catalog.get_model("gpt2")
+    te_gelu = act.layer_saved(gpt, LayerRecipe(e=2, trainable_base=True, te=True, one_dtype=True), 1, 1)
+    assert not any("act_part" in n for n in te_gelu.split)
+
+
+def test_fp8_storage_keys_need_fp8_linears_and_transformer_engine():
+    """``fp8_params`` and ``fp8_attention`` change nothing without FP8 linears or outside
+    Transformer Engine's layers, and the scenario is told so."""
+    from planner.memory.estimate import memory_of
+
+    base = {"model": "llama-3.1-8b", "profile": "detailed", "layout": {"gpu": "b200", "gpus": 1},
+            "workload": {"method": "full", "seq_len": 2048, "micro_batch": 1}}
+    no_fp8 = resolve({**base, "recipe": {"kernels": "transformer_engine", "fp8_params": True}})
+    assert any("recipe.fp8_params: needs FP8 linears" in w for w in no_fp8.warnings)
+    hf = resolve({**base, "workload": {**base["workload"], "fp8": True},
+                  "recipe": {"kernels": "standard", "fp8_params": True, "fp8_attention": True}})
+    assert any("kernels: standard ignores it" in w for w in hf.warnings)
+    fp8_hf = resolve({**base, "workload": {**base["workload"], "fp8": True}})
+    assert memory_of(hf).total_bytes == memory_of(fp8_hf).total_bytes
+    # the layers still count (fewer saved tensors); the FP8 keys do not (16-bit weights)
+    start = "backward start"
+    assert memory_of(no_fp8).phase_bytes[start] < memory_of(resolve(base)).phase_bytes[start]
+    assert memory_of(no_fp8).components["weights"] == memory_of(resolve(base)).components["weights"]

@@ -30,6 +30,10 @@ from planner.core.values import (
     parse_number,
 )
 
+#: Card architectures whose FP8 GEMMs take any operand layout, so Transformer Engine keeps no
+#: transposed copy of an FP8 weight (TE ``non_tn_fp8_gemm_supported``: compute capability 10+).
+FP8_ANY_LAYOUT_ARCHITECTURES = frozenset({"blackwell"})
+
 
 class GpuSpec(StrictModel):
     """One GPU type. Memory in MiB as nvidia-smi (or the vendor's tool) reports it."""
@@ -67,6 +71,12 @@ class GpuSpec(StrictModel):
     utilization_high: Annotated[float, Field(gt=0, le=1)]
     utilization_source: str
     notes: str | None = None
+
+    @property
+    def keeps_fp8_transpose(self) -> bool:
+        """Whether Transformer Engine caches a transposed copy of each FP8 weight on this card
+        (its FP8 GEMM needs the TN layout: Hopper, Ada; not Blackwell)."""
+        return self.architecture not in FP8_ANY_LAYOUT_ARCHITECTURES
 
     @property
     def memory_bytes(self) -> int:

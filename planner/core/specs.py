@@ -259,7 +259,8 @@ class Recipe(StrictModel):
     #: with ``NVTE_FP8_DPA_BWD=1``): q, k, v and the output are kept in FP8 for backward (one byte
     #: each), with two FP32 softmax statistics per head (M and ZInv) instead of one log-sum-exp.
     #: Source: TE v2.2 ``attention.py`` ``FusedAttnFunc`` save_for_backward and
-    #: ``fused_attn_fp8.cu``. Needs FP8 linears (``workload.fp8``).
+    #: ``fused_attn_fp8.cu``. Needs FP8 linears (``workload.fp8``) and ``kernels:
+    #: transformer_engine``.
     fp8_attention: bool = False
     #: Megatron's ``activation_func_fp8_input_store``: the gated activation keeps its input (the
     #: fc1 output, 2·ffn wide) as ``float8_e4m3fn`` (Megatron-Core ``fused_bias_swiglu.py``
@@ -267,12 +268,15 @@ class Recipe(StrictModel):
     fp8_activation_store: bool = False
     #: The linear weights are stored in FP8 (Transformer Engine ``fp8_model_init``, NeMo and
     #: Megatron ``fp8_params``): one byte each, no 16-bit copy (FP32 main copies stay with the
-    #: optimizer for the weights that train). Needs FP8 linears (``workload.fp8``).
+    #: optimizer for the weights that train). Needs FP8 linears (``workload.fp8``) and
+    #: ``kernels: transformer_engine``.
     fp8_params: bool = False
     #: With ``fp8_params``: whether each weight also keeps a transposed FP8 copy for the
     #: backward GEMM. Transformer Engine 2.x caches it on the weight on cards whose FP8 GEMM needs
     #: the TN layout (compute capability below 10: Hopper, Ada) and needs none from Blackwell
-    #: (``non_tn_fp8_gemm_supported``); ``disable_parameter_transpose_cache`` makes it transient.
+    #: (``non_tn_fp8_gemm_supported``); under Transformer Engine 1.x Megatron's
+    #: ``disable_parameter_transpose_cache`` made it transient (TE 2.x keeps a primary FP8
+    #: weight's copy whatever that setting).
     #: Unset: by the scenario's card where it names one (none on Blackwell), else kept (the upper
     #: bound a search across cards uses).
     fp8_transpose_cache: bool | None = None

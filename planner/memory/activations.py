@@ -39,6 +39,10 @@ from planner.memory.inventory import (
     LayerRecipe,
 )
 
+#: Linears that fuse several adapter targets into one (one LoRA adapter for all of them): a fused
+#: QKV projection, and Megatron's ``linear_fc1`` (gate and up) under Transformer Engine.
+FUSED_MODULES = {"qkv": {"q", "k", "v"}, "fc1": {"gate", "up"}}
+
 
 def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, rec: LayerRecipe,
           kind: str, tokens: int, model: ModelSpec | None = None, *, groups: int = 1,
@@ -110,8 +114,17 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
     # The tensor lora_A reads: x, cast to the adapter dtype, then by autocast to e.
     pre = x_bytes if (rec.autocast and rec.lora_shares_input) else rec.c
     saved = rec.e if rec.autocast else pre
+    adapted = [m for m in modules if m in rec.lora_targets or rec.lora_targets & FUSED_MODULES.get(m, set())]
+    if rec.te and not rec.trainable_base and adapted and x_name.startswith("norm"):
+        # Transformer Engine 2.x's LayerNormLinear asked for its norm output (NeMo's adapters
+        # read it: ``return_layernorm_output``) saves that output though its weight is frozen
+        # (layernorm_linear.py: the ``ln_out = None`` clearing is skipped), FP8 under FP8 linears
+        if rec.fp8:
+            inv.add(f"{x_name}.fp8", tokens * FP8_BYTES * x_width, split=split_input)
+        else:
+            inv.add(x_name, tokens * x_bytes * x_width, split=split_input)
     for m in modules:
-        if m not in rec.lora_targets and not (m == "qkv" and rec.lora_targets & {"q", "k", "v"}):
+        if m not in adapted:
             continue
         if rec.lora_dropout:
             if x_rg:
@@ -133,8 +146,12 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
     e = FP32 if rec.fp32_stream else rec.e  # the base returns its (FP32) input's dtype
     trainable = rec.trainable_base
     if model.gated_mlp:
-        _linear_inputs(inv, f"{prefix}.input", model.hidden, ["gate", "up"], rec, tokens,
-                       split_input=False, x_bytes=e)
+        # Megatron's dense MLP: one LayerNormLinear (fc1) reads the norm's output
+        layernorm_linear = rec.te and prefix == "mlp"
+        norm_out = "norm2.out" if model.norms_per_layer >= 2 else "norm1.out"
+        _linear_inputs(inv, norm_out if layernorm_linear else f"{prefix}.input", model.hidden,
+                       ["fc1"] if layernorm_linear else ["gate", "up"], rec, tokens, split_input=False,
+                       x_bytes=e)
         gate_rg = rg_in or trainable or "gate" in t
         up_rg = rg_in or trainable or "up" in t
         if rec.te:  # Megatron's SwiGLUFunction keeps its input, the fc1 output (gate and up)
@@ -169,7 +186,7 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
             inv.add(f"{prefix}.act_out", tokens * e * f)
         else:
             inv.add(f"{prefix}.fc_out", tokens * e * f)  # saved by GELU
-        if not rec.fused and model.impl == "hf" and rec.one_dtype:
+        if not (rec.fused or rec.te) and model.impl == "hf" and rec.one_dtype:
             for i in range(model.activation_saved_copies):
                 inv.add(f"{prefix}.act_part{i}", tokens * e * f)
     _linear_inputs(inv, f"{prefix}.act_out", f, ["down"], rec, tokens, split_input=True,
@@ -247,7 +264,7 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg,
                    x_bytes=FP32 if rec.fp32_stream else e)
     qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
-    if model.qk_norm and not fused_qkv:
+    if model.qk_norm and not model.fused_qkv:  # (TE: TENorm over each head of q and k)
         # RMSNorm over each head of q and of k (Qwen3, Gemma 3) before RoPE: what any norm
         # keeps, per head, for the projections' outputs that need a gradient (OLMo 2 normalises
         # the whole projection: one rsqrt per token, counted here per head).
@@ -259,6 +276,12 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     eager = attention_is_eager(model, rec)
     if qkv_rg and model.impl == "litgpt" and not eager:
         litgpt_attention(inv, model, rec, tokens, s)
+    elif qkv_rg and rec.attention_recomputed:
+        # Megatron's selective recomputation (core attention): the checkpoint keeps the
+        # kernel's inputs, q, k and v in the compute dtype, and reruns it in backward
+        inv.add("attn.q", tokens * e * h_q)
+        inv.add("attn.k", tokens * e * kv * d)
+        inv.add("attn.v", tokens * e * kv * d)
     elif qkv_rg:
         attention_kernel(inv, model, rec, tokens, s, eager=eager)
     name_o = "attn.out" if not eager else "attn.out_contiguous"  # (FP8 attention: "attn.out_fp8")
@@ -380,7 +403,13 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
     every other matmul output in forward order (Llama: q, v, gate, down); recompute the rest.
     Source: torchtitan ``_save_list`` / ``_custom_policy`` ("save all compute-intensive ops
     except every second mm"). With eager attention nothing s²-sized is kept (Korthikanti's
-    selective recomputation)."""
+    selective recomputation).
+
+    Under Transformer Engine layers it is Megatron's ``--recompute-granularity selective``
+    (``recompute_modules`` default ``core_attn``): the layer keeps everything but the attention
+    kernel's own tensors, whose inputs q, k and v the checkpoint keeps instead."""
+    if rec.te:
+        return layer_saved(model, replace(rec, attention_recomputed=True), b, s)
     inv = Inventory()
     tokens, e = b * s, rec.e
     h, (a, kv, d) = model.hidden, _attention_dims(model)

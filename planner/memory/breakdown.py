@@ -65,9 +65,12 @@ STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_ac
 #: pins): its colocated engine's phases, its old-log-prob forward, and where its reference model
 #: is kept (a scenario's own ``recipe.reference_offload`` holds for DPO too).
 GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload", "logprob_forward", "reference_offload")
+#: Recipe keys a search decides per GPU type where the scenario leaves them unset (memory that
+#: depends on the card): whether FP8 weights keep a transposed copy (``GpuSpec.keeps_fp8_transpose``).
+CARD_RECIPE: tuple[str, ...] = ("fp8_transpose_cache",)
 #: Array keys whose values are flags.
 FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile", "generation_sleep", "rollout_offload",
-                   "logprob_forward", "reference_offload"})
+                   "logprob_forward", "reference_offload", "fp8_transpose_cache"})
 
 
 def decode(key: str, value: Any) -> Any:

@@ -14,7 +14,7 @@ import numpy as np
 from planner.core.arrays import unique_rows
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Overrides, Recipe, Workload
-from planner.memory.breakdown import STACK_RECIPE, decode
+from planner.memory.breakdown import CARD_RECIPE, STACK_RECIPE, decode
 from planner.memory.detailed import detailed_memory
 
 #: The most bytes a total is stored at in the int64 arrays (2^62: beyond any GPU, inside int64).
@@ -44,7 +44,7 @@ def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Wor
         v = dict(zip(keys, row))
         wl = workload.model_copy(update={k: decode(k, v[k]) for k in _WORKLOAD_KEYS if k in v})
         lay = layout.model_copy(update={k: decode(k, v[k]) for k in _LAYOUT_KEYS if k in v})
-        rec = recipe.model_copy(update={k: decode(k, v[k]) for k in STACK_RECIPE if k in v})
+        rec = recipe.model_copy(update={k: decode(k, v[k]) for k in STACK_RECIPE + CARD_RECIPE if k in v})
         ga = int(v.get("grad_accum", 0)) or None
         mem = detailed_memory(model, wl, lay, overrides, recipe=rec, dp=int(v.get("dp", 1)), grad_accum=ga)
         # Python ints are exact; the arrays are int64: cap (never fits anyway) before storing.

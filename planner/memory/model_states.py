@@ -284,10 +284,11 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
 
 
 def fp8_weight_bytes(workload: Workload, recipe: Recipe) -> float | None:
-    """Bytes per decoder-layer linear weight stored in FP8 (``Recipe.fp8_params``): the FP8 data
-    and, where the card's FP8 GEMM needs the TN layout, the transposed copy Transformer Engine
-    caches on the weight (``Recipe.fp8_transpose_cache``; unset: kept). None: 16-bit weights."""
-    if not (workload.fp8 and recipe.fp8_params):
+    """Bytes per decoder-layer linear weight stored in FP8 (``Recipe.fp8_params`` on Transformer
+    Engine layers with FP8 linears): the FP8 data and, where the card's FP8 GEMM needs the TN
+    layout, the transposed copy Transformer Engine caches on the weight
+    (``Recipe.fp8_transpose_cache``; unset: kept). None: 16-bit weights."""
+    if not (workload.fp8 and recipe.fp8_params and recipe.kernels == "transformer_engine"):
         return None
     return BYTES["fp8"] * (1 if recipe.fp8_transpose_cache is False else 2)
 

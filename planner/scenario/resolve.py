@@ -83,6 +83,7 @@ def resolve(
     scenario = _fit_profile(scenario, model, problems, warnings)
     scenario = _card_recipe(scenario, gpu)
     _check_saved_modules(scenario, warnings)
+    _check_fp8_recipe(scenario, warnings)
     if gpu is not None:
         _check_gpu(wl, lay, gpu, scenario.constraints.pcie_model_parallel, problems, warnings)
     if problems:
@@ -98,19 +99,14 @@ def resolve(
     )
 
 
-#: Card architectures whose FP8 GEMMs take any layout, so Transformer Engine caches no
-#: transposed copy of an FP8 weight (TE ``non_tn_fp8_gemm_supported``: compute capability 10+).
-FP8_ANY_LAYOUT_ARCHITECTURES = frozenset({"blackwell"})
-
-
 def _card_recipe(scenario: Scenario, gpu: GpuSpec | None) -> Scenario:
     """The recipe keys a named card decides where the scenario leaves them unset: whether FP8
     weights keep a transposed copy (``Recipe.fp8_transpose_cache``)."""
     rec = scenario.recipe
     if gpu is None or not rec.fp8_params or rec.fp8_transpose_cache is not None:
         return scenario
-    keep = gpu.architecture not in FP8_ANY_LAYOUT_ARCHITECTURES
-    return scenario.model_copy(update={"recipe": rec.model_copy(update={"fp8_transpose_cache": keep})})
+    update = {"fp8_transpose_cache": gpu.keeps_fp8_transpose}
+    return scenario.model_copy(update={"recipe": rec.model_copy(update=update)})
 
 
 def _validated(raw: dict[str, Any] | Scenario, prefix: str) -> Scenario:
@@ -197,6 +193,24 @@ def _check_model_split(scenario: Scenario, model: ModelSpec, problems: list[str]
     elif model.layers % lay.pp:
         warnings.append(f"layout.pp: {lay.pp} does not divide {model.layers} layers: the "
                         f"heaviest stage holds {-(-model.layers // lay.pp)}")
+
+
+#: Recipe keys of Transformer Engine's FP8 recipe: they need FP8 linears.
+FP8_RECIPE_KEYS = ("fp8_attention", "fp8_activation_store", "fp8_params")
+
+
+def _check_fp8_recipe(scenario: Scenario, warnings: list[str]) -> None:
+    """Transformer Engine's FP8 storage keys change nothing without FP8 linears
+    (``workload.fp8``), nor outside its layers (``kernels: transformer_engine``, the megatron
+    stack's, which a search may still pick): each set one is said to."""
+    rec = scenario.recipe
+    for key in FP8_RECIPE_KEYS:
+        if not getattr(rec, key):
+            continue
+        if not scenario.workload.fp8:
+            warnings.append(f"recipe.{key}: needs FP8 linears (workload.fp8: true); ignored")
+        elif "kernels" in rec.model_fields_set and rec.kernels != "transformer_engine":
+            warnings.append(f"recipe.{key}: Transformer Engine's FP8 recipe; kernels: {rec.kernels} ignores it")
 
 
 def _check_saved_modules(scenario: Scenario, warnings: list[str]) -> None:

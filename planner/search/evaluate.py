@@ -92,14 +92,19 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     fit (the search's one memory constraint per phase; the largest is ``total``).
 
     The seed profile is evaluated on the arrays directly. Other profiles evaluate each distinct
-    layout once per search (the GPU type does not change memory, so rows repeat across types and
-    across the bisection's probes): results are kept in ``req.memory_cache``."""
+    layout once per search (the GPU type changes memory only through the recipe keys it decides,
+    :data:`~planner.memory.breakdown.CARD_RECIPE`, so rows repeat across types and across the
+    bisection's probes): results are kept in ``req.memory_cache``."""
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
     # the stack's recipe where memory depends on it
     for key in STACK_RECIPE:
         if req.stack_sets(key) and (key not in GENERATION_RECIPE or req.rs.workload.generates):
             x[key] = req.stack_recipe(key, c["stack"])
+    # the card's, where the scenario leaves it to the card: FP8 weights' transposed copies
+    rec = req.rs.recipe
+    if req.rs.profile != "seed" and req.rs.workload.fp8 and rec.fp8_params and rec.fp8_transpose_cache is None:
+        x["fp8_transpose_cache"] = np.array([g.keeps_fp8_transpose for g in req.gpus], dtype=np.int64)[c["gpu"]]
 
     def run(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         return memory_components(req.rs.profile, req.model, req.rs.overrides,

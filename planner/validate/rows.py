@@ -367,6 +367,8 @@ TE_FP8_WORDS = {
                             r"|fp8 activation-function input store",
     "fp8_params": r"fp8 (params|weights|base)",
 }
+#: A transpose cache disabled: Megatron's ``disable_parameter_transpose_cache`` under Transformer
+#: Engine 1.x (the 24.x containers every such row ran; TE 2.x keeps a primary FP8 weight's copy).
 TE_NO_TRANSPOSE_CACHE = r"disable_parameter_transpose_cache[ =:]+true|transpose cache disabled"
 #: Card architectures on which Transformer Engine keeps no FP8 weight transpose, by the words
 #: a row's card cells use (the catalog's ``architecture`` where ``planner_gpu`` names it).

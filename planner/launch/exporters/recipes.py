@@ -347,8 +347,19 @@ def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
                           "--use-torch-fsdp2 instead")
     if lay.offload != "none":
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+    rec = ctx.rs.recipe
     if lay.attention == "flash":
-        args.append("--attention-backend flash")
+        # FP8 attention runs in cuDNN's fused attention (Transformer Engine's FusedAttention)
+        args.append("--attention-backend fused" if wl.fp8 and rec.fp8_attention else "--attention-backend flash")
+    if wl.fp8:
+        args.append("--fp8-format hybrid")  # TransformerConfig.fp8 (e4m3 forward, e5m2 gradients)
+        if rec.fp8_params:
+            args.append("--fp8-param-gather")  # weights kept in FP8 (fp8_param)
+        config_only = [name for name, on in (("fp8_dot_product_attention", rec.fp8_attention),
+                                             ("activation_func_fp8_input_store", rec.fp8_activation_store)) if on]
+        if config_only:
+            out.note(fmt, f"the plan's memory assumes {' and '.join(config_only)}: TransformerConfig fields "
+                          "Megatron-LM's command line leaves out; set them in the model's config (NeMo takes both)")
     if wl.optimizer != "adamw":
         if wl.optimizer == "sgd":
             args.append("--optimizer sgd")
