@@ -166,3 +166,25 @@ def test_optimizer_step_by_implementation():
     assert 0.5 <= timing.FOREACH_BANDWIDTH_SHARE <= 0.95
     delta = step(optimizer_bytes=foreach) - step()
     assert delta == pytest.approx(MF.params * (foreach - 28.0) / H100.memory_bps, rel=1e-6)
+
+
+def test_op_level_selective_checkpointing_reruns_every_second_matmul():
+    """torchtitan's op-level selective checkpointing saves every second matmul's output in
+    forward order and the attention kernel's (its ``_save_list``/``_custom_policy``): in a Llama
+    layer k, o and up run again, 2 FLOPs per parameter and token, and the attention core does not;
+    Megatron's selective recomputation (Transformer Engine layers) reruns the attention core only."""
+    from planner.perf.arguments import selective_is_op
+    from planner.perf.flops import attention_flops_per_token, linear_flops_per_token, model_flops
+
+    m = catalog.get_model("llama-3.1-8b")
+    mf = model_flops(m)
+    h, kv, f = m.hidden, m.kv_heads * m.head_dim_eff, m.ffn
+    assert mf.op_recompute_params == m.layers * (h * kv + h * h + h * f)
+    none = linear_flops_per_token(mf, method=0, checkpointing=0)
+    op = linear_flops_per_token(mf, method=0, checkpointing=1, selective_op=1)
+    megatron = linear_flops_per_token(mf, method=0, checkpointing=1, selective_op=0)
+    assert op - none == 2 * mf.op_recompute_params and megatron == none
+    att = {k: attention_flops_per_token(mf, seq_len=8192, checkpointing=1, selective_op=k) for k in (0, 1)}
+    assert att[0] == attention_flops_per_token(mf, seq_len=8192, checkpointing=0) * 4 / 3
+    assert att[1] == attention_flops_per_token(mf, seq_len=8192, checkpointing=0)
+    assert list(selective_is_op(["standard", "transformer_engine", "fused_rmsnorm"])) == [1, 0, 1]

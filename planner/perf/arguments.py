@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.core.arch import has_full_architecture
-from planner.core.codes import FULL
+from planner.core.codes import FULL, KERNELS
 from planner.perf.timing import adapter_bytes_per_token
 
 if TYPE_CHECKING:
@@ -72,15 +72,27 @@ def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Re
             "gen_async": int(recipe.async_generation and lay.generation_gpus > 0)}
 
 
+def selective_is_op(kernels: Any) -> Any:
+    """Whether selective checkpointing is op-level (torchtitan's policy: every second matmul
+    rerun) rather than Megatron's core-attention recomputation, by the layers' ``kernels`` (a
+    name or its code): Megatron's under Transformer Engine layers, op-level elsewhere."""
+    te = KERNELS.index("transformer_engine")
+    arr = np.asarray(kernels)
+    codes = (np.array([KERNELS.index(k) for k in arr.ravel()], dtype=np.int64).reshape(arr.shape)
+             if arr.dtype.kind in "UO" else arr.astype(np.int64))
+    return (codes != te).astype(np.int64)
+
+
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
                    seq_len: Any, micro_batch: Any, grad_accum: Any, tp: Any, pp: Any, cp: Any, ep: Any,
-                   dp: Any, attention: Any, fused: Any, native_attention: Any = 0,
+                   dp: Any, attention: Any, fused: Any, native_attention: Any = 0, selective_op: Any = 0,
                    intra_only: bool = False) -> dict[str, Any]:
     """The keyword arguments of :func:`planner.perf.timing.step_time_s` for plans of scenario
     ``rs`` (categorical values as codes; ``micro_batch`` counts the workload's samples, a DPO
     pair being two sequences). ``native_attention``: the stack runs the card generation's own
-    fused attention kernels (its recipe's ``native_attention``). ``intra_only`` prices every group
-    at the in-node link."""
+    fused attention kernels (its recipe's ``native_attention``). ``selective_op``: its selective
+    checkpointing is op-level (:func:`selective_is_op`). ``intra_only`` prices every group at the
+    in-node link."""
     wl, lay = rs.workload, rs.layout
     n_lora = n_lora_of(rs)
     x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
@@ -90,7 +102,8 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              # LoRA's side-path memory traffic per token, from the adapted width (n_lora / rank) and
              # the adapters' dtype (the time model charges it to LoRA and QLoRA columns only)
              adapter_bytes=adapter_bytes_per_token(n_lora, wl.lora_rank, wl.adapter_dtype),
-             attention=attention, native_attention=native_attention, fp8=int(bool(wl.fp8)), fused=fused,
+             attention=attention, native_attention=native_attention, selective_op=selective_op,
+             fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
     forwards = int(forwards_beside_training(wl, rs.recipe.logprob_forward))
     if forwards:

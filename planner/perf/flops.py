@@ -12,7 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from planner.core.arch import expert_params, has_full_architecture, is_moe_layer, param_counts, total_params
+from planner.core.arch import (
+    expert_params,
+    has_full_architecture,
+    is_moe_layer,
+    lora_module_shapes,
+    param_counts,
+    total_params,
+)
 from planner.core.codes import FULL
 from planner.core.entries import ModelSpec
 
@@ -50,6 +57,9 @@ class ModelFlops:
     expert_params: float = 0.0  # routed-expert parameters (what expert parallelism shards)
     experts: int = 0  # routed experts per MoE layer
     heads: int = 1
+    #: Parameters of the matmuls op-level selective checkpointing recomputes (every second one in
+    #: forward order: k, o and up for a gated MLP, k, o and down otherwise), all layers
+    op_recompute_params: float = 0.0
 
 
 def model_flops(model: ModelSpec) -> ModelFlops:
@@ -63,24 +73,55 @@ def model_flops(model: ModelSpec) -> ModelFlops:
     moe_layers = sum(1 for i in range(model.layers) if is_moe_layer(model, i))
     return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim,
                       moe_layers, model.moe.active if model.moe is not None else 0,
-                      float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads)
+                      float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads,
+                      op_recompute_params(model))
+
+
+#: Matmuls in a layer's forward order, by the names of :func:`planner.core.arch.lora_module_shapes`.
+GATED_MATMULS = ("q", "k", "v", "o", "gate", "up", "down")
+PLAIN_MATMULS = ("q", "k", "v", "o", "up", "down")
+
+
+def op_recompute_params(model: ModelSpec) -> float:
+    """Parameters, over all layers, of the matmuls torchtitan's op-level selective checkpointing
+    recomputes: it saves every second matmul's output in forward order ("save all
+    compute-intensive ops except every second mm": torchtitan ``_save_list`` and
+    ``_custom_policy``) and the attention kernel's, so the others (k, o, up in a Llama layer) run
+    again in backward. MoE layers count their active experts' width."""
+    if not has_full_architecture(model):
+        return 0.0
+    shapes = lora_module_shapes(model)
+    if model.moe is not None:
+        f = model.moe.expert_ffn * model.moe.active
+        shapes.update(up=(model.hidden, f), down=(f, model.hidden), gate=(model.hidden, f))
+    order = GATED_MATMULS if model.gated_mlp else PLAIN_MATMULS
+    recomputed = order[1::2]
+    return float(model.layers * sum(shapes[m][0] * shapes[m][1] for m in recomputed))
 
 
 def linear_flops_per_token(mf: ModelFlops, *, method: Any, checkpointing: Any, n_lora: Any = 0.0,
-                           saved_head: Any = 0.0) -> Any:
+                           saved_head: Any = 0.0, selective_op: Any = 0) -> Any:
     """FLOPs of the linear layers per trained token (weights, adapters, recomputed forward).
     ``saved_head``: parameters of an LM head a LoRA run trains in full (``modules_to_save``),
-    which adds its weight gradient; a trained embedding's gradient is a scatter, no GEMM."""
+    which adds its weight gradient; a trained embedding's gradient is a scatter, no GEMM.
+    ``selective_op``: selective checkpointing is op-level (torchtitan), which reruns every second
+    matmul (:func:`op_recompute_params`); else it is Megatron's, which reruns the attention core
+    only (:func:`attention_flops_per_token`)."""
     per_param = np.where(method == FULL, FULL_FLOPS_PER_PARAM, ADAPTER_FLOPS_PER_PARAM)
-    recompute = np.where(checkpointing == 2, RECOMPUTE_FLOPS_PER_PARAM * mf.active_params, 0.0)
+    op = (checkpointing == 1) & (np.asarray(selective_op) > 0)
+    recompute = np.where(checkpointing == 2, RECOMPUTE_FLOPS_PER_PARAM * mf.active_params,
+                         np.where(op, RECOMPUTE_FLOPS_PER_PARAM * mf.op_recompute_params, 0.0))
     head_grad = np.where(method == FULL, 0.0, (FULL_FLOPS_PER_PARAM - ADAPTER_FLOPS_PER_PARAM) * saved_head)
     return per_param * mf.active_params + FULL_FLOPS_PER_PARAM * n_lora + head_grad + recompute
 
 
-def attention_flops_per_token(mf: ModelFlops, *, seq_len: Any, checkpointing: Any) -> Any:
-    """Executed attention-score FLOPs per token (causal), with the recomputed forward."""
+def attention_flops_per_token(mf: ModelFlops, *, seq_len: Any, checkpointing: Any, selective_op: Any = 0) -> Any:
+    """Executed attention-score FLOPs per token (causal), with the recomputed forward (full
+    checkpointing, and Megatron's selective recomputation; op-level selective checkpointing
+    keeps the attention kernel's output)."""
     full = ATTENTION_FLOPS_COEFF * CAUSAL_SHARE * mf.layers * seq_len * mf.attn_width
-    return full * np.where(checkpointing >= 1, 4.0 / 3.0, 1.0)
+    reruns = (checkpointing == 2) | ((checkpointing == 1) & ~(np.asarray(selective_op) > 0))
+    return full * np.where(reruns, 4.0 / 3.0, 1.0)
 
 
 def expert_active_share(mf: ModelFlops) -> Any:

@@ -421,10 +421,11 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # Forwards without gradients beside training, per token: DPO's and GRPO's reference policy, and
     # GRPO's old log-probs where the stack scores its completions apart (``logprob_forward``).
     ref = np.asarray(x.get("reference_forward", 0), dtype=float)
+    op = x.get("selective_op", 0)
     lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora,
-                                  saved_head=x.get("saved_head", 0.0))
+                                  saved_head=x.get("saved_head", 0.0), selective_op=op)
            + ref * FORWARD_FLOPS_PER_PARAM * mf.active_params) * tokens_mb / mp
-    att = (attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt)
+    att = (attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt, selective_op=op)
            + ref * attention_flops_per_token(mf, seq_len=seq, checkpointing=0) * FORWARD_SHARE
            ) * tokens_mb / mp
     att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
@@ -447,7 +448,10 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     t_gemm = lin / lin_rate * lin_eff + t_att
     # Forward passes per micro-batch, in thirds of a step (recompute, the reference's forward),
     # and what a fusing stack keeps of its unfused element-wise work and launches.
-    forward_passes = np.where(ckpt == 2, 4.0 / 3.0, 1.0) + ref * FORWARD_SHARE
+    # full checkpointing reruns the forward's element-wise work; so does op-level selective
+    # checkpointing, which saves only matmul and attention outputs
+    rerun = (ckpt == 2) | ((ckpt == 1) & (np.asarray(op) > 0))
+    forward_passes: Any = np.where(rerun, 4.0 / 3.0, 1.0) + ref * FORWARD_SHARE
     fused_share = np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
     vectors = p.elementwise_vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
     vectors = vectors * forward_passes * fused_share

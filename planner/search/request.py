@@ -20,6 +20,7 @@ from planner.memory.breakdown import (
     CODES,
     OFFLOADS,
 )
+from planner.perf.arguments import selective_is_op
 from planner.perf.timing import default_global_batch
 from planner.scenario.resolve import ResolvedScenario
 
@@ -99,6 +100,14 @@ class SearchRequest:
         compiled = (self.stack_recipe("compile", stack) if self.stack_sets("compile")
                     else np.full(np.shape(stack), int(self.rs.recipe.compile)))
         return (self.stack_recipe("fused_kernels", stack).astype(bool) | compiled.astype(bool)).astype(np.int64)
+
+    def selective_op(self, stack: np.ndarray) -> np.ndarray:
+        """Whether each row's selective checkpointing is op-level (the time model's
+        ``selective_op``): by its layers, the scenario's ``recipe.kernels`` where it sets it, else
+        the stack's (Megatron's core-attention recomputation under Transformer Engine)."""
+        if "kernels" in self.rs.scenario.recipe.model_fields_set:
+            return np.full(np.shape(stack), int(selective_is_op(self.rs.recipe.kernels)))
+        return selective_is_op(self.stack_recipe("kernels", stack))
 
     def stack_sets(self, key: str) -> bool:
         """The stack's recipe for ``key`` decides memory: the detailed profile, and the

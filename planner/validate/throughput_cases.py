@@ -136,6 +136,16 @@ def _fused(row: dict[str, str]) -> bool:
     return any(re.search(w, text) for w in FUSED_WORDS)
 
 
+#: Stacks whose selective checkpointing is op-level (torchtitan's ``selective_ac_option: op``
+#: policy: every second matmul rerun), named in a row's source, precision or notes; elsewhere it
+#: is Megatron's core-attention recomputation (Korthikanti et al. 2022).
+OP_SELECTIVE_WORDS = (r"torchtitan", r"torchao")
+
+
+def _selective_op(row: dict[str, str]) -> bool:
+    return any(re.search(w, _stack_text(row)) for w in OP_SELECTIVE_WORDS)
+
+
 def _native_attention(row: dict[str, str]) -> bool:
     return any(re.search(w, _stack_text(row)) for w in NATIVE_ATTENTION_WORDS)
 
@@ -270,6 +280,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "n_lora": n_lora, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
              "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
              "fused": int(_fused(row)), "native_attention": int(_native_attention(row)),
+             "selective_op": int(_selective_op(row)),
              "adapter_bytes": 0.0 if code == 0 else timing.adapter_bytes_per_token(n_lora, rank, adapter_dtype_of(row)),
              "optimizer_bytes": optimizer_bytes_of(row),
              "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
