@@ -239,6 +239,10 @@ def test_an_fp8_plan_exports_transformer_engines_fp8_recipe():
     for arg in ("--fp8-format hybrid", "--fp8-param-gather", "--attention-backend fused"):
         assert arg in margs, arg
     assert any("fp8_dot_product_attention and activation_func_fp8_input_store" in n for n in b.notes)
+    # Megatron-LM keeps FP8 weights only with its distributed optimizer: added at ZeRO-0, and said
+    zero0 = _export({**raw, "layout": {**raw["layout"], "zero": 0}})
+    assert "--use-distributed-optimizer" in zero0.files["megatron_args.txt"].splitlines()
+    assert any("needs Megatron's distributed optimizer" in n for n in zero0.notes)
     plain = _export(TP_PP).files["megatron_args.txt"].splitlines()
     assert "--attention-backend flash" in plain and not any(a.startswith("--fp8") for a in plain)
 

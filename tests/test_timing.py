@@ -187,4 +187,31 @@ def test_op_level_selective_checkpointing_reruns_every_second_matmul():
     att = {k: attention_flops_per_token(mf, seq_len=8192, checkpointing=1, selective_op=k) for k in (0, 1)}
     assert att[0] == attention_flops_per_token(mf, seq_len=8192, checkpointing=0) * 4 / 3
     assert att[1] == attention_flops_per_token(mf, seq_len=8192, checkpointing=0)
-    assert list(selective_is_op(["standard", "transformer_engine", "fused_rmsnorm"])) == [1, 0, 1]
+    assert list(selective_is_op(["op", "core_attention", "op"])) == [1, 0, 1]
+
+
+def test_op_level_selective_reruns_every_routed_expert_and_counts_fused_qkv_once():
+    """torchtitan's op policy counts plain matmuls only: a MoE layer's routed experts (grouped
+    matmuls) and its router are all rerun, whatever the parity; a fused qkv is one matmul, so
+    o and up are the rerun ones (not k). A model known only by its size reruns
+    ``OP_RERUN_SHARE`` of its parameters."""
+    from planner.core.arch import op_policy_matmuls
+    from planner.perf.flops import OP_RERUN_SHARE, model_flops
+
+    moe = catalog.get_model("mixtral-8x7b")
+    h, f, k, e = moe.hidden, moe.moe.expert_ffn, moe.moe.active, moe.moe.experts
+    kv = moe.kv_heads * moe.head_dim_eff
+    assert model_flops(moe).op_recompute_params == moe.layers * (h * kv + h * h + 3 * h * f * k + h * e)
+    fused = catalog.get_model("llama-3.1-8b").model_copy(update={"fused_qkv": True})
+    assert [name for name, *_ in op_policy_matmuls(fused, moe_layer=False)[1::2]] == ["o", "up"]
+    bare = catalog.get_model("llama-3.1-8b").model_copy(update={"heads": None, "ffn": None, "vocab": None,
+                                                              "params_b": 8.0})
+    assert model_flops(bare).op_recompute_params == pytest.approx(OP_RERUN_SHARE * model_flops(bare).params)
+
+
+def test_consumer_blackwell_keeps_fp8_transposes():
+    """Transformer Engine needs the TN layout for FP8 GEMMs below compute capability 10 and at
+    12.x (``is_non_tn_fp8_gemm_supported``): the RTX 5090 keeps the copies, the B200 does not."""
+    assert not catalog.get_gpu("b200").keeps_fp8_transpose
+    assert catalog.get_gpu("rtx-5090").keeps_fp8_transpose
+    assert catalog.get_gpu("h100").keeps_fp8_transpose

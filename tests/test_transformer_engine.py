@@ -30,6 +30,12 @@ from planner.scenario.resolve import resolve
 from planner.validate.rows import scenario_of
 from planner.validate.score import validate_file
 
+
+def stack_recipe_of(stack: str):
+    from planner.catalog.stacks import get_stack
+
+    return get_stack(stack).recipe
+
 ROOT = Path(__file__).resolve().parents[1]
 MLPERF = ROOT / "data" / "measured_memory_mlperf.csv"
 
@@ -225,12 +231,13 @@ def test_a_search_over_cards_holds_fp8_weights_to_each_cards_copy():
 
 
 def test_megatrons_selective_recomputation_reruns_only_the_attention_kernel():
-    """Under Transformer Engine, ``checkpointing: selective`` is Megatron's core-attention
-    recomputation: the layer keeps all it keeps without checkpointing but the kernel's own
-    tensors, whose inputs q, k and v (bf16) the checkpoint keeps: for FP8 attention, FP8 q, k, v
-    and output and the two statistics give way to bf16 q, k and v."""
+    """Megatron's ``checkpointing: selective`` (``recipe.selective: core_attention``, the
+    megatron stack's) is its core-attention recomputation: the layer keeps all it keeps without
+    checkpointing but the kernel's own tensors, whose inputs q, k and v (bf16) the checkpoint
+    keeps: for FP8 attention, FP8 q, k, v and output and the two statistics give way to bf16 q, k
+    and v."""
     m = catalog.get_model("llama-2-70b")
-    rec = _mlperf_lora_recipe()
+    rec = _mlperf_lora_recipe(selective_core_attention=True)
     full = act.layer_saved(m, rec, 1, 1).total()
     selective = act.selective_saved(m, rec, 1, 1).total()
     h, a = m.hidden, m.heads
@@ -238,7 +245,8 @@ def test_megatrons_selective_recomputation_reruns_only_the_attention_kernel():
     # not torchtitan's op-level policy, which keeps less (here even more than no checkpointing:
     # bf16 q, k and v outweigh the FP8 tensors the kernel saves)
     assert selective > full
-    assert act.selective_saved(m, _mlperf_lora_recipe(te=False), 1, 1).total() < selective
+    assert act.selective_saved(m, _mlperf_lora_recipe(), 1, 1).total() < selective  # op-level
+    assert stack_recipe_of("megatron").selective == "core_attention"
 
 
 def test_qk_norms_and_gelu_under_transformer_engine():

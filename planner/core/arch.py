@@ -184,6 +184,41 @@ def lora_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     return shapes
 
 
+def op_policy_matmuls(spec: ModelSpec, moe_layer: bool) -> list[tuple[str, int, int]]:
+    """(name, d_in, d_out) of the matmuls torchtitan's op-level selective checkpointing counts in
+    a layer's forward order, every second one saved (``_save_list``, ``_custom_policy``: "save
+    all compute-intensive ops except every second mm"): q, k, v (one qkv when fused), o, then the
+    dense MLP, or a MoE layer's shared experts. A MoE layer's routed experts run as grouped
+    matmuls the list does not hold and its router is forced to recompute: none of them is saved
+    (:func:`op_policy_rerun_params`)."""
+    shapes = lora_module_shapes(spec)
+    attn = ([("qkv", spec.hidden, shapes["q"][1] + shapes["k"][1] + shapes["v"][1])] if spec.fused_qkv
+            else [(m, *shapes[m]) for m in ("q", "k", "v")])
+    attn.append(("o", *shapes["o"]))
+    moe = spec.moe
+    if moe_layer and moe is not None:
+        f = moe.shared_ffn * moe.shared_experts
+        mlp = [("gate", spec.hidden, f), ("up", spec.hidden, f), ("down", f, spec.hidden)] if f else []
+    else:
+        mlp = [(m, *shapes[m]) for m in (("gate", "up", "down") if spec.gated_mlp else ("up", "down"))]
+    return attn + mlp
+
+
+def op_policy_rerun_params(spec: ModelSpec) -> float:
+    """Parameters, over all layers, of the matmuls op-level selective checkpointing reruns per
+    token: every second one of :func:`op_policy_matmuls`, and in MoE layers the active routed
+    experts' three matmuls and the router."""
+    total = 0.0
+    for i in range(spec.layers):
+        moe_layer = is_moe_layer(spec, i)
+        total += sum(d_in * d_out for _, d_in, d_out in op_policy_matmuls(spec, moe_layer)[1::2])
+        if moe_layer and spec.moe is not None:
+            moe = spec.moe
+            mats = 3 if spec.gated_mlp else 2
+            total += mats * spec.hidden * moe.expert_ffn * moe.active + spec.hidden * moe.experts
+    return total
+
+
 def lora_adapters(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS) -> list[tuple[int, int, int]]:
     """(count, d_in, d_out) of each adapted linear layer. With ``fused_qkv`` the targeted q/k/v
     projections are one linear (d_out = the sum of their widths, as PEFT adapts Qwen's c_attn);

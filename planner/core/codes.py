@@ -18,6 +18,7 @@ from planner.core.values import (
                        Offload,
                        Optimizer,
                        Precision,
+                       Selective,
                        ZeroImpl,
 )
 
@@ -30,6 +31,7 @@ OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_IMPLS: tuple[str, ...] = get_args(ZeroImpl)
 LOSSES: tuple[str, ...] = get_args(Loss)
 KERNELS: tuple[str, ...] = get_args(Kernels)
+SELECTIVE: tuple[str, ...] = get_args(Selective)
 
 #: The method codes the formulas test by name.
 FULL, LORA, QLORA, INFERENCE = (METHODS.index(m) for m in ("full", "lora", "qlora", "inference"))

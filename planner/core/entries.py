@@ -23,6 +23,7 @@ from planner.core.values import (
     NonNegCount,
     Offload,
     QuantType,
+    Selective,
     StrictModel,
     Vendor,
     ZeroImpl,
@@ -31,7 +32,9 @@ from planner.core.values import (
 )
 
 #: Card architectures whose FP8 GEMMs take any operand layout, so Transformer Engine keeps no
-#: transposed copy of an FP8 weight (TE ``non_tn_fp8_gemm_supported``: compute capability 10+).
+#: transposed copy of an FP8 weight, where the card's compute capability is not given (TE
+#: ``is_non_tn_fp8_gemm_supported``: capability 10.x or 13+; the consumer Blackwell cards, 12.x,
+#: still need the TN layout: utils.py L663 at d0067d0d, 2026-08).
 FP8_ANY_LAYOUT_ARCHITECTURES = frozenset({"blackwell"})
 
 
@@ -43,6 +46,8 @@ class GpuSpec(StrictModel):
     vendor: Vendor
     aliases: list[str] = []
     architecture: str
+    #: CUDA compute capability (major.minor), where it decides something (FP8 layouts)
+    compute_capability: float | None = None
     memory_mib: Annotated[int, Field(gt=0)]
     memory_mib_kind: Literal["nvidia-smi", "vendor-tool", "nominal"]
     memory_source: str
@@ -74,9 +79,13 @@ class GpuSpec(StrictModel):
 
     @property
     def keeps_fp8_transpose(self) -> bool:
-        """Whether Transformer Engine caches a transposed copy of each FP8 weight on this card
-        (its FP8 GEMM needs the TN layout: Hopper, Ada; not Blackwell)."""
-        return self.architecture not in FP8_ANY_LAYOUT_ARCHITECTURES
+        """Whether Transformer Engine caches a transposed copy of each FP8 weight on this card:
+        its FP8 GEMM needs the TN layout unless its compute capability is 10.x or 13+ (B200, not
+        the RTX 5090's 12.0), or, where the catalog gives none, its architecture is Blackwell."""
+        cc = self.compute_capability
+        if cc is None:
+            return self.architecture not in FP8_ANY_LAYOUT_ARCHITECTURES
+        return not (10.0 <= cc < 12.0 or cc >= 13.0)
 
     @property
     def memory_bytes(self) -> int:
@@ -236,6 +245,8 @@ class StackRecipe(StrictModel):
     native_attention: bool = False
     #: The loss's implementation, the norm and activation kernels, torch.compile (``Recipe``).
     loss: Loss = "standard"
+    #: What its selective checkpointing reruns (``Recipe.selective``).
+    selective: Selective = "op"
     kernels: Kernels = "standard"
     compile: bool = False
     #: GRPO with a colocated engine: the engine sleeps while the step trains, and the trainer's

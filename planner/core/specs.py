@@ -34,6 +34,7 @@ from planner.core.values import (
     Precision,
     Profile,
     QuantType,
+    Selective,
     StrictModel,
     ZeroImpl,
     parse_count,
@@ -255,6 +256,13 @@ class Recipe(StrictModel):
     # keeps its input only when its weight trains (TE ``backward_needs_input``); rotary embedding
     # is fused and keeps no per-token tensor
     kernels: Kernels = "standard"
+    #: What ``checkpointing: selective`` reruns in backward: ``op``, torchtitan's op-level policy
+    #: (every second matmul's output and the attention kernel's saved, the rest rerun:
+    #: ``_save_list`` and ``_custom_policy``), or ``core_attention``, Megatron's
+    #: ``--recompute-granularity selective`` (``recompute_modules`` default ``core_attn``: the
+    #: attention kernel rerun from its inputs, everything else kept). The ``megatron`` stack's is
+    #: ``core_attention``.
+    selective: Selective = "op"
     #: Transformer Engine's FP8 dot-product attention (Megatron ``fp8_dot_product_attention``,
     #: with ``NVTE_FP8_DPA_BWD=1``): q, k, v and the output are kept in FP8 for backward (one byte
     #: each), with two FP32 softmax statistics per head (M and ZInv) instead of one log-sum-exp.
@@ -366,7 +374,7 @@ MOVED_KEYS: dict[type, dict[str, str]] = {
         "fp8_transpose_cache")},
     Layout: {**{k: f"recipe.{k}" for k in (
         "unsharded_grad_accumulation", "full_state_dict", "fsdp_mixed_units", "zero_bucket_elements",
-        "zero_overflow_check_bytes", "zero_offload_gpu_copy", "fsdp_version", "zero_impl")},
+        "zero_overflow_check_bytes", "zero_offload_gpu_copy", "fsdp_version", "zero_impl", "selective")},
         "zero3_impl": "recipe.zero_impl"},
 }
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.core.arch import _attention_dims, _dims, lora_module_shapes
+from planner.core.arch import _attention_dims, _dims, lora_module_shapes, op_policy_matmuls
 from planner.core.entries import ModelSpec
 from planner.core.memo import by_spec
 from planner.memory.attention import (
@@ -405,22 +405,18 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
     except every second mm"). With eager attention nothing s²-sized is kept (Korthikanti's
     selective recomputation).
 
-    Under Transformer Engine layers it is Megatron's ``--recompute-granularity selective``
-    (``recompute_modules`` default ``core_attn``): the layer keeps everything but the attention
+    Megatron's ``--recompute-granularity selective`` (``Recipe.selective`` core_attention;
+    ``recompute_modules`` default ``core_attn``): the layer keeps everything but the attention
     kernel's own tensors, whose inputs q, k and v the checkpoint keeps instead."""
-    if rec.te:
+    if rec.selective_core_attention:
         return layer_saved(model, replace(rec, attention_recomputed=True), b, s)
     inv = Inventory()
     tokens, e = b * s, rec.e
-    h, (a, kv, d) = model.hidden, _attention_dims(model)
-    h_q, h_kv = a * d, kv * d
+    h, (a, _, d) = model.hidden, _attention_dims(model)
+    h_q = a * d
     inv.add("layer_input", tokens * e * h, split=False)
-    f = _dims(model, "ffn")[0] if model.moe is None else model.moe.expert_ffn * model.moe.active
-    mms = [("q", h_q), ("k", h_kv), ("v", h_kv), ("o", h)]
-    mms += [("gate", f), ("up", f), ("down", h)] if model.gated_mlp else [("up", f), ("down", h)]
-    for i, (name, width) in enumerate(mms):
-        if i % 2 == 0:
-            inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
+    for name, _, width in op_policy_matmuls(model, moe_layer=model.moe is not None)[::2]:
+        inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
     inv.add("attn.out", tokens * e * h_q)
     if not attention_is_eager(model, rec):
         inv.add("attn.lse", tokens * FP32 * a)

@@ -21,6 +21,7 @@ from planner.core.codes import (  # the one home of the code tables, re-exported
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
+    SELECTIVE,
     ZERO_IMPLS,
 )
 from planner.core.specs import Layout, Workload
@@ -49,7 +50,8 @@ class MemoryBreakdown:
 #: Array keys whose values are codes into one of the tuples above.
 CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS,
                                      "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS,
-                                     "zero_impl": ZERO_IMPLS, "loss": LOSSES, "kernels": KERNELS}
+                                     "zero_impl": ZERO_IMPLS, "loss": LOSSES, "kernels": KERNELS,
+                                     "selective": SELECTIVE}
 
 
 #: A stack's recipe where memory depends on it (``StackRecipe`` fields that set ``Recipe`` keys
@@ -59,7 +61,7 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
 #: step trains and the trainer's states leave the card while it generates (and, for the time model
 #: only, whether each step scores its completions with one more forward).
 STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
-                                 "loss", "kernels", "compile", "generation_sleep", "rollout_offload",
+                                 "loss", "kernels", "selective", "compile", "generation_sleep", "rollout_offload",
                                  "logprob_forward", "reference_offload")
 #: Of those, the ones a stack sets for GRPO plans only (left out of other workloads' rows and
 #: pins): its colocated engine's phases, its old-log-prob forward, and where its reference model

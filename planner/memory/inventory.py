@@ -77,6 +77,9 @@ class LayerRecipe:
     #: The attention kernel is rerun in backward from its checkpointed inputs (Megatron's
     #: selective recomputation of ``core_attn``): q, k and v kept instead of what it saves.
     attention_recomputed: bool = False
+    #: Selective checkpointing is Megatron's core-attention recomputation (``Recipe.selective``),
+    #: not the op-level policy.
+    selective_core_attention: bool = False
     #: Bytes per element of the masked scores that eager attention's ``torch.max`` clamp keeps
     #: (``ModelSpec.eager_mask_clamp``): the scores' dtype promoted with the causal mask's, which
     #: is the embeddings' (FP32 for a prepared bitsandbytes base). 0: no clamp.

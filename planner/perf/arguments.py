@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.core.arch import has_full_architecture
-from planner.core.codes import FULL, KERNELS
+from planner.core.codes import FULL, SELECTIVE
 from planner.perf.timing import adapter_bytes_per_token
 
 if TYPE_CHECKING:
@@ -72,15 +72,14 @@ def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Re
             "gen_async": int(recipe.async_generation and lay.generation_gpus > 0)}
 
 
-def selective_is_op(kernels: Any) -> Any:
+def selective_is_op(selective: Any) -> Any:
     """Whether selective checkpointing is op-level (torchtitan's policy: every second matmul
-    rerun) rather than Megatron's core-attention recomputation, by the layers' ``kernels`` (a
-    name or its code): Megatron's under Transformer Engine layers, op-level elsewhere."""
-    te = KERNELS.index("transformer_engine")
-    arr = np.asarray(kernels)
-    codes = (np.array([KERNELS.index(k) for k in arr.ravel()], dtype=np.int64).reshape(arr.shape)
+    rerun) rather than Megatron's core-attention recomputation, by ``Recipe.selective`` (a name
+    or its code)."""
+    arr = np.asarray(selective)
+    codes = (np.array([SELECTIVE.index(k) for k in arr.ravel()], dtype=np.int64).reshape(arr.shape)
              if arr.dtype.kind in "UO" else arr.astype(np.int64))
-    return (codes != te).astype(np.int64)
+    return (codes == SELECTIVE.index("op")).astype(np.int64)
 
 
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,

@@ -429,6 +429,9 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
            + ref * attention_flops_per_token(mf, seq_len=seq, checkpointing=0) * FORWARD_SHARE
            ) * tokens_mb / mp
     att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
+    # op-level selective checkpointing keeps a fused kernel's output but not eager attention's
+    # matmuls and softmax, which rerun with the forward
+    att = att * np.where((ckpt == 1) & (np.asarray(op) > 0) & (attention_kernel == 0), 4.0 / 3.0, 1.0)
     has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
     fp8_peak = np.where(has_fp8, perf.peak_fp8_flops, perf.peak_flops)
     lin_rate = np.where(fp8 & has_fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util

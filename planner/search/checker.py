@@ -205,8 +205,8 @@ def _time_cost_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
         ep=p["ep"], dp=p["dp"], attention=ATTENTION.index(p["attention"]),
         fused=int(stack.recipe.fused_kernels or rs.recipe.compile),
         native_attention=int(stack.recipe.native_attention),
-        selective_op=int(selective_is_op(sc.recipe.kernels if "kernels" in sc.recipe.model_fields_set
-                                         else stack.recipe.kernels)))
+        selective_op=int(selective_is_op(sc.recipe.selective if "selective" in sc.recipe.model_fields_set
+                                         else stack.recipe.selective)))
     step = step_time_s(model_flops(rs.model), GpuPerf.of(gpu, sc.search.utilization), None, **x)
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=x["micro_batch"],
                          dp=p["dp"], grad_accum=p["grad_accum"]))

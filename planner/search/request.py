@@ -103,11 +103,11 @@ class SearchRequest:
 
     def selective_op(self, stack: np.ndarray) -> np.ndarray:
         """Whether each row's selective checkpointing is op-level (the time model's
-        ``selective_op``): by its layers, the scenario's ``recipe.kernels`` where it sets it, else
-        the stack's (Megatron's core-attention recomputation under Transformer Engine)."""
-        if "kernels" in self.rs.scenario.recipe.model_fields_set:
-            return np.full(np.shape(stack), int(selective_is_op(self.rs.recipe.kernels)))
-        return selective_is_op(self.stack_recipe("kernels", stack))
+        ``selective_op``): the scenario's ``recipe.selective`` where it sets it, else the stack's
+        (Megatron's is its core-attention recomputation)."""
+        if "selective" in self.rs.scenario.recipe.model_fields_set:
+            return np.full(np.shape(stack), int(selective_is_op(self.rs.recipe.selective)))
+        return selective_is_op(self.stack_recipe("selective", stack))
 
     def stack_sets(self, key: str) -> bool:
         """The stack's recipe for ``key`` decides memory: the detailed profile, and the

@@ -345,8 +345,9 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
     if yes(row, "peak_at_first_step"):
         rec["peak_at_first_step"] = True
     rec.update(_loss(row))
-    if t.framework in MEGATRON_FRAMEWORKS and "loss" not in rec:
-        rec["loss"] = "vocab_parallel"  # Megatron's cross-entropy (cross_entropy_loss_fusion off)
+    if t.framework in MEGATRON_FRAMEWORKS:
+        rec.setdefault("loss", "vocab_parallel")  # Megatron's cross-entropy (cross_entropy_loss_fusion off)
+        rec["selective"] = "core_attention"  # recompute_granularity selective: core_attn
     wl.update(_evaluation(row))
     wl["fp8"] = "float8" in t.prec
     rec.update(transformer_engine_recipe(t, row, fp8=wl["fp8"]))
@@ -370,9 +371,10 @@ TE_FP8_WORDS = {
 #: A transpose cache disabled: Megatron's ``disable_parameter_transpose_cache`` under Transformer
 #: Engine 1.x (the 24.x containers every such row ran; TE 2.x keeps a primary FP8 weight's copy).
 TE_NO_TRANSPOSE_CACHE = r"disable_parameter_transpose_cache[ =:]+true|transpose cache disabled"
-#: Card architectures on which Transformer Engine keeps no FP8 weight transpose, by the words
-#: a row's card cells use (the catalog's ``architecture`` where ``planner_gpu`` names it).
-NO_TRANSPOSE_CARD_WORDS = r"\bg?b[12]00\b|blackwell"
+#: Cards on which Transformer Engine keeps no FP8 weight transpose (data-center Blackwell), by the
+#: words a row's card cell uses (the catalog's ``GpuSpec.keeps_fp8_transpose`` where
+#: ``planner_gpu`` names the card).
+NO_TRANSPOSE_CARD_WORDS = r"\bg?b[123]00\b"
 
 
 def transformer_engine_recipe(t: RowText, row: dict[str, str], *, fp8: bool) -> dict[str, Any]:
@@ -391,9 +393,9 @@ def transformer_engine_recipe(t: RowText, row: dict[str, str], *, fp8: bool) -> 
     rec.update({key: True for key, words in TE_FP8_WORDS.items() if re.search(words, text)})
     if rec.get("fp8_params"):
         card = cell(row, "planner_gpu")
-        arch = catalog.get_gpu(card).architecture if card else ""
-        blackwell = arch == "blackwell" or re.search(NO_TRANSPOSE_CARD_WORDS, cell(row, "gpu_type").lower())
-        if blackwell or re.search(TE_NO_TRANSPOSE_CACHE, text):
+        any_layout = (not catalog.get_gpu(card).keeps_fp8_transpose if card
+                      else re.search(NO_TRANSPOSE_CARD_WORDS, cell(row, "gpu_type").lower()))
+        if any_layout or re.search(TE_NO_TRANSPOSE_CACHE, text):
             rec["fp8_transpose_cache"] = False
     return rec
 

@@ -355,6 +355,10 @@ def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
         args.append("--fp8-format hybrid")  # TransformerConfig.fp8 (e4m3 forward, e5m2 gradients)
         if rec.fp8_params:
             args.append("--fp8-param-gather")  # weights kept in FP8 (fp8_param)
+            if lay.zero == 0:  # Megatron-LM keeps FP8 weights only with its distributed optimizer
+                args.append("--use-distributed-optimizer")
+                out.note(fmt, "--fp8-param-gather needs Megatron's distributed optimizer: added; it shards "
+                              "the optimizer states (ZeRO-1), so the plan's ZeRO-0 memory is an upper bound")
         config_only = [name for name, on in (("fp8_dot_product_attention", rec.fp8_attention),
                                              ("activation_func_fp8_input_store", rec.fp8_activation_store)) if on]
         if config_only:
