@@ -280,3 +280,20 @@ def test_fp8_storage_keys_need_fp8_linears_and_transformer_engine():
     start = "backward start"
     assert memory_of(no_fp8).phase_bytes[start] < memory_of(resolve(base)).phase_bytes[start]
     assert memory_of(no_fp8).components["weights"] == memory_of(resolve(base)).components["weights"]
+
+
+def test_a_plan_says_which_recipe_it_was_estimated_with():
+    """The plan's recipe names Megatron's loss and layers, its core-attention recomputation where
+    the plan checkpoints selectively, and the FP8 storage its scenario turned on."""
+    from planner.search.answer import plan_raw
+    from planner.search.results import recipe_text
+
+    raw = {"model": "llama-3.1-8b", "profile": "detailed",
+           "workload": {"method": "full", "fp8": True, "seq_len": 4096, "tokens": 1e9, "global_batch": 64},
+           "recipe": {"fp8_params": True},
+           "search": {"gpu_types": ["h100"], "stacks": ["megatron"], "checkpointing": ["selective"], "max_gpus": 8}}
+    plans = plan_raw(raw).plans
+    assert plans and all(p.recipe["selective"] == "core_attention" and p.recipe["fp8_params"] for p in plans)
+    text = recipe_text(plans[0].recipe, plans[0].checkpointing)
+    assert text == "vocab_parallel loss, transformer_engine, core_attention recompute, fp8 params"
+    assert "recompute" not in recipe_text(plans[0].recipe, "full")

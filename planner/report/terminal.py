@@ -146,7 +146,7 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
         unit = _unit_of(p.time_s) if p.time_s is not None else None
         t = _band(p.time_s, p.time_s_band.low, p.time_s_band.high, lambda v, unit=unit: _duration(v, unit))
         table.add_row(
-            str(p.rank), p.stack + (f" ({recipe_text(p.recipe)})" if recipe_text(p.recipe) else ""),
+            str(p.rank), p.stack + (f" ({text})" if (text := recipe_text(p.recipe, p.checkpointing)) else ""),
             f"{p.gpu} × {p.gpus}" + (f" + {p.generation_gpus} gen" if p.generation_gpus else ""),
             f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
             f"{p.zero}/{p.offload}", f"{p.micro_batch}×{p.grad_accum}", f"{p.checkpointing}/{p.attention}",

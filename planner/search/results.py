@@ -120,10 +120,13 @@ PLAN_ONLY_KEYS = ("search", "constraints", "objective", "top", "time_limit_s")
 #: The layout decisions a plan fixes.
 PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
                       "checkpointing", "attention")
-#: The recipe a plan reports (:attr:`Plan.recipe`): the loss's implementation, the kernels and
-#: torch.compile. A seed plan's pinned scenario does not take them from the stack (the seed
-#: profile models none of them); the stack's sharding keys are pinned under either profile.
-PLAN_RECIPE = ("loss", "kernels", "compile")
+#: The recipe a plan reports (:attr:`Plan.recipe`): the loss's implementation, the kernels,
+#: torch.compile and what selective checkpointing reruns. A seed plan's pinned scenario does not
+#: take them from the stack (the seed profile models none of them); the stack's sharding keys are
+#: pinned under either profile.
+PLAN_RECIPE = ("loss", "kernels", "compile", "selective")
+#: Transformer Engine's FP8 storage keys a plan reports where its scenario turns them on.
+FP8_RECIPE = ("fp8_params", "fp8_attention", "fp8_activation_store")
 
 
 def stack_recipe_pins(raw: dict[str, Any], stack: str) -> dict[str, Any]:
@@ -183,9 +186,10 @@ def generation_text(rs: ResolvedScenario) -> str | None:
             f"{wl.num_generations} × {wl.completion_len}-token completions per prompt")
 
 
-def recipe_text(recipe: dict[str, Any]) -> str:
-    """What a plan's recipe changes from the plain one (standard loss and kernels, no compile):
-    ``compiled loss, fused_rmsnorm``; empty when nothing."""
+def recipe_text(recipe: dict[str, Any], checkpointing: str | None = None) -> str:
+    """What a plan's recipe changes from the plain one (standard loss and kernels, no compile,
+    op-level selective checkpointing, 16-bit storage): ``compiled loss, fused_rmsnorm``; empty
+    when nothing. What selective checkpointing reruns is said for a selective plan only."""
     parts = []
     if recipe.get("loss", "standard") != "standard":
         parts.append(f"{recipe['loss']} loss")
@@ -193,6 +197,9 @@ def recipe_text(recipe: dict[str, Any]) -> str:
         parts.append(str(recipe["kernels"]))
     if recipe.get("compile"):
         parts.append("compile")
+    if checkpointing == "selective" and recipe.get("selective", "op") != "op":
+        parts.append(f"{recipe['selective']} recompute")
+    parts += [key.replace("_", " ") for key in FP8_RECIPE if recipe.get(key)]
     return ", ".join(parts)
 
 
@@ -229,7 +236,8 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
             tokens_per_s=float(ev["tokens_per_s"]),
             relaxations=list(tier.relaxations),
             generation=generation_text(rs_plan), generation_gpus=rs_plan.layout.generation_gpus,
-            recipe={k: getattr(rs_plan.recipe, k) for k in PLAN_RECIPE},
+            recipe={**{k: getattr(rs_plan.recipe, k) for k in PLAN_RECIPE},
+                    **{k: True for k in FP8_RECIPE if rs_plan.workload.fp8 and getattr(rs_plan.recipe, k)}},
             pinned_scenario=pinned,
             **fields,
         ))
