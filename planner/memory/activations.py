@@ -83,7 +83,7 @@ def _norm(inv: Inventory, name: str, rg: bool, weight_trainable: bool, h: int, r
 
 def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str], rec: LayerRecipe,
                    tokens: int, *, split_input: bool, x_rg: bool = True,
-                   x_bytes: int | None = None) -> None:
+                   x_bytes: int | None = None, layernorm_linear: bool = False) -> None:
     """Inputs that linear layers save for their weight gradients.
 
     A trainable base weight saves its input (FP8 with Float8 linears). A LoRA module saves the
@@ -115,7 +115,7 @@ def _linear_inputs(inv: Inventory, x_name: str, x_width: int, modules: list[str]
     pre = x_bytes if (rec.autocast and rec.lora_shares_input) else rec.c
     saved = rec.e if rec.autocast else pre
     adapted = [m for m in modules if m in rec.lora_targets or rec.lora_targets & FUSED_MODULES.get(m, set())]
-    if rec.te and not rec.trainable_base and adapted and x_name.startswith("norm"):
+    if layernorm_linear and not rec.trainable_base and adapted:
         # Transformer Engine 2.x's LayerNormLinear asked for its norm output (NeMo's adapters
         # read it: ``return_layernorm_output``) saves that output though its weight is frozen
         # (layernorm_linear.py: the ``ln_out = None`` clearing is skipped), FP8 under FP8 linears
@@ -151,7 +151,7 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
         norm_out = "norm2.out" if model.norms_per_layer >= 2 else "norm1.out"
         _linear_inputs(inv, norm_out if layernorm_linear else f"{prefix}.input", model.hidden,
                        ["fc1"] if layernorm_linear else ["gate", "up"], rec, tokens, split_input=False,
-                       x_bytes=e)
+                       x_bytes=e, layernorm_linear=layernorm_linear)
         gate_rg = rg_in or trainable or "gate" in t
         up_rg = rg_in or trainable or "up" in t
         if rec.te:  # Megatron's SwiGLUFunction keeps its input, the fc1 output (gate and up)
@@ -262,7 +262,7 @@ def _attention_block(inv: Inventory, model: ModelSpec, rec: LayerRecipe, tokens:
     fused_qkv = model.fused_qkv or rec.te  # Megatron's linear_qkv: one linear, one adapter
     qkv = ["qkv"] if fused_qkv else ["q", "k", "v"]
     _linear_inputs(inv, "norm1.out", h, qkv, rec, tokens, split_input=False, x_rg=out1_rg,
-                   x_bytes=FP32 if rec.fp32_stream else e)
+                   x_bytes=FP32 if rec.fp32_stream else e, layernorm_linear=rec.te)
     qkv_rg = out1_rg or bool(t & {"q", "k", "v"})
     if model.qk_norm and not model.fused_qkv:  # (TE: TENorm over each head of q and k)
         # RMSNorm over each head of q and of k (Qwen3, Gemma 3) before RoPE: what any norm

@@ -333,13 +333,10 @@ def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
         head = counts.lm_head * (q_total if quantized_head(model, workload) else e_end)
         end_bytes = emb + head if place.pp == 1 else max(emb, head)
         frozen = (place.layer_share * q_total + end_bytes) / place.tp + place.n_norm * e_norm
-        per_expert = q_total
+        dense, experts = frozen - place.n_exp * q_total, place.n_exp * q_total
     else:
-        dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
-        frozen, per_expert = dense_w + expert_w, fp8_weight_bytes(workload, recipe) or e
-    n_exp = place.n_exp
-    ledger.put("weights", place.spread(frozen - n_exp * per_expert, n_exp * per_expert, "weights"),
-               on_host_w)
+        dense, experts = _weight_bytes(workload, recipe, place, e)
+    ledger.put("weights", place.spread(dense, experts, "weights"), on_host_w)
     if bnb:
         ledger.put("weights", BNB_4BIT_FIXED_BYTES)  # per GPU, whatever the sharding
 

@@ -422,6 +422,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # GRPO's old log-probs where the stack scores its completions apart (``logprob_forward``).
     ref = np.asarray(x.get("reference_forward", 0), dtype=float)
     op = x.get("selective_op", 0)
+    op_selective = (ckpt == 1) & (np.asarray(op) > 0)  # op-level selective checkpointing
     lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora,
                                   saved_head=x.get("saved_head", 0.0), selective_op=op)
            + ref * FORWARD_FLOPS_PER_PARAM * mf.active_params) * tokens_mb / mp
@@ -431,7 +432,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
     # op-level selective checkpointing keeps a fused kernel's output but not eager attention's
     # matmuls and softmax, which rerun with the forward
-    att = att * np.where((ckpt == 1) & (np.asarray(op) > 0) & (attention_kernel == 0), 4.0 / 3.0, 1.0)
+    att = att * np.where(op_selective & (attention_kernel == 0), 4.0 / 3.0, 1.0)
     has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
     fp8_peak = np.where(has_fp8, perf.peak_fp8_flops, perf.peak_flops)
     lin_rate = np.where(fp8 & has_fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util
@@ -453,8 +454,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # and what a fusing stack keeps of its unfused element-wise work and launches.
     # full checkpointing reruns the forward's element-wise work; so does op-level selective
     # checkpointing, which saves only matmul and attention outputs
-    rerun = (ckpt == 2) | ((ckpt == 1) & (np.asarray(op) > 0))
-    forward_passes: Any = np.where(rerun, 4.0 / 3.0, 1.0) + ref * FORWARD_SHARE
+    forward_passes: Any = np.where((ckpt == 2) | op_selective, 4.0 / 3.0, 1.0) + ref * FORWARD_SHARE
     fused_share = np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
     vectors = p.elementwise_vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
     vectors = vectors * forward_passes * fused_share

@@ -23,6 +23,9 @@ from planner.validate.rows import scenario_of
 
 REQUIRED_COLUMNS = ("id", "verdict", "model", "method", "seq_len", "micro_batch", "gpus", "gpu_type")
 VERDICTS = ("ran", "oom")
+#: The three-class verdict each outcome contradicts: a run that ran called out of memory, an OOM
+#: report called fitting.
+CONTRADICTS = {"ran": "does_not_fit", "oom": "fits"}
 
 @dataclass(frozen=True)
 class VerdictResult:
@@ -161,8 +164,7 @@ def summarize(results: list[VerdictResult]) -> dict[str, Any]:
             # the verdict does not contradict (a run that ran not called does_not_fit; an OOM
             # report not called fits)
             "judged_tight": sum(r.judged == "tight" for r in rows),
-            "not_contradicted": sum(r.judged is not None and r.judged != ("does_not_fit" if verdict == "ran"
-                                                                          else "fits") for r in rows),
+            "not_contradicted": sum(r.judged is not None and r.judged != CONTRADICTS[verdict] for r in rows),
             "share_right": sum(r.right for r in rows) / len(rows) if rows else None,
             "share_right_modelled": (sum(r.right for r in modelled) / len(modelled)
                                      if modelled else None),
@@ -209,7 +211,7 @@ def before_and_now(results: list[VerdictResult]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for verdict in VERDICTS:
         rows = [r for r in results if r.verdict == verdict and r.judged_before]
-        wrong = "does_not_fit" if verdict == "ran" else "fits"
+        wrong = CONTRADICTS[verdict]
         out[verdict] = {"rows": len(rows),
                         "before": sum(r.judged_before != wrong for r in rows),
                         "now": sum(r.judged is not None and r.judged != wrong for r in rows),
