@@ -83,3 +83,36 @@ def test_a_125m_model_at_40_x_2048_tokens_allocates_under_80_gb():
     tokens = 40 * 2048
     assert est.components["logits"] == pytest.approx(12 * tokens * 50272, rel=1e-6)
     assert est.predicted["allocated_bytes"] < est.capacity_bytes
+
+
+def _compute_dtype_loss_peak(vocab: int, b: int, s: int) -> int:
+    """A loop with neither autocast nor an upcast: PyTorch's cross-entropy on 16-bit logits, the
+    labels shifted by slicing the logits (``logits[:, :-1].reshape(-1, V)``, which copies them
+    when the batch holds more than one sequence), the output dropped before backward."""
+    torch.manual_seed(0)
+    model = _model("llama", vocab).to(torch.bfloat16)
+    ids = torch.randint(0, vocab, (b, s))
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def step():
+        logits = model(input_ids=ids).logits
+        loss = criterion(logits[:, :-1, :].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+        del logits
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    step()
+    return _peak_bytes(step)
+
+
+def test_a_cross_entropy_left_in_the_compute_dtype_peaks_at_three_copies():
+    """``loss: compute_dtype``: log-softmax in 16 bits over the whole batch keeps its output
+    (e per logit); its backward holds NLL's gradient, its own and the saved output: 3e = 6 bytes
+    per logit, not the 12 of the FP32 cross-entropy nor TRL's row-wise 4."""
+    b, s, v1, v2 = 2, 256, 8000, 16000
+    slope = (_compute_dtype_loss_peak(v2, b, s) - _compute_dtype_loss_peak(v1, b, s)) / (b * s * (v2 - v1))
+    spec = ModelSpec(id="t", layers=1, hidden=64, heads=4, ffn=128, vocab=v1)
+    saved, peak, held = loss_bytes(spec, 2, b * s, "compute_dtype")
+    assert (saved / (b * s * v1), peak / (b * s * v1), held) == (2, 6, 0)
+    assert slope == pytest.approx(6, abs=0.1)

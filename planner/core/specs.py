@@ -237,7 +237,9 @@ class Recipe(StrictModel):
     # (torchtitan's ChunkedLossWrapper); "vocab_parallel": Megatron-Core's
     # vocab_parallel_cross_entropy (its default, cross_entropy_loss_fusion off): the logits
     # upcast to FP32, exponentiated in place and saved; the backward writes the gradient into
-    # that FP32 tensor and casts it to the compute dtype
+    # that FP32 tensor and casts it to the compute dtype; "compute_dtype": ``nn.CrossEntropyLoss``
+    # on the compute-dtype logits of a loop with neither autocast nor an upcast (log-softmax in
+    # 16 bits over the whole batch)
     loss: Loss = "standard"
     # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
     # first): no earlier step's outputs are still held by the training loop at the peak

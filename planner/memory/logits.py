@@ -4,7 +4,8 @@ Bytes on one GPU, as (saved at the end of forward, peak while the loss runs, hel
 training loop): the standard FP32 cross-entropy (Hugging Face, torchtitan; PyTorch's
 ``loss_parallel`` under TP), torchtune's chunked loss and chunked head, torchtitan's chunked loss
 in the forward, losses compiled with torch.compile, Liger's fused linear cross-entropy, Cut
-Cross-Entropy, Unsloth's losses, TRL's row-wise log-softmax (16-bit and FP32) and litgpt's
+Cross-Entropy, Unsloth's losses, TRL's row-wise log-softmax (16-bit and FP32), a cross-entropy
+left in the compute dtype and litgpt's
 chunked LoRA head; and the peak of an evaluation forward's loss. Symbols as in
 :mod:`planner.memory.activations` (e bytes of the compute dtype, V vocabulary).
 """
@@ -177,6 +178,17 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
         # gradient and their stack into the logits' gradient (2e).
         saved = e * v
         peak = 2 * e * v
+    elif loss == "compute_dtype":
+        # ``nn.CrossEntropyLoss`` on the compute-dtype logits, the whole batch at once, in a loop
+        # with neither autocast nor ``.float()`` (PyTorch's ``log_softmax`` then writes its
+        # output in the input's dtype and saves it; ``nll_loss`` saves the same tensor). At the
+        # start of backward the ``nll_loss`` gradient (dense, e per logit) and the
+        # ``log_softmax`` gradient exist beside the saved log-probabilities: 3e at the peak.
+        # The forward peaks as high where the loop shifts the logits into a contiguous copy
+        # (``logits[:, :-1].reshape(-1, V)`` of more than one sequence copies them): the logits,
+        # the copy and the log-probabilities. Unlike ``rowwise`` no row is released early.
+        saved = e * v
+        peak = 3 * e * v
     elif loss == "rowwise_fp32":
         # the same with each row upcast to FP32 before ``log_softmax`` (TRL's logsumexp path for
         # FP32 logits keeps as much; the H200 DPO runner): FP32 log-probabilities saved; at the
@@ -211,8 +223,8 @@ def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 
         per = (e + FP32) * v
     elif loss == "cce":
         per = FP32
-    elif loss in ("rowwise", "rowwise_fp32"):  # the logits and every row's log-probabilities
-        per = (e + (e if loss == "rowwise" else FP32)) * v
+    elif loss in ("rowwise", "rowwise_fp32", "compute_dtype"):  # the logits and the log-probabilities
+        per = (e + (FP32 if loss == "rowwise_fp32" else e)) * v
     else:  # fused (Liger): chunks of about V/h tokens
         per = 3 * FP32 * model.hidden
     return per * tokens

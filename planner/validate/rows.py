@@ -166,7 +166,8 @@ LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunk
               "cce": "cce", "in-forward": "in_forward", "inplace": "inplace",
               "chunked-head": "chunked_head", "linear-ce": "chunked_head",
               "chunked-head-in-forward": "chunked_head_in_forward", "rowwise": "rowwise",
-              "rowwise-fp32": "rowwise_fp32", "vocab-parallel": "vocab_parallel"}
+              "rowwise-fp32": "rowwise_fp32", "vocab-parallel": "vocab_parallel",
+              "compute-dtype": "compute_dtype"}
 #: AutoAWQ's GEMM checkpoints pack int4 weights with an FP16 scale and an int4 zero point per group
 #: of 128 inputs, as GPTQ does: the same bytes per weight (``awq`` reads as ``gptq``).
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}
@@ -182,8 +183,11 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         precision = "mixed"
     elif ("-mixed" in t.prec or t.prec.startswith("amp_bf16")) and "fp16" not in t.prec:
         precision = "mixed"  # Lightning's "bf16-mixed", Composer's amp_bf16: FP32 weights, autocast
-    elif t.prec.startswith(("fp32", "float32")):
-        precision = "fp32"  # FP32 weights and compute
+    elif t.prec.startswith(("fp32", "float32")) or (
+            re.search(r"unquantized weights[^;]*\bfp32\b", t.prec) and "no autocast" in t.prec):
+        # FP32 weights and compute; a quantized base loaded with its other weights in FP32 and run
+        # without autocast computes in FP32 too (a 4-bit matmul returns its input's dtype)
+        precision = "fp32"
     elif "fp16" in t.prec:
         precision = "fp16"
     elif t.method != "full" and t.hf_stack and "bf16" in t.prec:
