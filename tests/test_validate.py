@@ -315,6 +315,7 @@ def test_an_eval_batch_cell_is_the_workloads_evaluation_pass(cell, evals):
     ("DDP + distributed optimizer (FSDP=0)", 1), ("megatron-dist-opt (NeMo default; not stated)", 1),
     ("DeepSpeed ZeRO-3", 3), ("DeepSpeed ZeRO-1 (ds_config stage 1)", 1), ("fsdp_full_shard (FSDP1)", 3),
     ("none", 0), ("zero2 (1 GPU)", 2),
+    ("DDP + distributed optimizer (no FSDP column; presets do not set use_megatron_fsdp)", 1),
 ])
 def test_every_data_file_reads_sharding_words_alike(words, stage):
     """The memory and throughput readers each had their own reading, which disagreed on 18 of

@@ -14,6 +14,11 @@ def _squeezed(text: str) -> str:
 STRATEGY_WORDS = {_squeezed(name): stage for name, stage in FSDP_STRATEGY_STAGE.items() if not name.isdigit()}
 
 
+#: Squeezed phrases that name FSDP only to say it is off (a Megatron-Bridge table without an FSDP
+#: column: "no FSDP column; presets do not set use_megatron_fsdp").
+NEGATED_FSDP = ("nofsdpcolumn", "donotsetusemegatronfsdp", "nousemegatronfsdp")
+
+
 def _names_stage(squeezed: str, stage: int) -> bool:
     """The squeezed text names DeepSpeed's ZeRO ``stage`` (planner.core.codes)."""
     return any(word in squeezed for word in DS_ZERO_STAGE_WORDS[stage])
@@ -25,6 +30,8 @@ def zero_stage_of(text: str) -> int:
     hybrid shard, FSDP2 and Megatron FSDP. Case, spaces, hyphens and underscores do not matter."""
     t = _squeezed(text)
     t = t.replace("fsdp=0", "")  # Megatron-Bridge: "DDP + distributed optimizer (FSDP=0)"
+    for negated in NEGATED_FSDP:
+        t = t.replace(negated, "")
     for name in sorted(STRATEGY_WORDS, key=len, reverse=True):  # FSDP's strategy names, longest first
         if name in t:
             return STRATEGY_WORDS[name]
