@@ -355,3 +355,31 @@ def test_a_loop_without_autocast_is_read_as_it_computes():
     assert scenario_of(rows["3502"])["workload"]["precision"] != "fp32"  # LoRA: a 16-bit base
     results = {r.id: r for r in validate_rows([rows[i] for i in ("3503", "3512", "3549")], "detailed")}
     assert all(abs(r.signed_error) < 0.10 for r in results.values()), results
+
+
+def test_every_estimate_states_its_error_on_runs_it_had_never_seen():
+    """``UNSEEN_ERROR`` is what the files' recorded predictions give, per method: rows, median
+    |error|, 80th percentile, median signed (a row added to one of these files must update it)."""
+    import numpy as np
+
+    from planner.memory.detailed import UNSEEN_ERROR, unseen_error_note
+    from planner.validate.rows import measured_bytes
+
+    data = Path(__file__).parents[1] / "data"
+    errors: dict[str, list[float]] = {}
+    for name in ("published2", "published3", "published4", "mlperf"):
+        for row in read_rows(data / f"measured_memory_{name}.csv"):
+            if row.get("predicted_before_gb"):
+                measured = measured_bytes(row)
+                errors.setdefault(row["method"], []).append(
+                    (float(row["predicted_before_gb"]) * 1e9 - measured) / measured)
+    assert set(errors) == set(UNSEEN_ERROR)
+    for method, errs in errors.items():
+        rows, median, p80, signed = UNSEEN_ERROR[method]
+        a = np.abs(errs)
+        assert rows == len(errs)
+        assert (median, p80, signed) == pytest.approx(
+            (np.median(a), np.percentile(a, 80), np.median(errs)), abs=5e-4), method
+    note = unseen_error_note("lora")
+    assert note is not None and "49 published LoRA runs" in note and "low by a median 9%" in note
+    assert unseen_error_note("inference") is None

@@ -367,6 +367,26 @@ def _reserved_view(name: str, parts: dict[str, float], total: float, gather: flo
 #: ``planner validate data/measured_calibration.csv`` measures for this profile (a test checks
 #: these figures against a fresh validation). Inference has no measured runs: no band.
 ERROR_BANDS: dict[str, float] = {"full": 0.14, "lora": 0.08, "qlora": 0.22}
+#: How this profile did on published runs it had never seen, per method: the prediction recorded
+#: when each row was added, before any rule was looked at for it (``predicted_before_gb`` of
+#: data/measured_memory_published2.csv, _published3.csv, _published4.csv and
+#: measured_memory_mlperf.csv): rows, median |error|, its 80th percentile and the median signed
+#: error (negative: the estimate was low). Wider than :data:`ERROR_BANDS`, which the calibration
+#: file measures; every estimate states it. tests/test_validate.py recomputes it from the files.
+UNSEEN_ERROR: dict[str, tuple[int, float, float, float]] = {
+    "full": (135, 0.170, 0.339, -0.071), "lora": (49, 0.103, 0.211, -0.090),
+    "qlora": (50, 0.091, 0.212, -0.053)}
+_METHOD_WORDS = {"full": "full-training", "lora": "LoRA", "qlora": "QLoRA"}
+
+
+def unseen_error_note(method: str) -> str | None:
+    """The line an estimate prints about :data:`UNSEEN_ERROR` for its method (none: no rows)."""
+    if method not in UNSEEN_ERROR:
+        return None
+    rows, median, p80, signed = UNSEEN_ERROR[method]
+    side = f"the estimate low by a median {-signed:.0%}" if signed < 0 else f"high by a median {signed:.0%}"
+    return (f"on {rows} published {_METHOD_WORDS[method]} runs predicted before they were added: median "
+            f"error {median:.0%}, 80% of them within {p80:.0%}, {side} (data/README.md)")
 
 
 def inference_memory(model: ModelSpec, wl: Workload, layout: Layout) -> dict[str, float]:
@@ -432,6 +452,9 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
         (f"needed = allocated + {trapped:.1%} the allocator cannot release at the card's limit "
         f"+ CUDA context + NCCL (at most the device view): the total a plan must fit"),
     ]
+    unseen = unseen_error_note(wl.method)
+    if unseen:
+        notes.append(unseen)
     return MemoryBreakdown(
         components=components,
         host_bytes=ceil_bytes(peak.host),
