@@ -215,3 +215,30 @@ def test_consumer_blackwell_keeps_fp8_transposes():
     assert not catalog.get_gpu("b200").keeps_fp8_transpose
     assert catalog.get_gpu("rtx-5090").keeps_fp8_transpose
     assert catalog.get_gpu("h100").keeps_fp8_transpose
+
+
+def test_expert_all_to_all_leaves_the_node_only_for_other_nodes_ranks():
+    """Qwen3-30B-A3B (hidden 2048, top-8 of 128 experts, 48 MoE layers), one 4,096-token
+    sequence per micro-batch: each GPU sends 4,096 · 2,048 · 2 B · 8 = 134 MB per all-to-all, four
+    per layer. EP 8 inside an 8-GPU node: (8−1)/8 of it over NVLink. EP 16 over two nodes: 7/16
+    over NVLink while 8/16 crosses the NIC (the slower decides), not all 15/16 at the NIC's speed
+    (Megatron-Bridge's EP-16 H100 rows ran 8,826 tokens/s per GPU; priced the old way, 6,030).
+    Tensor parallelism (sequence-parallel) halves what each GPU dispatches."""
+    from planner.perf.timing import _model_parallel_comm_s
+
+    mf = model_flops(catalog.get_model("qwen3-30b-a3b"))
+    tokens = 4096.0
+    sent = tokens * mf.hidden * 2.0 * mf.experts_per_token
+
+    def ep_s(ep, tp=1):
+        x = {"tp": tp, "pp": 1, "cp": 1, "dp": 1, "checkpointing": 0, "ep": ep}
+        return float(_model_parallel_comm_s(mf, H100, x, tokens, 0.0, 8)[3])
+
+    layers = 4.0 * mf.moe_layers
+    assert ep_s(8) == pytest.approx(layers * sent * 7 / 8 / H100.intra_bps)
+    two_nodes = max(sent * 7 / 16 / H100.intra_bps, sent * 8 / 16 / H100.inter_bps)
+    assert ep_s(16) == pytest.approx(layers * two_nodes)
+    assert ep_s(16) < layers * sent * 15 / 16 / H100.inter_bps
+    # TP 2: half the tokens per GPU, and an 8-GPU node holds 4 of the EP group's ranks
+    assert ep_s(16, tp=2) == pytest.approx(
+        layers * max(sent / 2 * 3 / 16 / H100.intra_bps, sent / 2 * 12 / 16 / H100.inter_bps))

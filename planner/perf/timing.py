@@ -247,13 +247,13 @@ PRIOR = TimeParams()
 #: data/measured_throughput_fms.csv [--loso]``.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=366.9,
-    fp8_efficiency=0.672,
-    microbatch_half_tokens=264.8,
+    elementwise_vectors=368.2,
+    fp8_efficiency=0.673,
+    microbatch_half_tokens=253.1,
     moe_route_vectors=5.0,
-    fused_elementwise_share=0.172,
-    attention_efficiency=0.927,
-    launch_s_per_layer=0.00396,
+    fused_elementwise_share=0.188,
+    attention_efficiency=0.934,
+    launch_s_per_layer=0.00397,
 )
 
 
@@ -493,11 +493,17 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     cp_comm = np.where(cp > 1, 3.0 * (cp - 1) * kv_bytes * mf.layers / pp / cp_bps, 0.0)
     cp_comm = exposed_s(cp_comm, t_att)
     ep = x.get("ep", 1)
-    ep_bps = np.where(tp * cp * ep <= node, perf.intra_bps, perf.inter_bps)
     # Expert parallelism: each MoE layer sends every token's hidden state to its top-k experts and
-    # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU.
-    a2a_bytes = tokens_gpu * mf.hidden * 2.0 * mf.experts_per_token * (ep - 1) / np.maximum(ep, 1)
-    ep_comm = np.where(ep > 1, 4.0 * a2a_bytes * mf.moe_layers / pp / ep_bps, 0.0)
+    # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU. Under tensor
+    # parallelism (sequence-parallel, as everywhere here) a GPU dispatches its 1/tp of the tokens
+    # (Megatron-Core's all-to-all dispatcher over the TP×EP ranks). The group's ranks sit tp·cp
+    # apart, so a node holds ``in_node`` of them: the share bound for those crosses the node's
+    # link, the share bound for other nodes the GPU's NIC, both at once (the slower decides), as
+    # NCCL's and DeepEP's all-to-alls run.
+    a2a_bytes = tokens_gpu / tp * mf.hidden * 2.0 * mf.experts_per_token / np.maximum(ep, 1)
+    in_node = np.minimum(np.maximum(np.floor(node / np.maximum(tp * cp, 1)), 1.0), ep)
+    a2a_s = np.maximum(a2a_bytes * (in_node - 1) / perf.intra_bps, a2a_bytes * (ep - in_node) / perf.inter_bps)
+    ep_comm = np.where(ep > 1, 4.0 * a2a_s * mf.moe_layers / pp, 0.0)
     return tp_comm, pp_comm, cp_comm, ep_comm
 
 
