@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import planner
@@ -242,3 +243,22 @@ def test_expert_all_to_all_leaves_the_node_only_for_other_nodes_ranks():
     # TP 2: half the tokens per GPU, and an 8-GPU node holds 4 of the EP group's ranks
     assert ep_s(16, tp=2) == pytest.approx(
         layers * max(sent / 2 * 3 / 16 / H100.intra_bps, sent / 2 * 12 / 16 / H100.inter_bps))
+
+
+@pytest.mark.parametrize("gpu, ep", [("l40s", 6), ("l40s", 12), ("h100", 16), ("h100", 6)])
+def test_the_search_bound_never_prices_expert_all_to_all_above_the_step(gpu, ep):
+    """The search's lower bound (``intra_only``: every group at the in-node link) must not exceed
+    the step it bounds: on a PCIe card whose NIC is half its link, pricing an all-to-all whose
+    ranks span nodes wholly at the link would (an L40S EP-6 step: 0.107 s against 0.086 s)."""
+    from planner.perf.timing import _model_parallel_comm_s
+
+    mf = model_flops(catalog.get_model("qwen1.5-moe-a2.7b"))
+    perf = GpuPerf.of(catalog.get_gpu(gpu))
+    x = {**BASE, "tp": 2, "ep": ep, "dp": ep, "micro_batch": 1}
+    tokens = x["micro_batch"] * x["seq_len"]
+
+    def ep_s(node):
+        return float(_model_parallel_comm_s(mf, perf, x, tokens, 0.0, node)[3])
+
+    assert 0 < ep_s(np.inf) <= ep_s(perf.gpus_per_node)
+    assert float(step_time_s(mf, perf, intra_only=1, **x)) <= float(step_time_s(mf, perf, **x))

@@ -316,6 +316,9 @@ def test_an_eval_batch_cell_is_the_workloads_evaluation_pass(cell, evals):
     ("DeepSpeed ZeRO-3", 3), ("DeepSpeed ZeRO-1 (ds_config stage 1)", 1), ("fsdp_full_shard (FSDP1)", 3),
     ("none", 0), ("zero2 (1 GPU)", 2),
     ("DDP + distributed optimizer (no FSDP column; presets do not set use_megatron_fsdp)", 1),
+    ("DDP (no FSDP)", 0), ("FSDP off", 0), ("without FSDP", 0), ("no FSDP", 0),
+    ("Megatron distributed optimizer (use_megatron_fsdp=False)", 1), ("FSDP offload", 3),
+    ("Megatron FSDP (use_megatron_fsdp=True)", 3),
 ])
 def test_every_data_file_reads_sharding_words_alike(words, stage):
     """The memory and throughput readers each had their own reading, which disagreed on 18 of

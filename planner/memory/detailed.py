@@ -384,7 +384,10 @@ def unseen_error_note(method: str) -> str | None:
     if method not in UNSEEN_ERROR:
         return None
     rows, median, p80, signed = UNSEEN_ERROR[method]
-    side = f"the estimate low by a median {-signed:.0%}" if signed < 0 else f"high by a median {signed:.0%}"
+    if round(abs(signed), 2) == 0:
+        side = "the estimate neither low nor high by its median"
+    else:
+        side = f"the estimate {'low' if signed < 0 else 'high'} by a median {abs(signed):.0%}"
     return (f"on {rows} published {_METHOD_WORDS[method]} runs predicted before they were added: median "
             f"error {median:.0%}, 80% of them within {p80:.0%}, {side} (data/README.md)")
 

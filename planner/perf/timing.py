@@ -308,11 +308,13 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
                      2022) + PP activation sends + EP all-to-alls
                    + the ring-CP K/V exchange not hidden behind attention.
     Traffic between GPUs of one node uses the node's link (NVLink, or PCIe on cards without it);
-    TP, PP, CP and EP groups that span nodes run at one NIC's speed; data-parallel collectives are
-    hierarchical (:func:`group_collective_s`).
+    TP, PP and CP groups that span nodes run at one NIC's speed; an EP all-to-all sends the share
+    bound for other nodes over the NIC while the rest crosses the node's link; data-parallel
+    collectives are hierarchical (:func:`group_collective_s`).
     """
     p = FITTED if params is None else params
-    # intra_only: price every group at the in-node link, no optimizer step (the search's bound).
+    # intra_only: price every group at the in-node link, no optimizer step (the search's bound);
+    # the EP all-to-all, whose ranks per node do not depend on dp, is priced as it runs.
     node = np.inf if x.get("intra_only") else perf.gpus_per_node
     tokens_gpu = x["micro_batch"] * x["seq_len"] / x["cp"]  # tokens of one micro-batch this GPU processes
     compute, t_att = _microbatch_compute_s(mf, perf, p, x)
@@ -496,12 +498,14 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     # Expert parallelism: each MoE layer sends every token's hidden state to its top-k experts and
     # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU. Under tensor
     # parallelism (sequence-parallel, as everywhere here) a GPU dispatches its 1/tp of the tokens
-    # (Megatron-Core's all-to-all dispatcher over the TP×EP ranks). The group's ranks sit tp·cp
-    # apart, so a node holds ``in_node`` of them: the share bound for those crosses the node's
-    # link, the share bound for other nodes the GPU's NIC, both at once (the slower decides), as
-    # NCCL's and DeepEP's all-to-alls run.
+    # (Megatron-Core's all-to-all dispatcher over the TP×EP ranks). The group's ranks are taken to
+    # sit tp·cp apart (ranks ordered tp, cp, ep, dp, pp; Megatron-Core's folded expert groups
+    # can place them closer), so a node of the card's size holds ``in_node`` of them, whatever
+    # ``node`` the other groups are priced at: the share bound for those crosses the node's link,
+    # the share bound for other nodes the GPU's NIC, both at once (the slower decides), as NCCL's
+    # and DeepEP's all-to-alls run.
     a2a_bytes = tokens_gpu / tp * mf.hidden * 2.0 * mf.experts_per_token / np.maximum(ep, 1)
-    in_node = np.minimum(np.maximum(np.floor(node / np.maximum(tp * cp, 1)), 1.0), ep)
+    in_node = np.minimum(np.maximum(np.floor(perf.gpus_per_node / np.maximum(tp * cp, 1)), 1.0), ep)
     a2a_s = np.maximum(a2a_bytes * (in_node - 1) / perf.intra_bps, a2a_bytes * (ep - in_node) / perf.inter_bps)
     ep_comm = np.where(ep > 1, 4.0 * a2a_s * mf.moe_layers / pp, 0.0)
     return tp_comm, pp_comm, cp_comm, ep_comm

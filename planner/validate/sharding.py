@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from planner.core.codes import DS_ZERO_STAGE_WORDS, FSDP_STRATEGY_STAGE
 
 
@@ -14,9 +16,11 @@ def _squeezed(text: str) -> str:
 STRATEGY_WORDS = {_squeezed(name): stage for name, stage in FSDP_STRATEGY_STAGE.items() if not name.isdigit()}
 
 
-#: Squeezed phrases that name FSDP only to say it is off (a Megatron-Bridge table without an FSDP
-#: column: "no FSDP column; presets do not set use_megatron_fsdp").
-NEGATED_FSDP = ("nofsdpcolumn", "donotsetusemegatronfsdp", "nousemegatronfsdp")
+#: Squeezed phrases that name FSDP only to say it is off: "no FSDP (column)", "without FSDP",
+#: "presets do not set use_megatron_fsdp", "use_megatron_fsdp=False", "FSDP off" (not "FSDP
+#: offload"), "FSDP=0".
+NEGATED_FSDP = re.compile(r"(?:no|without|not|donotset)(?:use)?(?:megatron)?fsdp(?:column)?"
+                          r"|(?:use)?(?:megatron)?fsdp(?:=0|=false|off(?!load))")
 
 
 def _names_stage(squeezed: str, stage: int) -> bool:
@@ -29,9 +33,7 @@ def zero_stage_of(text: str) -> int:
     Megatron's distributed optimizer; 2 ZeRO-2 and FSDP ``SHARD_GRAD_OP``; 3 ZeRO-3, FSDP full or
     hybrid shard, FSDP2 and Megatron FSDP. Case, spaces, hyphens and underscores do not matter."""
     t = _squeezed(text)
-    t = t.replace("fsdp=0", "")  # Megatron-Bridge: "DDP + distributed optimizer (FSDP=0)"
-    for negated in NEGATED_FSDP:
-        t = t.replace(negated, "")
+    t = NEGATED_FSDP.sub("", t)  # Megatron-Bridge: "DDP + distributed optimizer (FSDP=0)"
     for name in sorted(STRATEGY_WORDS, key=len, reverse=True):  # FSDP's strategy names, longest first
         if name in t:
             return STRATEGY_WORDS[name]
