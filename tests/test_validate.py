@@ -366,16 +366,17 @@ def test_every_estimate_states_its_error_on_runs_it_had_never_seen():
     import numpy as np
 
     from planner.memory.detailed import UNSEEN_ERROR, unseen_error_note
+    from planner.validate.before import MEMORY_COLUMN, MEMORY_SCALE, recorded
     from planner.validate.rows import measured_bytes
 
     data = Path(__file__).parents[1] / "data"
     errors: dict[str, list[float]] = {}
     for name in ("published2", "published3", "published4", "published5", "mlperf"):
         for row in read_rows(data / f"measured_memory_{name}.csv"):
-            if row.get("predicted_before_gb"):
+            before = recorded(row, MEMORY_COLUMN, MEMORY_SCALE)
+            if before is not None:
                 measured = measured_bytes(row)
-                errors.setdefault(row["method"], []).append(
-                    (float(row["predicted_before_gb"]) * 1e9 - measured) / measured)
+                errors.setdefault(row["method"], []).append((before - measured) / measured)
     assert set(errors) == set(UNSEEN_ERROR)
     for method, errs in errors.items():
         rows, median, p80, signed = UNSEEN_ERROR[method]

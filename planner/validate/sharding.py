@@ -33,7 +33,7 @@ def zero_stage_of(text: str) -> int:
     Megatron's distributed optimizer; 2 ZeRO-2 and FSDP ``SHARD_GRAD_OP``; 3 ZeRO-3, FSDP full or
     hybrid shard, FSDP2 and Megatron FSDP. Case, spaces, hyphens and underscores do not matter."""
     t = _squeezed(text)
-    t = NEGATED_FSDP.sub("", t)  # Megatron-Bridge: "DDP + distributed optimizer (FSDP=0)"
+    t = NEGATED_FSDP.sub("", t)  # FSDP named only as off: "DDP + distributed optimizer (FSDP=0)"
     for name in sorted(STRATEGY_WORDS, key=len, reverse=True):  # FSDP's strategy names, longest first
         if name in t:
             return STRATEGY_WORDS[name]
