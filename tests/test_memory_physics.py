@@ -816,3 +816,52 @@ def test_eval_micro_batch_outside_detailed_training_is_said_to_change_nothing():
     base = {"model": "llama-2-7b", "workload": {"method": "lora", "eval_micro_batch": 8}, "layout": {"gpus": 1}}
     assert any("eval_micro_batch" in w for w in resolve({"profile": "seed", **base}).warnings)
     assert not any("eval_micro_batch" in w for w in resolve({"profile": "detailed", **base}).warnings)
+
+
+def test_deepspeed_zero3_with_stock_linear_keeps_every_gathered_layer_until_its_backward():
+    """A model built outside ``deepspeed.zero.Init`` (Giles Thomas's measurement scripts load
+    Llama 3 8B with ``from_pretrained`` before the ``TrainingArguments`` that name the DeepSpeed
+    config; DeepSpeed 0.14.2) runs stock ``F.linear``, whose autograd keeps a view of each gathered
+    weight: ZeRO-3's release does not free it until that layer's backward (DeepSpeed's
+    ``runtime/zero/linear.py``). Without checkpointing the stage's other 30 of 32 layers' 16-bit
+    weights are alive at backward start, ≈ 13.1 GB more; with checkpointing, FSDP, or the
+    memory-efficient linear, nothing changes. The rows measured 15–17 GB above an estimate that
+    lacked it (data/measured_memory_published4.csv ids 5164–5175, 5195–5196)."""
+    from planner import catalog
+    from planner.core.arch import param_counts
+
+    raw = {"model": "llama-3-8b", "workload": {"method": "full", "precision": "fp16", "seq_len": 2048,
+                                                "micro_batch": 1},
+           "layout": {"gpus": 8, "zero": 3}, "recipe": {"zero_impl": "deepspeed"}}
+    base = _detailed(raw, dp=8)
+    stock = _detailed({**raw, "recipe": {"zero_impl": "deepspeed", "zero3_stock_linear": True}}, dp=8)
+    counts = param_counts(catalog.get_model("llama-3-8b"))
+    layer = (counts.attention + counts.mlp) / 32
+    extra = stock.phase_bytes["backward start"] - base.phase_bytes["backward start"]
+    # the phase's bytes as needed: the weights plus the allocator's fragmentation share of them
+    assert 30 * layer * 2 <= extra <= 1.1 * 30 * layer * 2
+    assert 12.5 * GB < extra < 14.5 * GB
+    assert any("zero.Init" in n for n in stock.assumptions)
+    for other in ({"layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}},
+                  {"recipe": {"zero_impl": "fsdp", "zero3_stock_linear": True}}):
+        a = _detailed({**raw, **other}, dp=8)
+        b = _detailed({**raw, **other, "recipe": {**raw["recipe"], **other.get("recipe", {}),
+                                                  "zero3_stock_linear": True}}, dp=8)
+        assert a.phase_bytes == b.phase_bytes
+
+
+@pytest.mark.parametrize("cells, stock", [
+    ({"zero_init": "no"}, True),
+    ({"zero_init": "no", "deepspeed": "0.14.2"}, True),
+    ({"zero_init": "no", "deepspeed": "0.19.4"}, False),  # PR #8189 wraps built models too
+    ({"zero_init": ""}, False),
+    ({"zero_init": "no", "zero_or_fsdp": "fsdp full_shard"}, False),
+])
+def test_a_zero_init_cell_reads_as_stock_linear_under_deepspeed_zero3(cells, stock):
+    from planner.validate.rows import scenario_of
+
+    row = {"id": "t", "model": "llama-3-8b", "method": "full", "precision": "fp16", "optimizer": "adamw",
+           "seq_len": "2048", "micro_batch": "1", "gpus": "8", "gpu_type": "A100-80GB",
+           "planner_gpu": "a100-sxm-80gb", "zero_or_fsdp": "zero3", "grad_ckpt": "no",
+           "framework": "hf-trainer", "measured_gb": "50", "measure_kind": "max_allocated", **cells}
+    assert scenario_of(row).get("recipe", {}).get("zero3_stock_linear", False) is stock

@@ -356,6 +356,16 @@ class Recipe(StrictModel):
     #: made at the optimizer step; stage_1_and_2.py: the FP32 copy of its gradient partition at
     #: the step). ``zero3_impl`` is read as this key too.
     zero_impl: ZeroImpl = Field("fsdp", validation_alias=AliasChoices("zero_impl", "zero3_impl"))
+    #: DeepSpeed ZeRO-3 running stock ``F.linear``: a model built outside ``deepspeed.zero.Init``
+    #: (a script that loads it before its ``TrainingArguments``/``HfDeepSpeedConfig`` exists, so
+    #: ``from_pretrained`` does not enter ``zero.Init``) under DeepSpeed before 0.19.4 (PR #8189
+    #: installs the memory-efficient linear on such models too), or ``memory_efficient_linear:
+    #: false``. Autograd saves a view of each gathered weight (``weight.t()``) for the input's
+    #: gradient, and ZeRO-3's release (``param.data = torch.empty(0)``) does not free the storage
+    #: that view holds: every layer's gathered 16-bit weights stay until its own backward
+    #: (deepspeed/runtime/zero/linear.py says this is why its linear exists). Without
+    #: checkpointing the whole stage's are alive at backward start.
+    zero3_stock_linear: bool = False
 
     def loss_impl(self, algorithm: str) -> str:
         """The loss as it runs for the workload's ``algorithm``: a DPO step's "standard" loss is

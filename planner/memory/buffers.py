@@ -41,6 +41,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
     end = max(counts.embedding, counts.lm_head) / tp
     partition = st.trainable / _opt_shard(layout)  # a ZeRO rank's share of the trainable elements
     out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
+           "saved_weights": 0.0,
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
@@ -60,6 +61,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
         out["gather"] = root + ZERO3_LIVE_UNITS * layer * w_b
         if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
             out["gather"] += layer * (4 if recipe.grad_dtype == "fp32" else e)
+        out["saved_weights"] = zero3_saved_weight_bytes(model, wl, layout, recipe)
     if layout.zero == 0 and zero_degree(layout.dp, layout.cp) > 1 and wl.method == "full":
         # PyTorch DDP copies gradients into its buckets unless gradient_as_bucket_view=True
         # (DDP docs: the saving "will be equal to the total gradients size").
@@ -215,6 +217,22 @@ def _int8_matmul_transient(wl: Workload, recipe: Recipe, d_in: int, d_out: int, 
 
 def _opt_shard(layout: Layout) -> int:
     return zero_degree(layout.dp, layout.cp) if layout.zero >= 1 else 1
+
+
+def zero3_saved_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe) -> float:
+    """Gathered 16-bit layer weights that DeepSpeed ZeRO-3 cannot free until each layer's backward
+    (``Recipe.zero3_stock_linear``: stock ``F.linear`` keeps a view of its weight on the autograd
+    graph), beyond the :data:`ZERO3_LIVE_UNITS` layer units the gather buffer already counts: at
+    backward start, every layer of the stage whose forward saved its tensors (no activation
+    checkpointing; a checkpointed layer saves nothing in its forward and its recomputation holds
+    one unit). Bases quantized to 4 or 8 bits run their own matmuls: none."""
+    if not (recipe.zero3_stock_linear and deepspeed_zero3(layout, recipe) and gathers_units(layout)
+            and layout.checkpointing != "full" and wl.method in ("full", "lora") and not wl.fp8):
+        return 0.0
+    counts = param_counts(model)
+    layer = (counts.attention + counts.mlp) / model.layers / layout.tp
+    stage_layers = -(-model.layers // layout.pp)  # the heaviest stage when pp does not divide L
+    return max(stage_layers - ZERO3_LIVE_UNITS, 0) * layer * compute_bytes(wl.precision)
 
 
 def deepspeed_zero3(layout: Layout, recipe: Recipe) -> bool:

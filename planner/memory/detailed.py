@@ -144,6 +144,12 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             "largest gradient is normed in FP64 and checked for inf/NaN on its way to the host"
             + (f"; its FP32 partition copied to the GPU at the step ({format_bytes(buf['offload_step'])})"
                if buf["offload_step"] else ""))
+    if buf["saved_weights"]:
+        from planner.core.units import format_bytes
+
+        notes.append(f"DeepSpeed ZeRO-3 with stock F.linear (model built outside zero.Init): autograd keeps "
+                     f"each gathered layer weight until its backward, {format_bytes(buf['saved_weights'])} "
+                     "more at backward start")
     # FSDP under pipeline parallelism keeps each stage's parameters unsharded for the whole step
     # (torchtitan: reshard_after_forward = not pp_enabled) and syncs gradients on the last
     # micro-batch only, so unsharded gradients accumulate in between.
@@ -271,7 +277,8 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, st: 
         end_grads -= min(end_grads, first / st.trainable * end_grads)
     phases = {
         "backward start": {**states.start, "activations": act_start, "logits": logits,
-                           "buffers": buf["gather"] + dequant + buf["zero_buckets"] + kept_buffer},
+                           "buffers": (buf["gather"] + buf["saved_weights"] + dequant + buf["zero_buckets"]
+                                       + kept_buffer)},
         "backward end": {**persistent, "gradients": end_grads,
                          "activations": a["working_end"] + kept, "logits": held,
                          "buffers": (buf["gather"] + buf["ddp"] + buf["dequant"]
@@ -288,7 +295,8 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, st: 
         # The end of the forward and the loss's forward, with the returned KV cache still held.
         phases["end of forward"] = {**states.start, "activations": a["saved"] + a["kv_cache"],
                                     "logits": a["loss_forward"] + held,
-                                    "buffers": buf["gather"] + buf["zero_buckets"] + kept_buffer}
+                                    "buffers": (buf["gather"] + buf["saved_weights"] + buf["zero_buckets"]
+                                                + kept_buffer)}
     if recipe.optimizer_step == "in_backward":
         phases["backward end"]["gradients"] = st.largest_grad
     else:

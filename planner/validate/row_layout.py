@@ -20,6 +20,9 @@ DEEPSPEED_MASKED_OVERFLOW_CHECK = (0, 13, 3)
 #: step; PR #7309 (merged 2025-05-23) casts it on the host again, taken as from 0.17.0, the first
 #: minor release after it (``zero_offload_gpu_copy``).
 DEEPSPEED_OFFLOAD_GPU_COPY = ((0, 14, 1), (0, 17, 0))
+#: The first DeepSpeed release whose ``deepspeed.initialize`` installs ZeRO-3's memory-efficient
+#: linear on a model built outside ``zero.Init`` (PR #8189, 2026-07-31; tag v0.19.4).
+DEEPSPEED_LINEAR_WRAPS_BUILT_MODELS = (0, 19, 4)
 
 
 def _checkpointing(text: str) -> str:
@@ -119,4 +122,10 @@ def sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int)
         out["zero_impl"] = "deepspeed"
     if zero == 3 and fsdp2(t, row):
         out["fsdp_version"] = 2
+    # A model built before DeepSpeed's config was known (``zero_init`` "no": loaded before the
+    # ``TrainingArguments``) runs stock F.linear under ZeRO-3, before the release that installs
+    # the memory-efficient linear on such models as well.
+    if (out.get("zero_impl") == "deepspeed" and zero == 3 and no(row, "zero_init")
+            and (release is None or release < DEEPSPEED_LINEAR_WRAPS_BUILT_MODELS)):
+        out["zero3_stock_linear"] = True
     return out
