@@ -109,6 +109,19 @@ def test_compile_read_with_its_negations(text, fused):
     assert C._fused({"source": "x", "precision": "bf16", "notes": text}) is fused
 
 
+def test_fp8_read_with_its_negations():
+    """DGX Cloud's NeMo GPT-3 175B BF16 row says ``model.fp8=False`` (data/measured_throughput_published5.csv
+    5730): not an FP8 run; its FP8 twin (5735) is; and userbuffers' TP overlap, a Transformer
+    Engine feature, names a fusing stack."""
+    rows = {r["id"]: r for r in T.read_rows(DATA.parent / "measured_throughput_published5.csv")}
+    bf16, fp8 = C.case_of(rows["5730"]), C.case_of(rows["5735"])
+    assert "fp8=false" in rows["5730"]["precision"].lower()
+    assert (bf16.x["fp8"], fp8.x["fp8"]) == (0, 1)
+    assert bf16.x["fused"] == fp8.x["fused"] == 1
+    for text in ("bf16, no fp8", "bf16 (fp8: off)", "bf16, without FP8"):
+        assert C.case_of({**rows["5735"], "precision": text}).x["fp8"] == 0
+
+
 def test_rows_read_as_their_recipes():
     rows = {r["id"]: r for r in T.read_rows(DATA)}
     mb = C.case_of(rows["66"])  # Megatron-Bridge 405B: distributed optimizer, not FSDP; VP 8

@@ -27,12 +27,18 @@ DEFAULT_LORA_RANK = 16
 #: and Megatron-Core's Transformer Engine layers (fused norm-linear, bias-activation, FP8 casts),
 #: which NeMo and Megatron-Bridge run and which any FP8 recipe needs. Stacks that use a few TE
 #: modules inside Hugging Face model code (NeMo AutoModel) keep their unfused element-wise ops.
+#: Tensor-parallel communication overlap through userbuffers (``ub_tp_comm_overlap``) is a
+#: Transformer Engine feature: a run that uses it runs TE layers.
 #: Phrases that say a run was *not* compiled (removed before :data:`FUSED_WORDS` are looked for).
 NOT_COMPILED = r"compile\s*[=:]\s*(no|false|off)|\b(no|not|without)\s+(torch\.)?compile\b"
+#: Phrases that say a run did *not* use FP8 ("model.fp8=False", "no FP8"), removed before the
+#: precision cell is searched for "fp8".
+NOT_FP8 = r"\bfp8\s*[=:]\s*(no|false|off|none|0)\b|\b(no|not|without)\s+fp8\b|\bfp8\s+off\b"
 #: Phrases that say a run did *not* offload ("no CPU offload", "offload: false"), removed before
 #: the sharding cell is searched for "offload".
 NOT_OFFLOADED = r"\b(no|not|without)\s+(cpu\s+)?offload\w*|offload\w*\s*[=:]\s*(no|false|off|none)"
-FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge")
+FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge",
+               r"userbuffers", r"ub_tp_comm_overlap")
 #: Words that name a stack running the card generation's own fused attention kernels
 #: (``native_attention``): Transformer Engine's DotProductAttention (Megatron-Core, NeMo,
 #: Megatron-Bridge) prefers cuDNN's fused attention on Hopper, and rows that name such kernels.
@@ -132,7 +138,7 @@ def _stack_text(row: dict[str, str]) -> str:
 
 
 def _fused(row: dict[str, str]) -> bool:
-    text = re.sub(NOT_COMPILED, "", _stack_text(row))
+    text = re.sub(NOT_FP8, "", re.sub(NOT_COMPILED, "", _stack_text(row)))
     return any(re.search(w, text) for w in FUSED_WORDS)
 
 
@@ -274,7 +280,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     code = {"full": 0, "lora": 1, "qlora": 2}[method]
     rank = int(lenient_num(row, "lora_rank", DEFAULT_LORA_RANK))
     n_lora = 0.0 if code == 0 else lora_params_of(row, model, rank)
-    fp8 = "fp8" in row.get("precision", "").lower()
+    fp8 = "fp8" in re.sub(NOT_FP8, "", row.get("precision", "").lower())
     x = {"method": code, "checkpointing": checkpointing_of(row.get("checkpointing", "")), "offload": offload,
              "zero": zero, "seq_len": seq, "micro_batch": mb, "grad_accum": ga, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep,
              "n_lora": n_lora, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
