@@ -285,6 +285,21 @@ def test_deepspeed_zero_1_and_2_on_one_gpu_keep_their_stage(cell, zero):
     assert (sc["recipe"].get("zero_impl") == "deepspeed") is (cell in ("zero1", "zero2", "zero3"))
 
 
+@pytest.mark.parametrize("cell, offload, activations", [
+    ("activations only (checkpointed layer inputs); no parameter or optimizer offload", None, True),
+    ("optimizer", "optimizer", False), ("params+grads+optimizer", "optimizer+params", False),
+    ("params (offload_param enabled; offload_optimizer not stated)", "optimizer+params", False),
+    ("no optimizer offload", None, False)])
+def test_an_offload_cell_reads_what_it_says_is_not_offloaded(cell, offload, activations):
+    """TRL's million-token example offloads the checkpointed layer inputs and nothing else
+    (data/measured_memory_published6.csv 5547): a cell that names the optimizer only to say it
+    stays is not an optimizer offload."""
+    from planner.validate.row_layout import layout
+
+    lay = layout({"gpus": "8", "zero_or_fsdp": "fsdp2 full_shard", "grad_ckpt": "yes", "cpu_offload": cell})
+    assert lay.get("offload") == offload and lay["activation_offload"] is activations
+
+
 @pytest.mark.parametrize("sharding, cell, precision", [
     ("zero2", "", "mixed"), ("zero3", "bf16-true (pure_bf16)", "mixed"), ("zero2", "fp32", "fp32"),
     ("fsdp_full_shard", "bf16-true", "bf16"), ("none", "", "bf16")])

@@ -47,7 +47,10 @@ def deepspeed_zero(row: dict[str, str]) -> bool:
 
 def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
-    offload = row.get("cpu_offload", "").lower()
+    # what the cell says is offloaded, less what it says is not ("no parameter or optimizer
+    # offload", "offload_optimizer not stated")
+    offload = re.sub(r"\b(no|not|without)\s+(\w+\s+(or|and)\s+)?\w+\s+offload\w*|\w+\s+not\s+stated", "",
+                     row.get("cpu_offload", "").lower())
     lay: dict[str, Any] = {
         "gpus": int(num(row, "gpus", 1)), "tp": int(num(row, "tp", 1)),
         "pp": int(num(row, "pp", 1)), "cp": int(num(row, "cp", 1)),
