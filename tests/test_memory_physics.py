@@ -865,3 +865,22 @@ def test_a_zero_init_cell_reads_as_stock_linear_under_deepspeed_zero3(cells, sto
            "planner_gpu": "a100-sxm-80gb", "zero_or_fsdp": "zero3", "grad_ckpt": "no",
            "framework": "hf-trainer", "measured_gb": "50", "measure_kind": "max_allocated", **cells}
     assert scenario_of(row).get("recipe", {}).get("zero3_stock_linear", False) is stock
+
+
+def test_deepspeed_zero3_keeps_its_reduce_bucket_from_initialisation_on():
+    """DeepSpeed ZeRO-3 with contiguous_gradients allocates ``__ipg_bucket_flat_buffer``
+    (reduce_bucket_size elements, 16-bit) when its optimizer is built and keeps it (stage3.py,
+    0.14.2): every phase holds it, the optimizer step too. ZeRO-1/2 allocate theirs in each
+    backward (stage_1_and_2.py ``ipg_buffer``): the step does not. DeepSpeed's default 5e8
+    elements is 1 GB."""
+    raw = {"model": "llama-3-8b", "workload": {"method": "full", "precision": "fp16", "seq_len": 2048,
+                                                "micro_batch": 1},
+           "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}}
+    for zero, step_holds_it in ((3, True), (2, False)):
+        lay = {**raw["layout"], "zero": zero}
+        plain = _detailed({**raw, "layout": lay, "recipe": {"zero_impl": "deepspeed"}}, dp=8)
+        bucket = _detailed({**raw, "layout": lay, "recipe": {"zero_impl": "deepspeed",
+                                                             "zero_bucket_elements": 500_000_000}}, dp=8)
+        grew = {k: bucket.phase_bytes[k] - plain.phase_bytes[k] for k in plain.phase_bytes}
+        assert 1.0 * GB <= grew["backward start"] <= 1.1 * GB, zero
+        assert (grew["optimizer step"] >= 1.0 * GB) is step_holds_it, zero

@@ -45,7 +45,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
-           "zero_buckets": recipe.zero_bucket_elements * e,
+           "zero_buckets": recipe.zero_bucket_elements * e, "kept_bucket": 0.0,
            **_zero_offload_terms(model, wl, layout, recipe, partition)}
     if gathers_units(layout):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
@@ -62,6 +62,12 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
         if wl.method == "full":  # the unit's unsharded gradients before reduce-scatter
             out["gather"] += layer * (4 if recipe.grad_dtype == "fp32" else e)
         out["saved_weights"] = zero3_saved_weight_bytes(model, wl, layout, recipe)
+    if deepspeed_zero3(layout, recipe):
+        # DeepSpeed ZeRO-3 with contiguous_gradients (its default) allocates its reduce bucket
+        # (``__ipg_bucket_flat_buffer``: reduce_bucket_size elements of the training dtype) when
+        # the optimizer is built and keeps it through every phase (stage3.py), where ZeRO-1/2
+        # allocate theirs in each backward.
+        out["kept_bucket"], out["zero_buckets"] = out["zero_buckets"], 0.0
     if layout.zero == 0 and zero_degree(layout.dp, layout.cp) > 1 and wl.method == "full":
         # PyTorch DDP copies gradients into its buckets unless gradient_as_bucket_view=True
         # (DDP docs: the saving "will be equal to the total gradients size").

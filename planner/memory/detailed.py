@@ -263,7 +263,8 @@ def _phases(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, st: 
         act_start, logits, dequant = a["saved"], a["loss_peak"], 0.0
     else:  # the last layer's recomputation and its dequantized weight, after the loss
         act_start, logits, dequant = a["saved"] + a["working"], held, buf["dequant"]
-    kept_buffer = buf["offload_buffer"]  # ZeRO-Offload's gradient buffer, from initialisation on
+    # ZeRO-Offload's gradient buffer and DeepSpeed ZeRO-3's reduce bucket, from initialisation on
+    kept_buffer = buf["offload_buffer"] + buf["kept_bucket"]
     end_grads = states.end_grads
     if (layout.checkpointing != "none" and wl.method == "full" and layout.pp == 1
             and "gradients" not in states.start and st.trainable):
