@@ -402,3 +402,15 @@ def test_every_estimate_states_its_error_on_runs_it_had_never_seen():
     note = unseen_error_note("lora")
     assert note is not None and "49 published LoRA runs" in note and "low by a median 9%" in note
     assert unseen_error_note("inference") is None
+
+
+@pytest.mark.parametrize("cell, deepspeed", [
+    ("zero2", True), ("deepspeed zero2", True), ("ZeRO-3 (DeepSpeed)", True),
+    ("fsdp2 zero2 (fully_shard per Block, reshard_after_forward=False)", False),
+    ("thunder fsdp zero2 (FSDPType.ZERO2)", False), ("fsdp_full_shard", False)])
+def test_a_sharding_cell_names_deepspeed_only_where_it_does_not_name_fsdp(cell, deepspeed):
+    """Lightning Thunder's FSDP2 rows write "fsdp2 zero2" for FSDP resharding like ZeRO-2
+    (data/measured_memory_published6.csv 5401): not DeepSpeed's ZeRO-2 optimizer."""
+    from planner.validate.row_layout import deepspeed_zero
+
+    assert deepspeed_zero({"zero_or_fsdp": cell}) is deepspeed

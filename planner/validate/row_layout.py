@@ -41,8 +41,11 @@ def fsdp2(t: RowText, row: dict[str, str]) -> bool:
 
 
 def deepspeed_zero(row: dict[str, str]) -> bool:
-    """The row's sharding cell names a DeepSpeed ZeRO stage (``zero1``, ``zero2 (...)``, ...)."""
-    return names_deepspeed_stage(cell(row, "zero_or_fsdp"))
+    """The row's sharding cell names a DeepSpeed ZeRO stage (``zero1``, ``zero2 (...)``, ...), not
+    as the FSDP it names ("fsdp2 zero2 (fully_shard ...)": FSDP2 resharding like ZeRO-2)."""
+    text = cell(row, "zero_or_fsdp")
+    fsdp_named = re.search(r"fsdp|fully_shard", text) and "deepspeed" not in text
+    return names_deepspeed_stage(text) and not fsdp_named
 
 
 def layout(row: dict[str, str]) -> dict[str, Any]:
