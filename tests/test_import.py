@@ -570,3 +570,34 @@ def test_deepspeed_auto_is_left_to_the_trainer_and_a_float_count_is_read(tmp_pat
 
     found = read_configs([cfg])
     assert found.values.get("grad_accum") == 4 and "micro_batch" not in found.values and not found.problems
+
+
+@pytest.mark.parametrize("zero, elements", [
+    ({"stage": 3}, 500_000_000),  # DeepSpeed's default where the JSON names none
+    ({"stage": 3, "reduce_bucket_size": 2e8}, 200_000_000),
+    ({"stage": 2, "reduce_bucket_size": 1e8, "overlap_comm": True}, 200_000_000),  # two buckets
+    ({"stage": 2, "reduce_bucket_size": 1e8}, 100_000_000),
+    ({"stage": 3, "reduce_bucket_size": "auto"}, None),  # the Trainer's hidden²: the model's default
+    ({"stage": 3, "contiguous_gradients": False}, None),
+    ({"stage": 0}, None)])
+def test_deepspeed_reduce_bucket_is_read_as_the_memory_it_holds(tmp_path, zero, elements):
+    """DeepSpeed allocates its gradient reduce bucket (reduce_bucket_size elements, twice with
+    overlap_comm below stage 3) when contiguous_gradients is on, its default."""
+    f = _found(tmp_path, "ds.json", {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero})
+    assert f.values.get("zero_bucket_elements") == elements
+    assert not f.problems
+
+
+def test_an_exported_deepspeed_config_names_the_bucket_its_plan_holds(tmp_path):
+    """Left out, DeepSpeed's 5e8-element default (1 GB in 16 bits) would sit beside a plan that
+    counted the Trainer's "auto" hidden²: the export writes the plan's size, and reading it back
+    gives the same memory."""
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "full", "seq_len": 2048, "micro_batch": 1},
+           "layout": {"gpu": "h100", "gpus": 8, "zero": 3}, "recipe": {"zero_impl": "deepspeed"}}
+    bundle = export_resolved(resolve(raw), ("deepspeed",), backend="deepspeed")
+    cfg = json.loads(next(text for name, text in bundle.files.items() if name.endswith(".json")))
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == 4096**2
+    custom = export_resolved(resolve({**raw, "recipe": {"zero_impl": "deepspeed", "zero_bucket_elements": 3e8}}),
+                             ("deepspeed",), backend="deepspeed")
+    cfg = json.loads(next(text for name, text in custom.files.items() if name.endswith(".json")))
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == 300_000_000

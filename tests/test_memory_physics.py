@@ -72,10 +72,11 @@ def test_deepspeed_zero_offload_keeps_a_gradient_buffer_and_checks_each_gradient
         return _estimate({**base, "recipe": {**base["recipe"], **recipe}})
 
     embedding = 50257 * 4096  # tied: the largest parameter, its gradient complete at backward end
+    bucket = 2 * 4096**2  # the reduce bucket, the Trainer's "auto" hidden² elements in FP16
     of_2021 = run(zero_overflow_check_bytes=4)
     assert of_2021.fits
-    assert of_2021.components["buffers"] == pytest.approx(2 * embedding + 8 * embedding, rel=1e-6)
-    assert run().components["buffers"] == pytest.approx(2 * embedding + 11 * embedding, rel=1e-6)
+    assert of_2021.components["buffers"] == pytest.approx(bucket + 2 * embedding + 8 * embedding, rel=1e-6)
+    assert run().components["buffers"] == pytest.approx(bucket + 2 * embedding + 11 * embedding, rel=1e-6)
     assert any(a.startswith("DeepSpeed ZeRO-Offload on the GPU: a 0.41 GB gradient buffer")
                for a in run().assumptions)  # the estimate says what the buffers are
     copied = run(zero_offload_gpu_copy=True)
@@ -872,7 +873,7 @@ def test_deepspeed_zero3_keeps_its_reduce_bucket_from_initialisation_on():
     (reduce_bucket_size elements, 16-bit) when its optimizer is built and keeps it (stage3.py,
     0.14.2): every phase holds it, the optimizer step too. ZeRO-1/2 allocate theirs in each
     backward (stage_1_and_2.py ``ipg_buffer``): the step does not. DeepSpeed's default 5e8
-    elements is 1 GB."""
+    elements is 1 GB; unset, the Trainer's "auto" hidden² (34 MB here) stands in."""
     raw = {"model": "llama-3-8b", "workload": {"method": "full", "precision": "fp16", "seq_len": 2048,
                                                 "micro_batch": 1},
            "layout": {"gpus": 8, "zero": 3, "checkpointing": "full"}}
@@ -882,5 +883,6 @@ def test_deepspeed_zero3_keeps_its_reduce_bucket_from_initialisation_on():
         bucket = _detailed({**raw, "layout": lay, "recipe": {"zero_impl": "deepspeed",
                                                              "zero_bucket_elements": 500_000_000}}, dp=8)
         grew = {k: bucket.phase_bytes[k] - plain.phase_bytes[k] for k in plain.phase_bytes}
-        assert 1.0 * GB <= grew["backward start"] <= 1.1 * GB, zero
-        assert (grew["optimizer step"] >= 1.0 * GB) is step_holds_it, zero
+        more = 2 * (500_000_000 - 4096**2)
+        assert more <= grew["backward start"] <= 1.1 * more, zero
+        assert (grew["optimizer step"] >= more) is step_holds_it, zero

@@ -332,8 +332,10 @@ class Recipe(StrictModel):
     #: LoRA layer wrapped whole): each flat parameter's gradient covers the frozen weights too,
     #: "equivalent to not freezing those parameters" (PyTorch FSDP docs).
     fsdp_mixed_units: bool = False
-    #: DeepSpeed ZeRO-1/2 with contiguous_gradients: gradient buckets allocated at each backward,
-    #: in elements of the compute dtype (reduce_bucket_size, twice with overlap_comm).
+    #: DeepSpeed's gradient reduce buckets with contiguous_gradients, in elements of the compute
+    #: dtype (reduce_bucket_size, twice with overlap_comm): ZeRO-1/2 allocate them at each
+    #: backward, ZeRO-3 once with its optimizer. 0: the Hugging Face Trainer's "auto", hidden²
+    #: (what a plan's exported DeepSpeed config writes; DeepSpeed's own default is 5e8).
     zero_bucket_elements: NonNegCount = 0
     #: DeepSpeed ZeRO-1/2 checks gradients for inf/NaN on the GPU one tensor at a time: with the
     #: optimizer offloaded (ZeRO-Offload) each whole gradient it owns at the last micro-batch, and

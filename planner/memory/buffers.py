@@ -45,7 +45,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with
            # overlap_comm) of reduce_bucket_size elements in the training dtype when
            # contiguous_gradients is on (deepspeed/runtime/zero/stage_1_and_2.py).
-           "zero_buckets": recipe.zero_bucket_elements * e, "kept_bucket": 0.0,
+           "zero_buckets": _reduce_bucket_elements(model, layout, recipe) * e, "kept_bucket": 0.0,
            **_zero_offload_terms(model, wl, layout, recipe, partition)}
     if gathers_units(layout):
         w_b = 1 if wl.fp8 else (quantized_linear_bytes(wl) if wl.method == "qlora" else e)
@@ -223,6 +223,15 @@ def _int8_matmul_transient(wl: Workload, recipe: Recipe, d_in: int, d_out: int, 
 
 def _opt_shard(layout: Layout) -> int:
     return zero_degree(layout.dp, layout.cp) if layout.zero >= 1 else 1
+
+
+def _reduce_bucket_elements(model: ModelSpec, layout: Layout, recipe: Recipe) -> float:
+    """Elements of DeepSpeed's gradient reduce bucket(s): the recipe's, else the Hugging Face
+    Trainer's "auto" size, hidden² (``HfTrainerDeepSpeedConfig``), which plans' exported
+    DeepSpeed configs write out; none for other ZeRO implementations unless the recipe sets one."""
+    if recipe.zero_bucket_elements or recipe.zero_impl != "deepspeed" or not layout.zero:
+        return float(recipe.zero_bucket_elements)
+    return float(model.hidden) ** 2
 
 
 def zero3_saved_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe) -> float:

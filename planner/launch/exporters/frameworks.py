@@ -48,6 +48,13 @@ def deepspeed_config(ctx: Ctx, out: Bundle) -> dict | None:
         cfg["fp16"] = {"enabled": True, "loss_scale": 0}
         out.note(fmt, "FP16 with dynamic loss scaling (loss_scale 0)")
     zero: dict = {"stage": lay.zero}
+    if lay.zero:
+        # The gradient reduce bucket the plan's memory holds (planner.memory.buffers: the
+        # recipe's, else the Trainer's "auto" hidden²), written out: where the JSON names none
+        # DeepSpeed's own 5e8 elements (1 GB in 16 bits) would apply instead.
+        zero["reduce_bucket_size"] = int(ctx.rs.recipe.zero_bucket_elements or ctx.rs.model.hidden ** 2)
+        if lay.zero < 3:
+            zero["overlap_comm"] = False  # one bucket in backward (two with overlap_comm)
     for block, offloads in zip(DS_OFFLOAD_BLOCKS, DS_OFFLOAD_MODES[lay.offload]):
         if offloads:
             zero[block] = {"device": DS_OFFLOAD_CPU, "pin_memory": True}

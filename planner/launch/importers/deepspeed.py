@@ -35,7 +35,7 @@ DS_IGNORED = (
 )
 DS_TUNING = (
     "zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients",
-    "zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+    "zero_optimization.allgather_bucket_size",
     "zero_optimization.allgather_partitions", "zero_optimization.reduce_scatter",
     "zero_optimization.sub_group_size", "zero_optimization.stage3_*", "zero_optimization.cpu_offload",
     "zero_optimization.max_live_parameters", "zero_optimization.max_reuse_distance",
@@ -61,6 +61,8 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
         if "stage" not in zero:
             f.notes.append(f"{where}.zero_optimization.stage: not set; DeepSpeed's default 0 applies")
     _read_ds_offload(zero, stage, f, where)
+    if is_int(stage) and stage > 0:
+        _read_ds_bucket(zero, stage, f, where)
     opt = (cfg.get("optimizer") or {}).get("type")
     if opt is not None:
         name = DS_OPTIM.get(str(opt).lower())
@@ -73,6 +75,37 @@ def read_deepspeed(cfg: dict, f: Found, where: str) -> None:
         f.set("tp", autotp, where + ".tensor_parallel.autotp_size")
     if is_int(cfg.get("sequence_parallel_size")) and cfg["sequence_parallel_size"] > 1:
         f.set("cp", cfg["sequence_parallel_size"], where + ".sequence_parallel_size")
+
+
+#: DeepSpeed's ``reduce_bucket_size`` where the config names none (elements).
+DS_DEFAULT_REDUCE_BUCKET = 500_000_000
+
+
+def _read_ds_bucket(zero: dict, stage: int, f: Found, where: str) -> None:
+    """The gradient reduce bucket DeepSpeed allocates with contiguous_gradients (its default):
+    reduce_bucket_size elements, twice in ZeRO-1/2 backward with overlap_comm (off by default below
+    stage 3); DeepSpeed's 5e8 where the config names none; "auto" is the Trainer's hidden²."""
+    key = where + ".zero_optimization.reduce_bucket_size"
+    if zero.get("contiguous_gradients") is False:
+        return
+    size = zero.get("reduce_bucket_size")
+    if size == "auto":
+        f.notes.append(f"{key}: 'auto' is the Trainer's hidden² elements: left out")
+        return
+    if size is None:
+        size = DS_DEFAULT_REDUCE_BUCKET
+        f.notes.append(f"{key}: not set; DeepSpeed's default {size:.0e} elements applies")
+    try:
+        elements = int(float(size))
+    except (TypeError, ValueError):
+        f.problems.append(f"{key}: {size!r} is not a number of elements")
+        return
+    if elements < 0:
+        f.problems.append(f"{key}: {size!r} is negative")
+        return
+    if stage < 3 and zero.get("overlap_comm") is True:
+        elements *= 2
+    f.set("zero_bucket_elements", elements, key)
 
 
 def _read_ds_batch(cfg: dict, f: Found, where: str) -> None:
