@@ -13,6 +13,12 @@ from pathlib import Path
 
 from planner.core.errors import InputError
 
+#: Phrases of an offload or sharding cell that say something is *not* offloaded ("no CPU
+#: offload", "no parameter or optimizer offload", "offload: false", "offload_optimizer not
+#: stated"), removed before the cell is searched for what is.
+NOT_OFFLOADED = (r"\b(no|not|without)\s+(\w+\s+((or|and)\s+\w+\s+)?)?offload\w*"
+                 r"|offload\w*\s*[=:]\s*(no|false|off|none)|\w+\s+not\s+stated")
+
 
 def read_csv(path: str | Path, required: tuple[str, ...]) -> list[dict[str, str]]:
     """The rows of a measured-runs CSV; one line per missing ``required`` column, or no file."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from planner.validate.cells import HF_FRAMEWORKS, RowText, cell, no, num, version_of
+from planner.validate.cells import HF_FRAMEWORKS, NOT_OFFLOADED, RowText, cell, no, num, version_of
 from planner.validate.sharding import names_deepspeed_stage, zero_stage_of
 
 #: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
@@ -50,10 +50,7 @@ def deepspeed_zero(row: dict[str, str]) -> bool:
 
 def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
-    # what the cell says is offloaded, less what it says is not ("no parameter or optimizer
-    # offload", "offload_optimizer not stated")
-    offload = re.sub(r"\b(no|not|without)\s+(\w+\s+(or|and)\s+)?\w+\s+offload\w*|\w+\s+not\s+stated", "",
-                     row.get("cpu_offload", "").lower())
+    offload = re.sub(NOT_OFFLOADED, "", row.get("cpu_offload", "").lower())  # what it says is offloaded
     lay: dict[str, Any] = {
         "gpus": int(num(row, "gpus", 1)), "tp": int(num(row, "tp", 1)),
         "pp": int(num(row, "pp", 1)), "cp": int(num(row, "cp", 1)),

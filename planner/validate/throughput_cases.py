@@ -17,7 +17,7 @@ from planner.core.entries import GpuSpec, ModelSpec
 from planner.perf import timing
 from planner.perf.flops import ModelFlops, model_flops
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, recorded
-from planner.validate.cells import Unmodelable
+from planner.validate.cells import NOT_OFFLOADED, Unmodelable
 from planner.validate.rows import model_of
 from planner.validate.sharding import zero_stage_of
 
@@ -34,9 +34,6 @@ NOT_COMPILED = r"compile\s*[=:]\s*(no|false|off)|\b(no|not|without)\s+(torch\.)?
 #: Phrases that say a run did *not* use FP8 ("model.fp8=False", "no FP8"), removed before the
 #: precision cell is searched for "fp8".
 NOT_FP8 = r"\bfp8\s*[=:]\s*(no|false|off|none|0)\b|\b(no|not|without)\s+fp8\b|\bfp8\s+off\b"
-#: Phrases that say a run did *not* offload ("no CPU offload", "offload: false"), removed before
-#: the sharding cell is searched for "offload".
-NOT_OFFLOADED = r"\b(no|not|without)\s+(cpu\s+)?offload\w*|offload\w*\s*[=:]\s*(no|false|off|none)"
 FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge",
                r"userbuffers", r"ub_tp_comm_overlap")
 #: Words that name a stack running the card generation's own fused attention kernels
