@@ -225,13 +225,19 @@ def _opt_shard(layout: Layout) -> int:
     return zero_degree(layout.dp, layout.cp) if layout.zero >= 1 else 1
 
 
+def deepspeed_bucket_elements(model: ModelSpec, recipe: Recipe) -> int:
+    """Elements of DeepSpeed's gradient reduce bucket(s) for a run of ``recipe``: its own, else
+    the Hugging Face Trainer's "auto" size, hidden² (``HfTrainerDeepSpeedConfig``), which a
+    plan's exported DeepSpeed config writes out."""
+    return int(recipe.zero_bucket_elements or model.hidden ** 2)
+
+
 def _reduce_bucket_elements(model: ModelSpec, layout: Layout, recipe: Recipe) -> float:
-    """Elements of DeepSpeed's gradient reduce bucket(s): the recipe's, else the Hugging Face
-    Trainer's "auto" size, hidden² (``HfTrainerDeepSpeedConfig``), which plans' exported
-    DeepSpeed configs write out; none for other ZeRO implementations unless the recipe sets one."""
-    if recipe.zero_bucket_elements or recipe.zero_impl != "deepspeed" or not layout.zero:
-        return float(recipe.zero_bucket_elements)
-    return float(model.hidden) ** 2
+    """Elements of the reduce bucket(s) the step holds: DeepSpeed's under its ZeRO stages
+    (:func:`deepspeed_bucket_elements`); for other ZeRO implementations only what the recipe sets."""
+    if recipe.zero_impl == "deepspeed" and layout.zero:
+        return float(deepspeed_bucket_elements(model, recipe))
+    return float(recipe.zero_bucket_elements)
 
 
 def zero3_saved_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe) -> float:

@@ -22,7 +22,7 @@ from typing import cast
 from planner.core.arch import _attention_dims, _dims, param_counts
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Overrides, Recipe, Workload
-from planner.core.units import zero_degree
+from planner.core.units import format_bytes, zero_degree
 from planner.memory.buffers import buffer_terms, deepspeed_zero3, gathers_units
 from planner.memory.generation import GENERATION_PHASE
 from planner.memory.model_states import (
@@ -136,8 +136,6 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     buf = buffer_terms(model, wl, layout, st, recipe=recipe)
     notes = []
     if buf["offload_buffer"]:
-        from planner.core.units import format_bytes
-
         notes.append(
             f"DeepSpeed ZeRO-Offload on the GPU: a {format_bytes(buf['offload_buffer'])} gradient "
             f"buffer; up to {format_bytes(max(buf['offload_early'], buf['offload_end']))} while the "
@@ -145,8 +143,6 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             + (f"; its FP32 partition copied to the GPU at the step ({format_bytes(buf['offload_step'])})"
                if buf["offload_step"] else ""))
     if buf["saved_weights"]:
-        from planner.core.units import format_bytes
-
         notes.append(f"DeepSpeed ZeRO-3 with stock F.linear (model built outside zero.Init): autograd keeps "
                      f"each gathered layer weight until its backward, {format_bytes(buf['saved_weights'])} "
                      "more at backward start")

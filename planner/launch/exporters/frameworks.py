@@ -9,6 +9,7 @@ import yaml
 
 from planner.core.codes import DS_OFFLOAD_BLOCKS, DS_OFFLOAD_CPU, DS_OFFLOAD_MODES, FSDP_STRATEGY_OF_STAGE
 from planner.launch.exporters.common import Bundle, Ctx
+from planner.memory.buffers import deepspeed_bucket_elements
 
 #: planner GPU id -> SkyPilot accelerator name (only names SkyPilot's catalog uses).
 SKYPILOT_ACCELERATORS = {
@@ -49,10 +50,9 @@ def deepspeed_config(ctx: Ctx, out: Bundle) -> dict | None:
         out.note(fmt, "FP16 with dynamic loss scaling (loss_scale 0)")
     zero: dict = {"stage": lay.zero}
     if lay.zero:
-        # The gradient reduce bucket the plan's memory holds (planner.memory.buffers: the
-        # recipe's, else the Trainer's "auto" hidden²), written out: where the JSON names none
-        # DeepSpeed's own 5e8 elements (1 GB in 16 bits) would apply instead.
-        zero["reduce_bucket_size"] = int(ctx.rs.recipe.zero_bucket_elements or ctx.rs.model.hidden ** 2)
+        # The gradient reduce bucket the plan's memory holds, written out: where the JSON names
+        # none DeepSpeed's own 5e8 elements (1 GB in 16 bits) would apply instead.
+        zero["reduce_bucket_size"] = deepspeed_bucket_elements(ctx.rs.model, ctx.rs.recipe)
         if lay.zero < 3:
             zero["overlap_comm"] = False  # one bucket in backward (two with overlap_comm)
     for block, offloads in zip(DS_OFFLOAD_BLOCKS, DS_OFFLOAD_MODES[lay.offload]):
