@@ -414,3 +414,12 @@ def test_a_sharding_cell_names_deepspeed_only_where_it_does_not_name_fsdp(cell, 
     from planner.validate.row_layout import deepspeed_zero
 
     assert deepspeed_zero({"zero_or_fsdp": cell}) is deepspeed
+
+
+def test_a_stage_3_sharding_cell_that_names_fsdp_is_fsdp():
+    """The same rule at stage 3, where the row's ZeRO implementation is decided."""
+    from planner.validate.row_layout import deepspeed_zero
+
+    assert deepspeed_zero({"zero_or_fsdp": "zero3"}, 3) and deepspeed_zero({"zero_or_fsdp": "ZeRO-3"}, 3)
+    assert not deepspeed_zero({"zero_or_fsdp": "fsdp2 zero3 (fully_shard, reshard_after_forward)"}, 3)
+    assert not deepspeed_zero({"zero_or_fsdp": "zero2"}, 3)

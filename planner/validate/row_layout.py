@@ -40,12 +40,13 @@ def fsdp2(t: RowText, row: dict[str, str]) -> bool:
     return "fsdp1" not in fsdp and ("fsdp2" in fsdp or t.framework in ("torchtitan", "torchtune"))
 
 
-def deepspeed_zero(row: dict[str, str]) -> bool:
-    """The row's sharding cell names a DeepSpeed ZeRO stage (``zero1``, ``zero2 (...)``, ...), not
-    as the FSDP it names ("fsdp2 zero2 (fully_shard ...)": FSDP2 resharding like ZeRO-2)."""
+def deepspeed_zero(row: dict[str, str], *stages: int) -> bool:
+    """The row's sharding cell names a DeepSpeed ZeRO stage (any of ``stages``, default every one:
+    ``zero1``, ``zero2 (...)``, ...), not as the FSDP it names ("fsdp2 zero2 (fully_shard ...)":
+    FSDP2 resharding like ZeRO-2)."""
     text = cell(row, "zero_or_fsdp")
     fsdp_named = re.search(r"fsdp|fully_shard", text) and "deepspeed" not in text
-    return names_deepspeed_stage(text) and not fsdp_named
+    return names_deepspeed_stage(text, *stages) and not fsdp_named
 
 
 def layout(row: dict[str, str]) -> dict[str, Any]:
@@ -117,7 +118,7 @@ def sharding_recipe(t: RowText, row: dict[str, str], zero: int, grad_accum: int)
         first, fixed = DEEPSPEED_OFFLOAD_GPU_COPY
         out["zero_offload_gpu_copy"] = first <= release < fixed
     # DeepSpeed's ZeRO-3 (its flat gradient partition, the FP32 copy at the step).
-    if zero == 3 and (names_deepspeed_stage(fsdp, 3) or "deepspeed" in fsdp):
+    if zero == 3 and (deepspeed_zero(row, 3) or "deepspeed" in fsdp):
         out["zero_impl"] = "deepspeed"
     # DeepSpeed's ZeRO-1/2 (stage_1_and_2.py; not Megatron-DeepSpeed's BF16_Optimizer, whose FP32
     # gradient buffer the row's precision cell states).
