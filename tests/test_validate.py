@@ -124,6 +124,11 @@ def test_rows_read_their_qlora_stack_from_columns(hf_model, kbit_prep, prep, pre
 @pytest.mark.parametrize("cell, precision", [
     ("bf16-true (HF Trainer, bf16 weights, no fp32 master)", "bf16"),
     ("bf16 with fp32 master weights", "mixed"), ("bf16-mixed", "mixed"), ("bf16-true", "bf16"),
+    # FSDP MixedPrecision over FP32 shards, worded with a space or a word between: torchtitan's
+    # per-parameter FSDP rows were read as pure bf16 (no FP32 states) and predicted 37-66 % low
+    ("bf16 mixed precision (FSDP MixedPrecision param bf16, reduce fp32; fp32 sharded master weights)",
+     "mixed"), ("bf16 mixed (FSDP1 MixedPrecision bf16 over fp32 params)", "mixed"),
+    ("bf16 autocast, fp32 weights/grads/states", "mixed"), ("bf16 (no fp32 sharded master)", "bf16"),
 ])
 def test_full_fine_tuning_precision_cells(cell, precision):
     """FP32 master weights only where the cell says so: "no fp32 master" says the opposite

@@ -175,13 +175,19 @@ QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "
 
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # Precision: FP32 master weights ("mixed") only where the row says so.
-    fp32_master = "fp32 master" in t.prec and "no fp32 master" not in t.prec
+    # "fp32 master", "fp32 sharded master", "FP32 master weights"; never "no fp32 master"
+    fp32_master = bool(re.search(r"(?<!no )fp32 (?:\w+ )?master", t.prec))
+    # autocast over FP32 weights (HF Trainer's --bf16 on an FP32 model, "bf16 autocast, fp32
+    # weights"): the optimizer steps FP32 weights, the forward computes in 16 bits
+    fp32_master = fp32_master or ("autocast" in t.prec and "fp32 weights" in t.prec
+                                  and "no autocast" not in t.prec)
     # DeepSpeed's ZeRO optimizers keep FP32 partitions of the weights they train, whatever the
     # 16-bit dtype (its bf16 as its fp16 mode); FP32 training keeps them as the weights.
     deepspeed = "deepspeed" in t.opt or deepspeed_zero(row)
     if fp32_master or deepspeed and t.method == "full" and not t.prec.startswith(("fp32", "float32")):
         precision = "mixed"
-    elif ("-mixed" in t.prec or t.prec.startswith("amp_bf16")) and "fp16" not in t.prec:
+    elif ((re.search(r"-mixed|\bbf16 mixed\b", t.prec) or t.prec.startswith("amp_bf16"))
+          and "fp16" not in t.prec):
         precision = "mixed"  # Lightning's "bf16-mixed", Composer's amp_bf16: FP32 weights, autocast
     elif t.prec.startswith(("fp32", "float32")) or (
             re.search(r"unquantized weights[^;]*\bfp32\b", t.prec) and "no autocast" in t.prec):
