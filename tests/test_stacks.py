@@ -272,3 +272,29 @@ def test_a_plan_is_estimated_and_checked_with_its_stack_s_recipe(monkeypatch):
     mine = {**raw, "recipe": {"loss": "standard"}}
     q = planner.plan(mine).plans[0]
     assert q.recipe["loss"] == "standard" and q.memory["total_bytes"] == standard.total_bytes
+
+
+def test_the_llm_foundry_stack_is_its_published_runs_recipe():
+    """llm-foundry's MPT throughput runs (data/verdicts.csv, read from their recipe cells: flash-attn's
+    fused cross-entropy, Composer's one-tensor-at-a-time DecoupledAdamW, FSDP1) are estimated the
+    same when a scenario names only the stack (``catalogs/stacks.yaml`` llm-foundry, sources
+    lf-loss and composer-adamw), and lower than under the Hugging Face stack's FP32 loss."""
+    from pathlib import Path
+
+    from planner.memory.estimate import memory_of
+    from planner.scenario.resolve import resolve
+    from planner.search.results import with_stack_recipe
+    from planner.validate.rows import scenario_of
+    from planner.validate.verdicts import read_rows
+
+    rows = [r for r in read_rows(Path(__file__).resolve().parent.parent / "data" / "verdicts.csv")
+            if r["source"].startswith("llm-foundry") and r["grad_ckpt"].startswith("no")][:6]
+    assert len(rows) == 6
+    for row in rows:
+        read = scenario_of(row)
+        assert {k: read["recipe"][k] for k in ("loss", "optimizer_step")} == {"loss": "compiled",
+                                                                              "optimizer_step": "for_loop"}
+        bare = {**read, "recipe": {k: v for k, v in read["recipe"].items() if k not in ("loss", "optimizer_step")}}
+        as_row = memory_of(resolve(read)).total_bytes
+        assert memory_of(resolve(with_stack_recipe(bare, "llm-foundry"))).total_bytes == as_row
+        assert memory_of(resolve(with_stack_recipe(bare, "hf-fsdp"))).total_bytes > as_row

@@ -17,6 +17,7 @@ from planner.core.values import (
                        Method,
                        Offload,
                        Optimizer,
+                       OptimizerStep,
                        Precision,
                        Selective,
                        ZeroImpl,
@@ -32,6 +33,7 @@ ZERO_IMPLS: tuple[str, ...] = get_args(ZeroImpl)
 LOSSES: tuple[str, ...] = get_args(Loss)
 KERNELS: tuple[str, ...] = get_args(Kernels)
 SELECTIVE: tuple[str, ...] = get_args(Selective)
+OPTIMIZER_STEPS: tuple[str, ...] = get_args(OptimizerStep)
 
 #: The method codes the formulas test by name.
 FULL, LORA, QLORA, INFERENCE = (METHODS.index(m) for m in ("full", "lora", "qlora", "inference"))

@@ -22,6 +22,7 @@ from planner.core.values import (
     Loss,
     NonNegCount,
     Offload,
+    OptimizerStep,
     QuantType,
     Selective,
     StrictModel,
@@ -236,6 +237,9 @@ class StackRecipe(StrictModel):
     #: (``Recipe.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
     #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).
     unsharded_grad_accumulation: bool = False
+    #: How its optimizer steps (``Recipe.optimizer_step``): Composer's DecoupledAdamW one tensor at
+    #: a time (``for_loop``: no intermediate the size of every stepped tensor).
+    optimizer_step: OptimizerStep = "foreach"
     #: Element-wise work fused into fewer kernels (Transformer Engine in Megatron-Core; the time
     #: model's ``fused_elementwise_share``). Time only: no scenario key of its own.
     fused_kernels: bool = False

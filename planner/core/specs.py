@@ -30,6 +30,7 @@ from planner.core.values import (
     Objective,
     Offload,
     Optimizer,
+    OptimizerStep,
     PosFloat,
     Precision,
     Profile,
@@ -213,7 +214,7 @@ class Recipe(StrictModel):
     # two), "fused" (one kernel, no intermediates), "in_backward" (each parameter stepped as its
     # gradient is ready), "for_loop" (one tensor at a time: torch's default before 2.0, torch
     # 2.0 over FSDP1's FlatParameter, Composer's DecoupledAdamW, transformers' adamw_hf)
-    optimizer_step: Literal["foreach", "foreach_torch20", "fused", "in_backward", "for_loop"] = "foreach"
+    optimizer_step: OptimizerStep = "foreach"
     # the stack keeps rotary cos/sin tables of max_position rows in every attention layer
     # (transformers before 4.41; memory/model_states.rope_cache_bytes)
     rope_cache_per_layer: bool = False

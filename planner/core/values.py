@@ -84,3 +84,5 @@ Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "
 Kernels = Literal["standard", "fused_rmsnorm", "unsloth", "transformer_engine"]
 #: What selective activation checkpointing reruns (``Recipe.selective``).
 Selective = Literal["op", "core_attention"]
+#: How the optimizer steps its tensors (``Recipe.optimizer_step``).
+OptimizerStep = Literal["foreach", "foreach_torch20", "fused", "in_backward", "for_loop"]
