@@ -428,3 +428,17 @@ def test_a_stage_3_sharding_cell_that_names_fsdp_is_fsdp():
     assert deepspeed_zero({"zero_or_fsdp": "zero3"}, 3) and deepspeed_zero({"zero_or_fsdp": "ZeRO-3"}, 3)
     assert not deepspeed_zero({"zero_or_fsdp": "fsdp2 zero3 (fully_shard, reshard_after_forward)"}, 3)
     assert not deepspeed_zero({"zero_or_fsdp": "zero2"}, 3)
+
+
+@pytest.mark.parametrize("cell, ep", [
+    ("megatron-dist-opt (expert parallel 8)", 8), ("megatron distributed optimizer, sequence parallel (TP1, EP2)", 2),
+    ("fsdp2_full_shard (expert parallel 16)", 16), ("fsdp2_full_shard", None), ("DeepEP kernels, zero3", None)])
+def test_the_expert_parallel_degree_a_sharding_cell_states_is_read(cell, ep):
+    """A MoE run's expert-parallel degree, stated in its sharding cell, splits its routed experts
+    (it was ignored: Qwen3-30B-A3B's 16-GPU Megatron run, expert parallel 8, was predicted with
+    every expert on every GPU, 2.3x its split weights)."""
+    from planner.validate.row_layout import layout
+
+    row = {"gpus": "16", "tp": "1", "pp": "1", "cp": "1", "zero_or_fsdp": cell, "grad_ckpt": "yes"}
+    assert layout(row).get("ep") == ep
+    assert layout({**row, "ep": "4"})["ep"] == 4  # a column of its own wins

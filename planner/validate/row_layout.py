@@ -9,7 +9,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from planner.validate.cells import HF_FRAMEWORKS, NOT_OFFLOADED, RowText, cell, no, num, version_of
+from planner.validate.cells import (
+    HF_FRAMEWORKS,
+    NOT_OFFLOADED,
+    RowText,
+    cell,
+    expert_degree,
+    no,
+    num,
+    version_of,
+)
 from planner.validate.sharding import names_deepspeed_stage, zero_stage_of
 
 #: DeepSpeed 0.13.3 (2024-02, PR #5115) checks a gradient for inf/NaN with masks on the device
@@ -78,6 +87,11 @@ def layout(row: dict[str, str]) -> dict[str, Any]:
     if virtual > 1:  # interleaved 1F1B over that many chunks per stage
         lay["pp_schedule"] = "interleaved"
         lay["pp_virtual_stages"] = virtual
+    # routed experts split over ranks of the data-parallel group: an ``ep`` column, else the
+    # degree the sharding cell states ("megatron-dist-opt (expert parallel 8)", "EP8")
+    ep = int(num(row, "ep") or expert_degree(cell(row, "zero_or_fsdp")))
+    if ep > 1:
+        lay["ep"] = ep
     if lay["tp"] > 1:
         # sequence parallelism (TP also shards the norm and dropout regions): on unless the
         # row says the run had none (torchtitan, NeMo and Megatron-Bridge recipes use it)

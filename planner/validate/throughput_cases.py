@@ -17,7 +17,7 @@ from planner.core.entries import GpuSpec, ModelSpec
 from planner.perf import timing
 from planner.perf.flops import ModelFlops, model_flops
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, recorded
-from planner.validate.cells import NOT_OFFLOADED, Unmodelable
+from planner.validate.cells import NOT_OFFLOADED, Unmodelable, expert_degree
 from planner.validate.rows import model_of
 from planner.validate.sharding import zero_stage_of
 
@@ -261,8 +261,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     grpo = row.get("algorithm", "").strip().lower() == "grpo"
     served = int(lenient_num(row, "generation_gpus", 0)) if grpo else 0  # an engine's own GPUs, among gpus
     dp = int(lenient_num(row, "dp", (gpus - served) // (tp * pp * cp)))
-    ep_found = re.search(r"\bEP\s*=\s*(\d+)", notes)
-    ep = int(ep_found.group(1)) if ep_found and model.moe is not None else 1
+    ep = expert_degree(notes) if model.moe is not None else 1
     seq, mb = int(lenient_num(row, "seq_len")), int(lenient_num(row, "micro_batch", 1))
     # unstated accumulation: what the stated global batch implies (global = mb·dp·ga), else 1
     ga = int(lenient_num(row, "grad_accum", max(1, int(lenient_num(row, "global_batch", 0)) // (mb * dp))))
