@@ -443,3 +443,21 @@ def test_the_expert_parallel_degree_a_sharding_cell_states_is_read(cell, ep):
     row = {"gpus": "16", "tp": "1", "pp": "1", "cp": "1", "zero_or_fsdp": cell, "grad_ckpt": "yes"}
     assert layout(row).get("ep") == ep
     assert layout({**row, "ep": "4"})["ep"] == 4  # a column of its own wins
+
+
+def test_megatron_lm_rows_keep_fp32_main_gradients_and_params():
+    """Megatron-LM under bf16 accumulates and reduces gradients in FP32 buffers
+    (``accumulate_allreduce_grads_in_fp32``, forced on by its arguments unless the run reduces in
+    bf16) and keeps FP32 main params: its memory tests' rows read "fp32 main grads and fp32 main
+    params" were read as pure bf16, 28 % low."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "method": "full", "framework": "megatron", "hf_model": "no", "optimizer": "Megatron Adam",
+           "precision": "bf16 (Megatron mixed precision: bf16 params, fp32 main grads and fp32 main params)"}
+    sc = scenario_of(row)
+    assert sc["workload"]["precision"] == "mixed" and sc["recipe"]["grad_dtype"] == "fp32"
+    bf16_grads = scenario_of({**row, "precision": row["precision"] + "; grad_reduce_in_fp32=False"})
+    assert "grad_dtype" not in bf16_grads["recipe"]
+    assert "grad_dtype" not in scenario_of({**row, "framework": "nemo"})["recipe"]

@@ -12,6 +12,7 @@ from typing import get_args
 from planner.core.values import (
                        Attention,
                        Checkpointing,
+                       GradDtype,
                        Kernels,
                        Loss,
                        Method,
@@ -34,6 +35,7 @@ LOSSES: tuple[str, ...] = get_args(Loss)
 KERNELS: tuple[str, ...] = get_args(Kernels)
 SELECTIVE: tuple[str, ...] = get_args(Selective)
 OPTIMIZER_STEPS: tuple[str, ...] = get_args(OptimizerStep)
+GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
 
 #: The method codes the formulas test by name.
 FULL, LORA, QLORA, INFERENCE = (METHODS.index(m) for m in ("full", "lora", "qlora", "inference"))

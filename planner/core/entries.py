@@ -18,6 +18,7 @@ from planner.core.values import (
     HOST_RAM_USABLE_SHARE,
     Checkpointing,
     Count,
+    GradDtype,
     Kernels,
     Loss,
     NonNegCount,
@@ -237,6 +238,9 @@ class StackRecipe(StrictModel):
     #: (``Recipe.unsharded_grad_accumulation``: FSDP's ``no_sync`` on every micro-batch but the
     #: last, as the Hugging Face Trainer and accelerate's ``accumulate`` do by default).
     unsharded_grad_accumulation: bool = False
+    #: The dtype of its accumulated and reduced gradients (``Recipe.grad_dtype``): Megatron-LM's
+    #: FP32 main gradients under bf16.
+    grad_dtype: GradDtype = "param"
     #: How its optimizer steps (``Recipe.optimizer_step``): Composer's DecoupledAdamW one tensor at
     #: a time (``for_loop``: no intermediate the size of every stepped tensor).
     optimizer_step: OptimizerStep = "foreach"

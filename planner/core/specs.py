@@ -22,6 +22,7 @@ from planner.core.values import (
     Attention,
     Checkpointing,
     Count,
+    GradDtype,
     Kernels,
     Loss,
     Method,
@@ -207,7 +208,7 @@ class Recipe(StrictModel):
     # SFTTrainer after it (embeddings and lm_head back to BF16 for a 4-bit base under bf16; FP32
     # otherwise; norms FP32), "none"
     kbit_prep: Literal["none", "peft", "trl"] = "none"
-    grad_dtype: Literal["param", "fp32"] = "param"  # fp32: FP32 main gradients (Megatron)
+    grad_dtype: GradDtype = "param"  # fp32: FP32 main gradients (Megatron)
     optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
     # how the optimizer steps: "foreach" (torch's multi-tensor default on CUDA: one
     # intermediate the size of all stepped tensors), "foreach_torch20" (torch 2.0's, which kept

@@ -84,5 +84,8 @@ Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "
 Kernels = Literal["standard", "fused_rmsnorm", "unsloth", "transformer_engine"]
 #: What selective activation checkpointing reruns (``Recipe.selective``).
 Selective = Literal["op", "core_attention"]
+#: The dtype of the gradients a step accumulates and reduces (``Recipe.grad_dtype``): the
+#: parameters' own, or FP32 main gradients (Megatron under bf16).
+GradDtype = Literal["param", "fp32"]
 #: How the optimizer steps its tensors (``Recipe.optimizer_step``).
 OptimizerStep = Literal["foreach", "foreach_torch20", "fused", "in_backward", "for_loop"]

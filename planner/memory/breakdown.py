@@ -15,6 +15,7 @@ import numpy as np
 from planner.core.codes import (  # the one home of the code tables, re-exported here
     ATTENTION,
     CHECKPOINTING,
+    GRAD_DTYPES,
     KERNELS,
     LOSSES,
     METHODS,
@@ -52,18 +53,19 @@ class MemoryBreakdown:
 CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS,
                                      "checkpointing": CHECKPOINTING, "attention": ATTENTION, "offload": OFFLOADS,
                                      "zero_impl": ZERO_IMPLS, "loss": LOSSES, "kernels": KERNELS,
-                                     "selective": SELECTIVE, "optimizer_step": OPTIMIZER_STEPS}
+                                     "selective": SELECTIVE, "optimizer_step": OPTIMIZER_STEPS,
+                                     "grad_dtype": GRAD_DTYPES}
 
 
 #: A stack's recipe where memory depends on it (``StackRecipe`` fields that set ``Recipe`` keys
 #: of the same name): how its FSDP frees gathers, who implements its ZeRO stages, whether its
 #: training loop accumulates gradients unsharded under FSDP, how its optimizer steps (one tensor
-#: at a time, or all at once with an intermediate), the loss's implementation, the
+#: at a time, or all at once with an intermediate), its gradients' dtype, the loss's implementation, the
 #: norm/activation kernels, torch.compile, and whether a colocated GRPO engine sleeps while the
 #: step trains and the trainer's states leave the card while it generates (and, for the time model
 #: only, whether each step scores its completions with one more forward).
 STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
-                                 "optimizer_step", "loss", "kernels", "selective", "compile", "generation_sleep", "rollout_offload",
+                                 "optimizer_step", "grad_dtype", "loss", "kernels", "selective", "compile", "generation_sleep", "rollout_offload",
                                  "logprob_forward", "reference_offload")
 #: Of those, the ones a stack sets for GRPO plans only (left out of other workloads' rows and
 #: pins): its colocated engine's phases, its old-log-prob forward, and where its reference model

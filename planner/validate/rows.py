@@ -175,8 +175,9 @@ QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "
 
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # Precision: FP32 master weights ("mixed") only where the row says so.
-    # "fp32 master", "fp32 sharded master", "FP32 master weights"; never "no fp32 master"
-    fp32_master = bool(re.search(r"(?<!no )fp32 (?:\w+ )?master", t.prec))
+    # "fp32 master", "fp32 sharded master", "FP32 master weights", Megatron's "fp32 main params";
+    # never "no fp32 master"
+    fp32_master = bool(re.search(r"(?<!no )fp32 (?:\w+ )?(?:master|main param|main weight)", t.prec))
     # autocast over FP32 weights (HF Trainer's --bf16 on an FP32 model, "bf16 autocast, fp32
     # weights"): the optimizer steps FP32 weights, the forward computes in 16 bits
     fp32_master = fp32_master or ("autocast" in t.prec and "fp32 weights" in t.prec
@@ -235,6 +236,12 @@ def _step_recipe(t: RowText, row: dict[str, str]) -> dict[str, Any]:
 
 #: Frameworks whose optimizer is Megatron's (apex or Transformer Engine FusedAdam).
 MEGATRON_FRAMEWORKS = ("megatron", "nemo", "megatron-deepspeed")
+#: Megatron-LM's own training loop, whose arguments turn FP32 gradient accumulation and reduction
+#: on under bf16 (``accumulate_allreduce_grads_in_fp32``; NeMo's recipes set their own
+#: ``grad_reduce_in_fp32``, Megatron-DeepSpeed steps with DeepSpeed's optimizer).
+MEGATRON_LM_FRAMEWORKS = ("megatron",)
+#: What a precision cell says of 16-bit gradient buffers under Megatron.
+BF16_GRADS = r"grad[-_ ]reduce[-_ ]in[-_ ]bf16|grad_reduce_in_fp32\s*[=:]\s*false|bf16 (main )?grad"
 
 
 def _torch_step(t: RowText, row: dict[str, str]) -> str | None:
@@ -358,6 +365,11 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
     if t.framework in MEGATRON_FRAMEWORKS:
         rec.setdefault("loss", "vocab_parallel")  # Megatron's cross-entropy (cross_entropy_loss_fusion off)
         rec["selective"] = "core_attention"  # recompute_granularity selective: core_attn
+    if t.framework in MEGATRON_LM_FRAMEWORKS and wl["precision"] == "mixed" and "fp16" not in t.prec \
+            and not re.search(BF16_GRADS, t.prec):
+        # Megatron-LM under bf16 accumulates and reduces gradients in FP32 buffers
+        # (``accumulate_allreduce_grads_in_fp32`` forced on unless --grad-reduce-in-bf16)
+        rec["grad_dtype"] = "fp32"
     wl.update(_evaluation(row))
     wl["fp8"] = "float8" in t.prec
     rec.update(transformer_engine_recipe(t, row, fp8=wl["fp8"]))
