@@ -461,3 +461,19 @@ def test_megatron_lm_rows_keep_fp32_main_gradients_and_params():
     bf16_grads = scenario_of({**row, "precision": row["precision"] + "; grad_reduce_in_fp32=False"})
     assert "grad_dtype" not in bf16_grads["recipe"]
     assert "grad_dtype" not in scenario_of({**row, "framework": "nemo"})["recipe"]
+
+
+@pytest.mark.parametrize("cell, attention", [
+    ("eager", "eager"), ("eager (TE UnfusedDotProductAttention, softmax in fp32)", "eager"),
+    ("eager (--use_flash_attn false)", "eager"), ("none (attention_backend unfused)", "eager"),
+    ("sdpa (flash_attention false and no sdp/eager flag: transformers 4.41 default)", "flash"),
+    ("fa2", "flash"), ("", "flash")])
+def test_an_attention_cell_that_names_the_unfused_path_reads_as_eager(cell, attention):
+    """An attention cell read as eager only when it was the bare word: Megatron-LM's CI runs with
+    TE's UnfusedDotProductAttention ("eager (...)") were read as FlashAttention, without their
+    score matrices, and predicted about half their measured peak."""
+    from planner.validate.row_layout import layout
+
+    row = {"gpus": "1", "tp": "1", "pp": "1", "cp": "1", "zero_or_fsdp": "none", "grad_ckpt": "no",
+           "flash_attn": cell}
+    assert layout(row)["attention"] == attention

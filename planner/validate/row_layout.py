@@ -58,6 +58,14 @@ def deepspeed_zero(row: dict[str, str], *stages: int) -> bool:
     return names_deepspeed_stage(text, *stages) and not fsdp_named
 
 
+def _attention(text: str) -> str:
+    """``eager`` where the attention cell names the unfused path ("eager", "eager (TE
+    UnfusedDotProductAttention, ...)", "none (attention_backend unfused)"): the whole score matrix
+    kept; every fused kernel (FlashAttention, SDPA's, cuDNN's, Triton's) is ``flash``."""
+    text = text.strip().lower()
+    return "eager" if re.match(r"eager\b|none \(attention_backend unfused\)", text) else "flash"
+
+
 def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
     offload = re.sub(NOT_OFFLOADED, "", row.get("cpu_offload", "").lower())  # what it says is offloaded
@@ -66,7 +74,7 @@ def layout(row: dict[str, str]) -> dict[str, Any]:
         "pp": int(num(row, "pp", 1)), "cp": int(num(row, "cp", 1)),
         "zero": zero_stage_of(row.get("zero_or_fsdp", "")),
         "checkpointing": _checkpointing(row.get("grad_ckpt", "")),
-        "attention": "eager" if row.get("flash_attn", "").strip() == "eager" else "flash",
+        "attention": _attention(row.get("flash_attn", "")),
         "activation_offload": "activations" in offload,
     }
     # One GPU shards nothing, but DeepSpeed's ZeRO-1/2 optimizer still flattens the gradients
