@@ -477,3 +477,22 @@ def test_an_attention_cell_that_names_the_unfused_path_reads_as_eager(cell, atte
     row = {"gpus": "1", "tp": "1", "pp": "1", "cp": "1", "zero_or_fsdp": "none", "grad_ckpt": "no",
            "flash_attn": cell}
     assert layout(row)["attention"] == attention
+
+
+@pytest.mark.parametrize("offload, sharding, ckpt, want, activations", [
+    ("yes", "fsdp2 full_shard (CPUOffloadPolicy)", "yes", "optimizer+params", False),
+    ("yes", "fsdp full_shard (FSDP1 via HF Trainer)", "yes", "optimizer+params", False),
+    ("yes", "zero2", "yes", None, False),  # DeepSpeed's "yes" names nothing: left as stated
+    ("no", "fsdp2 full_shard", "yes (with activation offloading to CPU)", None, True),
+    ("no", "fsdp2 full_shard", "yes", None, False)])
+def test_an_unqualified_fsdp_offload_moves_everything(offload, sharding, ckpt, want, activations):
+    """FSDP's CPU offload (``CPUOffload``, FSDP2's ``CPUOffloadPolicy``) moves parameters, gradients
+    and the optimizer step together, so a bare "yes" beside an FSDP sharding cell is all three (an
+    axolotl gpt-oss run read as not offloaded was predicted at 5x its measured 22.5 GB); activation
+    offloading stated with the checkpointing is read too."""
+    from planner.validate.row_layout import layout
+
+    row = {"gpus": "2", "tp": "1", "pp": "1", "cp": "1", "zero_or_fsdp": sharding, "grad_ckpt": ckpt,
+           "cpu_offload": offload}
+    lay = layout(row)
+    assert lay.get("offload") == want and lay["activation_offload"] is activations

@@ -69,6 +69,11 @@ def _attention(text: str) -> str:
 def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
     offload = re.sub(NOT_OFFLOADED, "", row.get("cpu_offload", "").lower())  # what it says is offloaded
+    if re.match(r"(yes|true|on)\b", offload) and not re.search(r"param|optim|activation|grad", offload) \
+            and re.search(r"fsdp|fully_shard", cell(row, "zero_or_fsdp")):
+        offload += " params+grads+optimizer"  # FSDP's CPU offload moves all three (CPUOffload/CPUOffloadPolicy)
+    if re.search(r"activation[ _]offload", cell(row, "grad_ckpt")):
+        offload += " activations"  # checkpointed layer inputs offloaded, stated with the checkpointing
     lay: dict[str, Any] = {
         "gpus": int(num(row, "gpus", 1)), "tp": int(num(row, "tp", 1)),
         "pp": int(num(row, "pp", 1)), "cp": int(num(row, "cp", 1)),
