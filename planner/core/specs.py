@@ -241,7 +241,8 @@ class Recipe(StrictModel):
     # upcast to FP32, exponentiated in place and saved; the backward writes the gradient into
     # that FP32 tensor and casts it to the compute dtype; "compute_dtype": ``nn.CrossEntropyLoss``
     # on the compute-dtype logits of a loop with neither autocast nor an upcast (log-softmax in
-    # 16 bits over the whole batch)
+    # 16 bits over the whole batch); "xentropy": flash-attn's cross-entropy kernel (llm-foundry's
+    # fused_crossentropy): the compute-dtype logits kept, a compute-dtype gradient written
     loss: Loss = "standard"
     # the largest micro-batch is the run's first step (litgpt before 2024 put its longest sample
     # first): no earlier step's outputs are still held by the training loop at the peak

@@ -80,7 +80,7 @@ class StrictModel(BaseModel):
 #: The loss's implementation (``Recipe.loss``) and the layer kernels (``Recipe.kernels``).
 Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace",
                "chunked_head", "chunked_head_in_forward", "rowwise", "rowwise_fp32", "vocab_parallel",
-               "compute_dtype"]
+               "compute_dtype", "xentropy"]
 Kernels = Literal["standard", "fused_rmsnorm", "unsloth", "transformer_engine"]
 #: What selective activation checkpointing reruns (``Recipe.selective``).
 Selective = Literal["op", "core_attention"]

@@ -80,6 +80,7 @@ def loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 1,
     matmul saves where the head trains), the head's e-byte logits and their FP32 upcast, whose
     ``log_softmax`` keeps its FP32 output; no whole logits exist, but every chunk's graph stays
     until the one backward: 4V + e·h per token saved, and one chunk's two FP32 gradients above.
+    ``xentropy`` (flash-attn's cross-entropy kernel, llm-foundry's default): as ``compiled``.
     ``chunked_head_in_forward`` (torchtitan ``ChunkedLossWrapper``, its Llama 3 recipes' default
     since 2026-06): the hidden states are detached and each chunk's head, loss and backward run
     in the forward, its gradient written into one buffer of the hidden states' gradient (e·h
@@ -130,10 +131,12 @@ def _loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int, compi
         # (4 per logit); the compute-dtype logits beside it while the loss runs, and the
         # compute-dtype cast of its gradient in backward (e + 4 at either peak).
         saved, peak = FP32 * v, (e + FP32) * v
-    elif loss == "compiled":
+    elif loss in ("compiled", "xentropy"):
         # Inductor fuses the FP32 upcast, log-softmax and NLL: it keeps the e-byte logits (and a
         # per-token log-sum-exp) and writes the e-byte gradient in one kernel (2e per logit at
-        # the peak; ``tests/truth`` measures it on the CPU).
+        # the peak; ``tests/truth`` measures it on the CPU). flash-attn's cross-entropy kernel
+        # (``flash_attn.losses.cross_entropy``, llm-foundry's ``fused_crossentropy``) keeps the
+        # same: the e-byte logits and an FP32 log-sum-exp, and an e-byte gradient in backward.
         saved, peak = e * v, 2 * e * v
     elif loss == "chunked":
         saved = e * v
@@ -217,7 +220,7 @@ def eval_loss_bytes(model: ModelSpec, e: int, tokens: int, loss: str, tp: int = 
         per = e * v + 2 * FP32 * v / LOSS_CHUNKS
     elif loss in ("chunked_head", "chunked_head_in_forward"):  # one chunk's logits, upcast, log-probs
         per = (e + 2 * FP32) * v / LOSS_CHUNKS
-    elif loss in ("compiled", "inplace"):
+    elif loss in ("compiled", "inplace", "xentropy"):
         per = e * v
     elif loss in ("in_forward", "vocab_parallel"):  # the logits and their FP32 copy
         per = (e + FP32) * v

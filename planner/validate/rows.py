@@ -167,7 +167,7 @@ LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunk
               "chunked-head": "chunked_head", "linear-ce": "chunked_head",
               "chunked-head-in-forward": "chunked_head_in_forward", "rowwise": "rowwise",
               "rowwise-fp32": "rowwise_fp32", "vocab-parallel": "vocab_parallel",
-              "compute-dtype": "compute_dtype"}
+              "compute-dtype": "compute_dtype", "xentropy": "xentropy"}
 #: AutoAWQ's GEMM checkpoints pack int4 weights with an FP16 scale and an int4 zero point per group
 #: of 128 inputs, as GPTQ does: the same bytes per weight (``awq`` reads as ``gptq``).
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}
