@@ -227,6 +227,16 @@ def test_model_parallel_plan_goes_to_megatron_and_says_why_not_elsewhere():
     assert "ds_config.json" not in b.files
 
 
+def test_megatron_args_keep_the_gradient_dtype_the_plan_counted():
+    """Megatron-LM under --bf16 reduces gradients in FP32 buffers unless --grad-reduce-in-bf16
+    (arguments.py, the megatron stack's source mg-bf16-grads): a plan that counted 16-bit gradients
+    asks for that flag; one on the megatron stack's FP32 gradients does not."""
+    bf16_grads = _export(TP_PP).files["megatron_args.txt"].splitlines()
+    fp32_grads = _export({**TP_PP, "recipe": {"grad_dtype": "fp32"}}).files["megatron_args.txt"].splitlines()
+    assert "--grad-reduce-in-bf16" in bf16_grads and "--grad-reduce-in-bf16" not in fp32_grads
+    assert "--bf16" in fp32_grads
+
+
 def test_an_fp8_plan_exports_transformer_engines_fp8_recipe():
     """FP8 linears, FP8-stored weights and FP8 attention: ``--fp8-format hybrid``,
     ``--fp8-param-gather`` and cuDNN's fused attention backend; the two TransformerConfig fields

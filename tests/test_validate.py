@@ -129,6 +129,10 @@ def test_rows_read_their_qlora_stack_from_columns(hf_model, kbit_prep, prep, pre
     ("bf16 mixed precision (FSDP MixedPrecision param bf16, reduce fp32; fp32 sharded master weights)",
      "mixed"), ("bf16 mixed (FSDP1 MixedPrecision bf16 over fp32 params)", "mixed"),
     ("bf16 autocast, fp32 weights/grads/states", "mixed"), ("bf16 (no fp32 sharded master)", "bf16"),
+    # what says there is none stays unmastered; an FP32 run with autocast off stays FP32
+    ("bf16 without fp32 master", "bf16"), ("bf16 with no separate fp32 master", "bf16"),
+    ("bf16 (fp32 master: no)", "bf16"), ("bf16, grads fp32 no master copy", "bf16"),
+    ("bf16 autocast, no fp32 weights", "bf16"), ("fp32 weights and compute (autocast off)", "fp32"),
 ])
 def test_full_fine_tuning_precision_cells(cell, precision):
     """FP32 master weights only where the cell says so: "no fp32 master" says the opposite
@@ -445,6 +449,19 @@ def test_the_expert_parallel_degree_a_sharding_cell_states_is_read(cell, ep):
     assert layout({**row, "ep": "4"})["ep"] == 4  # a column of its own wins
 
 
+@pytest.mark.parametrize("text, ep", [
+    ("one optimizer step; EP 16; tokens/s/GPU", 16), ("TP4 ETP1 EP8, optimizer offload", 8), ("EP: 8", 8),
+    ("--expert-model-parallel-size 8", 8), ("EP=1, expert parallel 8", 8), ("expert parallel (8)", 8),
+    ("EP 2 nodes", 1), ("epoch 2, ep 4 steps", 1), ("DeepEP kernels", 1), ("Deep-EP 8", 1),
+    ("no expert parallel 8", 1)])
+def test_free_text_states_an_expert_parallel_degree_only_as_one(text, ep):
+    """Throughput rows read the degree from their notes: capital "EP" or the words, the largest
+    stated; counts of nodes or steps, "epoch", DeepEP and a negation are not a degree."""
+    from planner.validate.cells import expert_degree
+
+    assert expert_degree(text) == ep
+
+
 def test_megatron_lm_rows_keep_fp32_main_gradients_and_params():
     """Megatron-LM under bf16 accumulates and reduces gradients in FP32 buffers
     (``accumulate_allreduce_grads_in_fp32``, forced on by its arguments unless the run reduces in
@@ -467,7 +484,8 @@ def test_megatron_lm_rows_keep_fp32_main_gradients_and_params():
     ("eager", "eager"), ("eager (TE UnfusedDotProductAttention, softmax in fp32)", "eager"),
     ("eager (--use_flash_attn false)", "eager"), ("none (attention_backend unfused)", "eager"),
     ("sdpa (flash_attention false and no sdp/eager flag: transformers 4.41 default)", "flash"),
-    ("fa2", "flash"), ("", "flash")])
+    ("fa2", "flash"), ("", "flash"), ("math sdpa (eager)", "eager"), ("unfused (TE)", "eager"),
+    ("no (eager)", "eager")])
 def test_an_attention_cell_that_names_the_unfused_path_reads_as_eager(cell, attention):
     """An attention cell read as eager only when it was the bare word: Megatron-LM's CI runs with
     TE's UnfusedDotProductAttention ("eager (...)") were read as FlashAttention, without their
@@ -484,7 +502,10 @@ def test_an_attention_cell_that_names_the_unfused_path_reads_as_eager(cell, atte
     ("yes", "fsdp full_shard (FSDP1 via HF Trainer)", "yes", "optimizer+params", False),
     ("yes", "zero2", "yes", None, False),  # DeepSpeed's "yes" names nothing: left as stated
     ("no", "fsdp2 full_shard", "yes (with activation offloading to CPU)", None, True),
-    ("no", "fsdp2 full_shard", "yes", None, False)])
+    ("no", "fsdp2 full_shard", "yes", None, False),
+    ("no", "fsdp2 full_shard", "yes (enable_activation_offloading: false)", None, False),
+    ("no", "fsdp2 full_shard", "yes (no activation offloading)", None, False),
+    ("yes", "ddp (no fsdp)", "yes", None, False)])
 def test_an_unqualified_fsdp_offload_moves_everything(offload, sharding, ckpt, want, activations):
     """FSDP's CPU offload (``CPUOffload``, FSDP2's ``CPUOffloadPolicy``) moves parameters, gradients
     and the optimizer step together, so a bare "yes" beside an FSDP sharding cell is all three (an

@@ -20,16 +20,17 @@ NOT_OFFLOADED = (r"\b(no|not|without)\s+(\w+\s+((or|and)\s+\w+\s+)?)?offload\w*"
                  r"|offload\w*\s*[=:]\s*(no|false|off|none)|\w+\s+not\s+stated")
 
 
-#: The expert-parallel degree a cell states: "EP=8", "EP8", "expert parallel 8", "expert
-#: parallelism 4", "expert_model_parallel_size 8".
-EXPERT_PARALLEL = re.compile(r"\bEP\s*=?\s*(\d+)|expert[ _-]?(?:model[ _-])?parallel(?:ism)?(?:[ _-]size)?\s*[=:]?\s*(\d+)",
-                             re.IGNORECASE)
+#: The expert-parallel degree a cell states: "EP=8", "EP8", "EP: 8", "expert parallel 8",
+#: "expert parallelism 4", "expert_model_parallel_size 8", "--expert-model-parallel-size 8". "EP"
+#: in capitals only (not "ep 4 steps", "epoch"), and not a count of nodes or steps after it.
+EXPERT_PARALLEL = re.compile(
+    r"(?<![\w-])EP\s*[=:]?\s*(\d+)\b(?!\s*(?:nodes?|steps?|epochs?|GPUs?)\b)"
+    r"|(?i:(?<!no )expert[ _-]?(?:model[ _-])?parallel(?:ism)?(?:[ _-]size)?\s*[=:(]?\s*(\d+))")
 
 
 def expert_degree(text: str) -> int:
-    """The expert-parallel degree ``text`` states (:data:`EXPERT_PARALLEL`); 1 where none."""
-    found = EXPERT_PARALLEL.search(text)
-    return int(found.group(1) or found.group(2)) if found else 1
+    """The largest expert-parallel degree ``text`` states (:data:`EXPERT_PARALLEL`); 1 where none."""
+    return max((int(a or b) for a, b in EXPERT_PARALLEL.findall(text)), default=1)
 
 
 def read_csv(path: str | Path, required: tuple[str, ...]) -> list[dict[str, str]]:

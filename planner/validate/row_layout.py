@@ -58,21 +58,30 @@ def deepspeed_zero(row: dict[str, str], *stages: int) -> bool:
     return names_deepspeed_stage(text, *stages) and not fsdp_named
 
 
+#: Activation offloading named in a checkpointing cell, and the same said not to happen.
+ACTIVATION_OFFLOAD = r"activation[ _]offload"
+NO_ACTIVATION_OFFLOAD = (r"\b(no|not|without)\s+activation[ _]offload"
+                         r"|activation[ _]offload\w*\s*[=:]?\s*(false|no|off|0)\b")
+
+
 def _attention(text: str) -> str:
-    """``eager`` where the attention cell names the unfused path ("eager", "eager (TE
-    UnfusedDotProductAttention, ...)", "none (attention_backend unfused)"): the whole score matrix
-    kept; every fused kernel (FlashAttention, SDPA's, cuDNN's, Triton's) is ``flash``."""
+    """``eager`` where the attention cell starts by naming the unfused path ("eager", "eager (TE
+    UnfusedDotProductAttention, ...)", "math", "unfused (TE)", "none (attention_backend unfused)"):
+    the whole score matrix kept; every fused kernel (FlashAttention, SDPA's, cuDNN's, Triton's) is
+    ``flash``, whatever its cell says after ("sdpa (... no eager flag)")."""
     text = text.strip().lower()
-    return "eager" if re.match(r"eager\b|none \(attention_backend unfused\)", text) else "flash"
+    return "eager" if re.match(r"(eager|math|unfused)\b|(none|no)\b[^;]*\b(unfused|eager)\b", text) else "flash"
 
 
 def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
     offload = re.sub(NOT_OFFLOADED, "", row.get("cpu_offload", "").lower())  # what it says is offloaded
+    sharding = cell(row, "zero_or_fsdp")
     if re.match(r"(yes|true|on)\b", offload) and not re.search(r"param|optim|activation|grad", offload) \
-            and re.search(r"fsdp|fully_shard", cell(row, "zero_or_fsdp")):
+            and zero_stage_of(sharding) == 3 and not deepspeed_zero(row):
         offload += " params+grads+optimizer"  # FSDP's CPU offload moves all three (CPUOffload/CPUOffloadPolicy)
-    if re.search(r"activation[ _]offload", cell(row, "grad_ckpt")):
+    if re.search(ACTIVATION_OFFLOAD, cell(row, "grad_ckpt")) and not re.search(NO_ACTIVATION_OFFLOAD,
+                                                                             cell(row, "grad_ckpt")):
         offload += " activations"  # checkpointed layer inputs offloaded, stated with the checkpointing
     lay: dict[str, Any] = {
         "gpus": int(num(row, "gpus", 1)), "tp": int(num(row, "tp", 1)),
@@ -102,7 +111,7 @@ def layout(row: dict[str, str]) -> dict[str, Any]:
         lay["pp_virtual_stages"] = virtual
     # routed experts split over ranks of the data-parallel group: an ``ep`` column, else the
     # degree the sharding cell states ("megatron-dist-opt (expert parallel 8)", "EP8")
-    ep = int(num(row, "ep") or expert_degree(cell(row, "zero_or_fsdp")))
+    ep = int(num(row, "ep") or expert_degree(row.get("zero_or_fsdp", "")))
     if ep > 1:
         lay["ep"] = ep
     if lay["tp"] > 1:

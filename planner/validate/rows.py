@@ -173,15 +173,27 @@ LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunk
 QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "awq": "gptq"}
 
 
+#: An FP32 master copy named in a precision cell, and the same said to be absent.
+FP32_MASTER = r"fp32 (?:(?!no\b|not\b)\w+ )?(?:master|main param|main weight)"
+NO_FP32_MASTER = (r"\b(no|without|not)\b(?:[ -]\w+){0,2}[ -]fp32 (?:\w+ )?(?:master|main param)"
+                  r"|fp32 master\w*\s*[:=]\s*(no|none|false)\b")
+#: A cell that says autocast was not used.
+NO_AUTOCAST = r"no autocast|autocast\s*(off|disabled|false)|without autocast"
+
+
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # Precision: FP32 master weights ("mixed") only where the row says so.
     # "fp32 master", "fp32 sharded master", "FP32 master weights", Megatron's "fp32 main params";
-    # never "no fp32 master"
-    fp32_master = bool(re.search(r"(?<!no )fp32 (?:\w+ )?(?:master|main param|main weight)", t.prec))
+    # never where the cell says there is none ("no fp32 master", "without an fp32 master", "fp32
+    # master: no", "no separate fp32 master")
+    fp32_master = bool(re.search(FP32_MASTER, t.prec)) and not re.search(NO_FP32_MASTER, t.prec)
     # autocast over FP32 weights (HF Trainer's --bf16 on an FP32 model, "bf16 autocast, fp32
-    # weights"): the optimizer steps FP32 weights, the forward computes in 16 bits
-    fp32_master = fp32_master or ("autocast" in t.prec and "fp32 weights" in t.prec
-                                  and "no autocast" not in t.prec)
+    # weights"): the optimizer steps FP32 weights, the forward computes in 16 bits; not a run
+    # in FP32 throughout ("fp32 weights and compute (autocast off)")
+    fp32_master = fp32_master or (re.search(r"\bautocast\b", t.prec) is not None
+                                  and re.search(r"(?<!no )\bfp32 weights", t.prec) is not None
+                                  and not re.search(NO_AUTOCAST, t.prec)
+                                  and not t.prec.startswith(("fp32", "float32")))
     # DeepSpeed's ZeRO optimizers keep FP32 partitions of the weights they train, whatever the
     # 16-bit dtype (its bf16 as its fp16 mode); FP32 training keeps them as the weights.
     deepspeed = "deepspeed" in t.opt or deepspeed_zero(row)
@@ -240,8 +252,11 @@ MEGATRON_FRAMEWORKS = ("megatron", "nemo", "megatron-deepspeed")
 #: on under bf16 (``accumulate_allreduce_grads_in_fp32``; NeMo's recipes set their own
 #: ``grad_reduce_in_fp32``, Megatron-DeepSpeed steps with DeepSpeed's optimizer).
 MEGATRON_LM_FRAMEWORKS = ("megatron",)
+#: The flags that reduce Megatron's gradients in 16 bits, wherever a row states them.
+BF16_GRAD_FLAGS = r"grad[-_]reduce[-_]in[-_]bf16|grad_reduce_in_fp32\s*[=:]\s*false"
 #: What a precision cell says of 16-bit gradient buffers under Megatron.
-BF16_GRADS = r"grad[-_ ]reduce[-_ ]in[-_ ]bf16|grad_reduce_in_fp32\s*[=:]\s*false|bf16 (main )?grad"
+BF16_GRADS = (r"grad[-_ ]reduce[-_ ]in[-_ ]bf16|grad_reduce_in_fp32\s*[=:]\s*false"
+              r"|(?<!no )\bbf16 (main )?grad(s|ients)?\b(?! clip)|\bgrad(s|ients)? in bf16")
 
 
 def _torch_step(t: RowText, row: dict[str, str]) -> str | None:
@@ -366,7 +381,7 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
         rec.setdefault("loss", "vocab_parallel")  # Megatron's cross-entropy (cross_entropy_loss_fusion off)
         rec["selective"] = "core_attention"  # recompute_granularity selective: core_attn
     if t.framework in MEGATRON_LM_FRAMEWORKS and wl["precision"] == "mixed" and "fp16" not in t.prec \
-            and not re.search(BF16_GRADS, t.prec):
+            and not re.search(BF16_GRADS, t.prec) and not re.search(BF16_GRAD_FLAGS, cell(row, "notes")):
         # Megatron-LM under bf16 accumulates and reduces gradients in FP32 buffers
         # (``accumulate_allreduce_grads_in_fp32`` forced on unless --grad-reduce-in-bf16)
         rec["grad_dtype"] = "fp32"

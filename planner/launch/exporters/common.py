@@ -53,7 +53,8 @@ class Bundle:
 #: Sharding back-ends of the Hugging Face files: a bundle points at one of them, never both.
 BACKENDS = ("deepspeed", "fsdp")
 #: The back-end a plan's stack (catalogs/stacks.yaml) shards with.
-STACK_BACKEND = {"hf-deepspeed": "deepspeed", "hf-fsdp": "fsdp", "torchtune": "fsdp", "torchtitan": "fsdp", "verl": "fsdp"}
+STACK_BACKEND = {"hf-deepspeed": "deepspeed", "hf-fsdp": "fsdp", "torchtune": "fsdp", "torchtitan": "fsdp", "verl": "fsdp",
+                 "llm-foundry": "fsdp"}
 
 
 @dataclass(frozen=True)

@@ -334,6 +334,10 @@ def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
     if lay.sp:
         args.append("--sequence-parallel")
     args.append({"bf16": "--bf16", "fp16": "--fp16", None: ""}[ctx.half])
+    if ctx.half == "bf16" and ctx.rs.recipe.grad_dtype == "param":
+        # the plan counts 16-bit gradient buffers: Megatron's bf16 default is FP32 ones
+        # (accumulate_allreduce_grads_in_fp32), turned off by this flag
+        args.append("--grad-reduce-in-bf16")
     if lay.checkpointing == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif lay.checkpointing == "selective":
