@@ -304,3 +304,17 @@ def test_the_llm_foundry_stack_is_its_published_runs_recipe():
         assert stack.recipe.loss == "xentropy"  # flash-attn's kernel: the memory the rows' "compiled" reads
         assert memory_of(stack).total_bytes == as_row
         assert memory_of(resolve(with_stack_recipe(bare, "hf-fsdp"))).total_bytes > as_row
+
+
+def test_a_plan_names_the_stack_recipe_keys_that_change_its_memory():
+    """An llm-foundry plan says it steps its optimizer one tensor at a time; a seed plan is not
+    pinned to recipe keys the seed profile does not model."""
+    from planner.search.results import recipe_text
+
+    raw = {"model": "llama-3.1-8b", "workload": {"method": "full", "seq_len": 2048, "global_batch": 64, "tokens": 1e9},
+           "search": {"gpu_types": ["h100"], "stacks": ["llm-foundry"], "max_gpus": 8}, "top": 1}
+    plan = _plans(raw)[0]
+    assert plan.recipe["optimizer_step"] == "for_loop" and plan.recipe["loss"] == "xentropy"
+    assert recipe_text(plan.recipe) == "xentropy loss, one-tensor optimizer step"
+    seed = _plans({**raw, "profile": "seed"})[0]
+    assert "optimizer_step" not in seed.pinned_scenario.get("recipe", {})

@@ -284,7 +284,7 @@ def test_fp8_storage_keys_need_fp8_linears_and_transformer_engine():
 
 def test_a_plan_says_which_recipe_it_was_estimated_with():
     """The plan's recipe names Megatron's loss and layers, its core-attention recomputation where
-    the plan checkpoints selectively, and the FP8 storage its scenario turned on."""
+    the plan checkpoints selectively, its FP32 gradients, and the FP8 storage its scenario turned on."""
     from planner.search.answer import plan_raw
     from planner.search.results import recipe_text
 
@@ -295,5 +295,5 @@ def test_a_plan_says_which_recipe_it_was_estimated_with():
     plans = plan_raw(raw).plans
     assert plans and all(p.recipe["selective"] == "core_attention" and p.recipe["fp8_params"] for p in plans)
     text = recipe_text(plans[0].recipe, plans[0].checkpointing)
-    assert text == "vocab_parallel loss, transformer_engine, core_attention recompute, fp8 params"
+    assert text == "vocab_parallel loss, transformer_engine, core_attention recompute, FP32 gradients, fp8 params"
     assert "recompute" not in recipe_text(plans[0].recipe, "full")

@@ -121,10 +121,11 @@ PLAN_ONLY_KEYS = ("search", "constraints", "objective", "top", "time_limit_s")
 PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
                       "checkpointing", "attention")
 #: The recipe a plan reports (:attr:`Plan.recipe`): the loss's implementation, the kernels,
-#: torch.compile and what selective checkpointing reruns. A seed plan's pinned scenario does not
+#: torch.compile, what selective checkpointing reruns, the gradients' dtype and how the optimizer
+#: steps. A seed plan's pinned scenario does not
 #: take them from the stack (the seed profile models none of them); the stack's sharding keys are
 #: pinned under either profile.
-PLAN_RECIPE = ("loss", "kernels", "compile", "selective")
+PLAN_RECIPE = ("loss", "kernels", "compile", "selective", "grad_dtype", "optimizer_step")
 #: Transformer Engine's FP8 storage keys a plan reports where its scenario turns them on.
 FP8_RECIPE = ("fp8_params", "fp8_attention", "fp8_activation_store")
 
@@ -188,7 +189,8 @@ def generation_text(rs: ResolvedScenario) -> str | None:
 
 def recipe_text(recipe: dict[str, Any], checkpointing: str | None = None) -> str:
     """What a plan's recipe changes from the plain one (standard loss and kernels, no compile,
-    op-level selective checkpointing, 16-bit storage): ``compiled loss, fused_rmsnorm``; empty
+    op-level selective checkpointing, 16-bit storage, the parameters' gradient dtype, a
+    multi-tensor optimizer step): ``compiled loss, fused_rmsnorm``; empty
     when nothing. What selective checkpointing reruns is said for a selective plan only."""
     parts = []
     if recipe.get("loss", "standard") != "standard":
@@ -199,6 +201,10 @@ def recipe_text(recipe: dict[str, Any], checkpointing: str | None = None) -> str
         parts.append("compile")
     if checkpointing == "selective" and recipe.get("selective", "op") != "op":
         parts.append(f"{recipe['selective']} recompute")
+    if recipe.get("grad_dtype") == "fp32":
+        parts.append("FP32 gradients")
+    if recipe.get("optimizer_step") == "for_loop":
+        parts.append("one-tensor optimizer step")
     parts += [key.replace("_", " ") for key in FP8_RECIPE if recipe.get(key)]
     return ", ".join(parts)
 
