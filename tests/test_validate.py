@@ -396,7 +396,7 @@ def test_every_estimate_states_its_error_on_runs_it_had_never_seen():
     data = Path(__file__).parents[1] / "data"
     errors: dict[str, list[float]] = {}
     for name in ("published2", "published3", "published4", "published5", "published6", "published7", "published8",
-                 "published9", "published10", "mlperf"):
+                 "published9", "published10", "published11", "mlperf"):
         for row in read_rows(data / f"measured_memory_{name}.csv"):
             before = recorded(row, MEMORY_COLUMN, MEMORY_SCALE)
             if before is not None:
