@@ -76,17 +76,17 @@ def _attention(text: str) -> str:
 def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
     offload = re.sub(NOT_OFFLOADED, "", row.get("cpu_offload", "").lower())  # what it says is offloaded
-    sharding = cell(row, "zero_or_fsdp")
+    zero = zero_stage_of(row.get("zero_or_fsdp", ""))
     if re.match(r"(yes|true|on)\b", offload) and not re.search(r"param|optim|activation|grad", offload) \
-            and zero_stage_of(sharding) == 3 and not deepspeed_zero(row):
+            and zero == 3 and not deepspeed_zero(row):
         offload += " params+grads+optimizer"  # FSDP's CPU offload moves all three (CPUOffload/CPUOffloadPolicy)
-    if re.search(ACTIVATION_OFFLOAD, cell(row, "grad_ckpt")) and not re.search(NO_ACTIVATION_OFFLOAD,
-                                                                             cell(row, "grad_ckpt")):
+    ckpt = cell(row, "grad_ckpt")
+    if re.search(ACTIVATION_OFFLOAD, ckpt) and not re.search(NO_ACTIVATION_OFFLOAD, ckpt):
         offload += " activations"  # checkpointed layer inputs offloaded, stated with the checkpointing
     lay: dict[str, Any] = {
         "gpus": int(num(row, "gpus", 1)), "tp": int(num(row, "tp", 1)),
         "pp": int(num(row, "pp", 1)), "cp": int(num(row, "cp", 1)),
-        "zero": zero_stage_of(row.get("zero_or_fsdp", "")),
+        "zero": zero,
         "checkpointing": _checkpointing(row.get("grad_ckpt", "")),
         "attention": _attention(row.get("flash_attn", "")),
         "activation_offload": "activations" in offload,

@@ -254,8 +254,9 @@ MEGATRON_FRAMEWORKS = ("megatron", "nemo", "megatron-deepspeed")
 MEGATRON_LM_FRAMEWORKS = ("megatron",)
 #: The flags that reduce Megatron's gradients in 16 bits, wherever a row states them.
 BF16_GRAD_FLAGS = r"grad[-_]reduce[-_]in[-_]bf16|grad_reduce_in_fp32\s*[=:]\s*false"
-#: What a precision cell says of 16-bit gradient buffers under Megatron.
-BF16_GRADS = (r"grad[-_ ]reduce[-_ ]in[-_ ]bf16|grad_reduce_in_fp32\s*[=:]\s*false"
+#: What a precision cell says of 16-bit gradient buffers under Megatron: those flags (their words
+#: spaced too), or the buffers named.
+BF16_GRADS = (BF16_GRAD_FLAGS + r"|grad[-_ ]reduce[-_ ]in[-_ ]bf16"
               r"|(?<!no )\bbf16 (main )?grad(s|ients)?\b(?! clip)|\bgrad(s|ients)? in bf16")
 
 
