@@ -213,8 +213,24 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         precision = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
     else:
         precision = "bf16"
-    return {"precision": precision,
-            "optimizer": "adam8bit" if "8bit" in t.opt or "8-bit" in t.opt else "adamw"}
+    return {"precision": precision, "optimizer": _optimizer(t.opt)}
+
+
+#: Optimizers whose states the planner does not model (it models AdamW, 8-bit AdamW and SGD):
+#: named as a row's optimizer, before any parenthesis, the row is not modelled rather than read
+#: as AdamW, whose 8 bytes per parameter would stand in for Adafactor's factored moments or
+#: Lion's and Muon's single momentum.
+UNMODELLED_OPTIMIZERS = r"\b(adafactor|lion|muon|sophia|came|adam-?mini|galore|lomo|apollo|shampoo|soap)\b"
+
+
+def _optimizer(opt: str) -> str:
+    named = opt.split("(")[0]
+    found = re.search(UNMODELLED_OPTIMIZERS, named)
+    if found:
+        raise Unmodelable(f"optimizer {found.group(1)!r}: the planner models AdamW, 8-bit AdamW and SGD")
+    if "8bit" in opt or "8-bit" in opt:
+        return "adam8bit"
+    return "sgd" if re.match(r"\s*sgd\b", named) else "adamw"
 
 
 def _step_recipe(t: RowText, row: dict[str, str]) -> dict[str, Any]:
