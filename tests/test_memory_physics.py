@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli.main import app
+from planner.core.errors import InputError
 from planner.core.specs import Layout, Overrides, Recipe, Workload
 from planner.memory.detailed import ERROR_BANDS, detailed_memory
 from planner.memory.estimate import estimate_resolved
@@ -761,6 +762,39 @@ def test_modules_to_save_outside_a_detailed_lora_run_is_said_to_change_nothing()
     lora = {**base, "workload": {"method": "lora", "modules_to_save": ["lm_head"]}}
     assert any("seed profile" in w for w in resolve({"profile": "seed", **lora}).warnings)
     assert not any("modules_to_save" in w for w in resolve({"profile": "detailed", **lora}).warnings)
+
+
+def test_an_fp32_lora_base_under_autocast_keeps_a_16_bit_copy_of_every_weight_it_passed():
+    """Lightning's bf16-mixed (or a Trainer's --bf16 over a model loaded without torch_dtype)
+    keeps Llama-2-7B's frozen base in FP32: 4 bytes per weight instead of 2, and at the end of
+    the forward each linear's autocast cast of its weight (2 bytes per weight), all 32 layers but
+    layer 0's q, k and v (whose input needs no gradient), plus the lm_head's. The per-layer bytes
+    are matched on the CPU (``tests/truth``: ``test_lora_over_an_fp32_base_under_autocast_exact``)."""
+    def parts(base, ckpt="none"):
+        return _estimate({"model": "llama-2-7b",
+                          "workload": {"method": "lora", "precision": "mixed", "seq_len": 128,
+                                       "micro_batch": 1, "base_dtype": base},
+                          "layout": {"gpus": 1, "checkpointing": ckpt}}).components
+
+    h, f, layers, vocab = 4096, 11008, 32, 32000
+    casts = 2 * (layers * (4 * h * h + 3 * h * f) - 3 * h * h) + 2 * vocab * h
+    fp32, bf16 = parts("fp32"), parts("compute")
+    assert fp32["weights"] == 2 * bf16["weights"]
+    assert fp32["activations"] - bf16["activations"] == pytest.approx(casts, rel=0.005)
+    # checkpointed, only the layer being recomputed holds its casts
+    assert parts("fp32", "full").get("activations", 0.0) < casts / 8
+
+
+def test_an_fp32_base_needs_autocast_and_counts_for_lora_alone():
+    base = {"model": "llama-2-7b", "layout": {"gpus": 1}}
+    with pytest.raises(InputError, match="workload.base_dtype"):
+        resolve({**base, "workload": {"method": "lora", "precision": "bf16", "base_dtype": "fp32"}})
+    full = resolve({"profile": "detailed", **base, "workload": {"method": "full", "base_dtype": "fp32"}})
+    assert any(w.startswith("workload.base_dtype") for w in full.warnings)
+    seed = resolve({"profile": "seed", **base, "workload": {"method": "lora", "base_dtype": "fp32"}})
+    assert any("seed profile" in w for w in seed.warnings)
+    lora = resolve({"profile": "detailed", **base, "workload": {"method": "lora", "base_dtype": "fp32"}})
+    assert not any("base_dtype" in w for w in lora.warnings)
 
 
 def test_a_trained_embedding_gives_the_first_lora_layer_an_input_that_needs_a_gradient():

@@ -167,6 +167,28 @@ def test_an_optimizer_the_planner_does_not_model_leaves_the_row_unmodelled(cell,
         assert scenario_of(row)["workload"]["optimizer"] == optimizer
 
 
+@pytest.mark.parametrize("method, cell, precision, base", [
+    ("lora", "bf16-mixed (Lightning Fabric default: fp32 weights, bf16 autocast)", "mixed", "fp32"),
+    ("lora", "fp32 base weights frozen (from_config), bf16 autocast; LoRA adapters fp32", "mixed", "fp32"),
+    ("lora", "bf16-mixed (model loaded in bf16)", "mixed", None),
+    ("lora", "fp32 (weights and LoRA in fp32, no autocast)", "fp32", None),
+    ("lora", "bf16-true (weights bf16; no fp32 master)", "bf16", None),
+    ("full", "bf16 autocast over fp32 weights: fp32 master", "mixed", None)])
+def test_a_lora_base_said_to_be_fp32_under_autocast_reads_as_an_fp32_base(method, cell, precision, base):
+    """litgpt's tutorial runs StableLM-3B LoRA at 33.5 GB under bf16-mixed and 15.9 GB under
+    bf16-true: Lightning keeps the model in FP32 and autocast casts it; a cell that says FP32
+    weights under autocast reads as ``base_dtype: fp32`` (adapters FP32 too), for LoRA only."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = {**next(csv.DictReader(fh)), "method": method, "precision": cell, "adapter_dtype": ""}
+    wl = scenario_of(row)["workload"]
+    assert wl["precision"] == precision
+    assert wl.get("base_dtype") == base
+    if base:
+        assert wl["adapter_dtype"] == "fp32"
+
+
 @pytest.mark.parametrize("version, keeps", [("0.42.0", True), ("<0.43.2", True), ("0.43.2", False),
                                             ("0.45.1", False), ("", False)])
 def test_bitsandbytes_before_0_43_2_keeps_matmul_inputs(version, keeps):

@@ -103,6 +103,14 @@ class Workload(StrictModel):
     # 4-bit base: bitsandbytes NF4, torchao NF4 (torchtune), GPTQ
     quant_type: QuantType = "nf4"
     adapter_dtype: Literal["fp32", "compute"] = "fp32"  # PEFT keeps adapters in FP32 by default
+    #: The dtype LoRA's frozen base weights are kept in: ``compute`` (loaded in bf16/fp16, the
+    #: ``torch_dtype`` most scripts pass) or ``fp32`` (a model loaded in FP32 and run under
+    #: autocast: Lightning's ``bf16-mixed``, a Trainer's ``--bf16`` over a model loaded without
+    #: ``torch_dtype`` in transformers 4.x). An FP32 base costs 4 bytes per weight, and autocast casts
+    #: each frozen weight to 16 bits at every use; the linear keeps that copy for its input's
+    #: gradient, so a forward holds a 16-bit copy of every weight it has passed (measured on the
+    #: CPU: ``tests/truth``). Needs precision ``mixed`` or ``fp16`` (autocast).
+    base_dtype: Literal["compute", "fp32"] = "compute"
     lora_dropout: Annotated[float, BeforeValidator(parse_number), Field(ge=0, lt=1)] = 0.0
     fp8: bool = False  # Float8 linears (saved inputs and gathered weights in FP8)
 

@@ -217,6 +217,8 @@ def layer_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory
     _mlp_block(inv, model, rec, tokens, h1_rg)
     if rec.autocast and rec.c != rec.e:
         _autocast_weight_casts(inv, model, rec)
+    if rec.fp32_base and rec.autocast:
+        _base_weight_casts(inv, model, rec, h1_rg)
     return inv
 
 
@@ -326,6 +328,34 @@ def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -
         inv.add(f"{group[0]}.lora_weight_casts", rec.lora_rank * (d_in + d_out) * rec.e)
 
 
+def _base_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe, h1_rg: bool) -> None:
+    """An FP32 frozen base under autocast (``LayerRecipe.fp32_base``): autocast caches casts of
+    trainable leaves only, so each frozen weight is cast to the compute dtype at every use and
+    F.linear saves the copy for its input's gradient: d_in·d_out·e per linear whose input needs
+    a gradient (q, k and v not in layer 0 of LoRA; o once attention's inputs need one; the MLP's
+    once the residual does). A MoE layer casts every expert that runs (all of them, at any
+    real batch). Measured on the CPU (``tests/truth``): exactly these bytes beyond a 16-bit base."""
+    shapes = lora_module_shapes(model)
+    t = rec.lora_targets
+    qkv_rg = rec.input_requires_grad
+    o_rg = qkv_rg or bool(t & {"q", "k", "v"})
+    mlp_in = [m for m in ("gate", "up") if m in shapes]
+    down_rg = h1_rg or bool(t & set(mlp_in))
+    rg = {"q": qkv_rg, "k": qkv_rg, "v": qkv_rg, "o": o_rg, "down": down_rg}
+    rg.update({m: h1_rg for m in mlp_in})
+    attention = sum(d_in * d_out for m, (d_in, d_out) in shapes.items()
+                    if m in ("q", "k", "v", "o") and rg[m])
+    inv.add("base.attention_weight_casts", attention * rec.e)
+    moe = model.moe
+    mlp_modules = [m for m in shapes if m not in ("q", "k", "v", "o") and rg[m]]
+    if moe is None:
+        mlp = sum(shapes[m][0] * shapes[m][1] for m in mlp_modules)
+    else:  # every routed expert and the shared ones, (d_in·d_out per module scaled to their width)
+        width = moe.expert_ffn * moe.experts + moe.shared_ffn * moe.shared_experts
+        mlp = len(mlp_modules) * model.hidden * width
+    inv.add("base.mlp_weight_casts", mlp * rec.e)
+
+
 def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens: int) -> None:
     """A MoE layer: each token goes through ``active`` experts plus the shared experts. The
     router keeps FP32 probabilities (4·E per token) and, with a trainable router, its input (the
@@ -365,7 +395,7 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     # product and the gate and up gradients into it and the saved e and g (``swiglu.py``).
     mlp_grads = 1 if unsloth_runs(model, rec) else (3 if model.gated_mlp else 2)
     inv.add("grad.mlp", tokens * e * f * mlp_grads)
-    inv.add("grad.residual", tokens * e * 2 * model.hidden, split=False)
+    inv.add("grad.residual", tokens * _stream_bytes(rec) * 2 * model.hidden, split=False)
     if attention_is_eager(model, rec):
         # The attention's backward runs after the MLP's, whose saved tensors and gradients are
         # freed by then: the scores' gradients cost only what exceeds them.
@@ -414,7 +444,7 @@ def selective_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inven
     tokens, e = b * s, rec.e
     h, (a, _, d) = model.hidden, _attention_dims(model)
     h_q = a * d
-    inv.add("layer_input", tokens * e * h, split=False)
+    inv.add("layer_input", tokens * _stream_bytes(rec) * h, split=False)
     for name, _, width in op_policy_matmuls(model, moe_layer=model.moe is not None)[::2]:
         inv.add(f"mm.{name}", tokens * e * width, split=name not in ("o", "down"))
     inv.add("attn.out", tokens * e * h_q)
@@ -428,8 +458,15 @@ def checkpoint_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inve
     """Full checkpointing (HF ``gradient_checkpointing``, non-reentrant): only the layer input,
     e·b·s·h, is kept per layer."""
     inv = Inventory()
-    inv.add("layer_input", b * s * (FP32 if rec.fp32_stream else rec.e) * model.hidden, split=False)
+    inv.add("layer_input", b * s * _stream_bytes(rec) * model.hidden, split=False)
     return inv
+
+
+def _stream_bytes(rec: LayerRecipe) -> int:
+    """Bytes per element of the residual stream: FP32 over FP32 norms of a bitsandbytes base
+    (``fp32_stream``) or an FP32 LoRA base (``fp32_base``: the embeddings are FP32, and the
+    residual additions promote the 16-bit outputs to FP32), else the compute dtype."""
+    return FP32 if rec.fp32_stream or rec.fp32_base else rec.e
 
 
 @by_spec

@@ -62,6 +62,11 @@ class LayerRecipe:
     #: FP32 embeddings too (``prepare_model_for_kbit_training`` alone): RoPE tables in FP32, and
     #: the FP32 lm_head's autocast copy is saved for its input's gradient.
     fp32_embeddings: bool = False
+    #: LoRA's frozen base kept in FP32 under autocast (``Workload.base_dtype``): the residual
+    #: stream is FP32 (the layer input a checkpoint keeps, the residual's gradients), and each
+    #: base linear whose input needs a gradient saves autocast's 16-bit cast of its weight.
+    #: Comes with ``fp32_embeddings`` (FP32 RoPE tables, the lm_head's saved cast).
+    fp32_base: bool = False
     #: Unsloth's LoRA kernels (``Recipe.kernels``) run the layer: see
     #: :func:`planner.memory.activations._unsloth_layer`.
     unsloth: bool = False

@@ -122,6 +122,13 @@ def fp32_embeddings(workload: Workload, recipe: Recipe) -> bool:
     return recipe.kbit_prep == "peft" or not trl_casts_back
 
 
+def fp32_lora_base(workload: Workload) -> bool:
+    """Whether LoRA's frozen base is kept in FP32 and run under autocast
+    (``Workload.base_dtype``): 4 bytes per weight, and 16-bit casts saved by every linear."""
+    return (workload.method == "lora" and workload.base_dtype == "fp32"
+            and workload.precision in ("mixed", "fp16"))
+
+
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
     """Optimizer-state bytes per trainable parameter (bitsandbytes 32-bit paged AdamW keeps FP32
     states whatever the parameter dtype)."""
@@ -310,15 +317,16 @@ def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place:
     _frozen_base(model, workload, recipe, place, ledger, on_host_w=offload == "optimizer+params")
     n_lora, largest = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
     if frozen_grads and workload.method == "lora":
-        e = compute_bytes(workload.precision)
+        e = 4 if fp32_lora_base(workload) else compute_bytes(workload.precision)
         ledger.put("gradients", place.layer_share / place.tp * e / place.shard("gradients"))
     return StateParts(ledger.dev, ledger.host, n_lora, largest)
 
 
 def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
                  ledger: _Ledger, *, on_host_w: bool) -> None:
-    """The frozen base's weights: 16-bit, or quantized linears for QLoRA."""
-    e = compute_bytes(workload.precision)
+    """The frozen base's weights: 16-bit (FP32 for an FP32 LoRA base), or quantized linears for
+    QLoRA."""
+    e = 4 if fp32_lora_base(workload) else compute_bytes(workload.precision)
     bnb = False
     if workload.method == "qlora":
         q = quantized_linear_bytes(workload)

@@ -23,6 +23,7 @@ from planner.memory.model_states import (
     bnb_prepared,
     compute_bytes,
     fp32_embeddings,
+    fp32_lora_base,
     int8_base,
     quantized_head,
 )
@@ -63,8 +64,10 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, *,
         lora_shares_input=bnb_base(wl),
         fp32_stream=(bnb_prepared(wl, recipe)
                      and (fp32_embeddings(wl, recipe) or not _norm_keeps_dtype(model))),
-        fp32_embeddings=fp32_embeddings(wl, recipe),
-        clamp_bytes=(FP32 if fp32_embeddings(wl, recipe) else e) if model.eager_mask_clamp else 0,
+        fp32_embeddings=fp32_embeddings(wl, recipe) or fp32_lora_base(wl),
+        fp32_base=fp32_lora_base(wl),
+        clamp_bytes=(FP32 if fp32_embeddings(wl, recipe) or fp32_lora_base(wl) else e)
+        if model.eager_mask_clamp else 0,
         moe_loop=recipe.moe_experts == "loop",
     )
 

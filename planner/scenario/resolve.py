@@ -83,6 +83,7 @@ def resolve(
     scenario = _fit_profile(scenario, model, problems, warnings)
     scenario = _card_recipe(scenario, gpu)
     _check_saved_modules(scenario, warnings)
+    _check_base_dtype(scenario, problems, warnings)
     _check_fp8_recipe(scenario, warnings)
     if gpu is not None:
         _check_gpu(wl, lay, gpu, scenario.constraints.pcie_model_parallel, problems, warnings)
@@ -234,6 +235,24 @@ def _check_saved_modules(scenario: Scenario, warnings: list[str]) -> None:
     elif scenario.profile == "seed":
         warnings.append("workload.modules_to_save: the seed profile (the documents' rules) does not "
                         "count modules trained in full beside the adapters; the detailed profile does")
+
+
+def _check_base_dtype(scenario: Scenario, problems: list[str], warnings: list[str]) -> None:
+    """An FP32 LoRA base (``workload.base_dtype: fp32``) runs under autocast: with precision
+    ``bf16`` (one dtype, no autocast) the two contradict each other; with ``fp32`` every weight
+    is FP32 already. It counts for LoRA alone (QLoRA's base is quantized, full fine-tuning's
+    weights are its trained ones) and in the detailed profile."""
+    wl = scenario.workload
+    if wl.base_dtype != "fp32":
+        return
+    if wl.precision == "bf16":
+        problems.append("workload.base_dtype: an FP32 base computes in 16 bits only under autocast; "
+                        "use precision mixed (or fp16), or fp32 for FP32 compute")
+    elif wl.method != "lora" and "method" not in wl.allow_relax:
+        warnings.append(f"workload.base_dtype: applies to LoRA's frozen base; {wl.method} ignores it")
+    elif scenario.profile == "seed":
+        warnings.append("workload.base_dtype: the seed profile (the documents' rules) keeps the base in "
+                        "16 bits; the detailed profile counts an FP32 base")
 
 
 def _check_sequence(wl: Workload, lay: Layout, model: ModelSpec | None, problems: list[str],

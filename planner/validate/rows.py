@@ -177,6 +177,9 @@ QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "
 FP32_MASTER = r"fp32 (?:(?!no\b|not\b)\w+ )?(?:master|main param|main weight)"
 NO_FP32_MASTER = (r"\b(no|without|not)\b(?:[ -]\w+){0,2}[ -]fp32 (?:\w+ )?(?:master|main param)"
                   r"|fp32 master\w*\s*[:=]\s*(no|none|false)\b")
+#: FP32 base weights named in a precision cell ("fp32 weights, bf16 autocast", Lightning's
+#: bf16-mixed: "fp32 weights", "fp32 base weights frozen"): with autocast, a LoRA base kept in FP32.
+FP32_BASE = r"(?<!no )(?<!not )\bfp32 (?:base )?weights\b|\bfp32 base\b"
 #: A cell that says autocast was not used.
 NO_AUTOCAST = r"no autocast|autocast\s*(off|disabled|false)|without autocast"
 
@@ -191,9 +194,10 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # weights"): the optimizer steps FP32 weights, the forward computes in 16 bits; not a run
     # in FP32 throughout ("fp32 weights and compute (autocast off)")
     fp32_master = fp32_master or (re.search(r"\bautocast\b", t.prec) is not None
-                                  and re.search(r"(?<!no )\bfp32 weights", t.prec) is not None
+                                  and re.search(r"(?<!no )\bfp32 (?:base )?weights", t.prec) is not None
                                   and not re.search(NO_AUTOCAST, t.prec)
-                                  and not t.prec.startswith(("fp32", "float32")))
+                                  and not (t.prec.startswith(("fp32", "float32"))
+                                           and not re.search(r"\b(bf16|fp16) autocast\b", t.prec)))
     # DeepSpeed's ZeRO optimizers keep FP32 partitions of the weights they train, whatever the
     # 16-bit dtype (its bf16 as its fp16 mode); FP32 training keeps them as the weights.
     deepspeed = "deepspeed" in t.opt or deepspeed_zero(row)
@@ -213,7 +217,10 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         precision = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
     else:
         precision = "bf16"
-    return {"precision": precision, "optimizer": _optimizer(t.opt)}
+    out = {"precision": precision, "optimizer": _optimizer(t.opt)}
+    if t.method == "lora" and precision in ("mixed", "fp16") and re.search(FP32_BASE, t.prec):
+        out["base_dtype"] = "fp32"
+    return out
 
 
 #: Optimizers whose states the planner does not model (it models AdamW, 8-bit AdamW and SGD):
@@ -385,6 +392,8 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
     rec = _step_recipe(t, row)
     if t.method != "full":
         wl.update(_adapters(t, row))
+        if wl.get("base_dtype") == "fp32" and not cell(row, "adapter_dtype"):
+            wl["adapter_dtype"] = "fp32"  # adapters made in the FP32 model's dtype
     if t.method == "qlora":
         base, base_recipe = _quantized_base(row)
         wl.update(base)

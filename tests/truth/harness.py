@@ -160,7 +160,8 @@ NLL_TOTAL_WEIGHT_BYTES = 4
 def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, adapter_fp32: bool = True,
               rank: int = 4, targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down"),
               dropout: float = 0.0, checkpointing: bool = False, autocast: bool = False,
-              kbit_prep: str = "none", shares_input: bool = False, clamp: bool = False) -> dict:
+              kbit_prep: str = "none", shares_input: bool = False, clamp: bool = False,
+              fp32_base: bool = False) -> dict:
     """What the planner's formulas say the same run saves (CPU: float dropout masks)."""
     from planner.memory import activations as act
     from planner.memory.inventory import LayerRecipe
@@ -176,7 +177,8 @@ def predicted(shape: Shape, *, dtype: torch.dtype, attention: str, lora: bool, a
             lora_targets=frozenset(targets) if lora else frozenset(), c=c,
             lora_rank=rank if lora else 0, lora_dropout=lora and dropout > 0, mask_bytes=c,
             input_requires_grad=not (first and lora and not checkpointing), autocast=autocast,
-            fp32_stream=kbit_prep != "none", fp32_embeddings=kbit_prep == "peft",
+            fp32_stream=kbit_prep != "none", fp32_embeddings=kbit_prep == "peft" or fp32_base,
+            fp32_base=fp32_base,
             lora_shares_input=shares_input,
             clamp_bytes=(4 if kbit_prep == "peft" else e) if clamp else 0)
 

@@ -106,6 +106,29 @@ def test_lora_under_autocast_exact(shape, recipe):
     assert got.shared == want["shared"]
 
 
+@pytest.mark.parametrize("shape", [BASE, Shape(b=1, s=96), Shape(kv_heads=4)], ids=str)
+@pytest.mark.parametrize("attention,targets", [("sdpa", ("q", "k", "v", "o", "gate", "up", "down")),
+                                               ("sdpa", ("q", "v")),
+                                               ("eager", ("q", "k", "v", "o", "gate", "up", "down"))],
+                         ids=["sdpa-all", "sdpa-qv", "eager-all"])
+@pytest.mark.parametrize("ckpt,dropout", [(False, 0.0), (False, 0.1), (True, 0.0)])
+def test_lora_over_an_fp32_base_under_autocast_exact(shape, attention, targets, ckpt, dropout):
+    """A model loaded in FP32 and trained with LoRA under bf16 autocast (Lightning's bf16-mixed,
+    the Trainer's --bf16 without torch_dtype): autocast casts each frozen FP32 weight at every
+    use and F.linear saves that cast for its input's gradient, the RoPE tables and the
+    checkpointed layer inputs are FP32, the lm_head's cast is saved; every other tensor is what
+    a bf16 base saves (``Workload.base_dtype``; per decoder layer and the tables, exactly)."""
+    kw = {"attention": attention, "lora": True, "targets": targets, "checkpointing": ckpt,
+          "dropout": dropout}
+    got = measure(build(shape, dtype=torch.float32, **kw), shape, autocast=True)
+    want = predicted(shape, dtype=torch.bfloat16, autocast=True, fp32_base=True, **kw)
+    assert got.layers == [int(x) for x in want["layers"]]
+    assert got.shared == want["shared"]
+    assert abs(got.outside - want["outside"]) <= OUTSIDE_TOLERANCE_BYTES
+    bf16 = predicted(shape, dtype=torch.bfloat16, autocast=True, **kw)
+    assert sum(want["layers"]) > sum(bf16["layers"])  # the casts (or FP32 checkpoints) are counted
+
+
 @pytest.mark.parametrize("shape", [BASE, Shape(b=1, s=96), Shape(f=512)], ids=str)
 @pytest.mark.parametrize("prep", ["none", "peft", "trl"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
