@@ -453,10 +453,20 @@ def test_every_estimate_states_its_error_on_runs_it_had_never_seen():
         assert (median, p80, signed) == pytest.approx(
             (np.median(a), np.percentile(a, 80), np.median(errs)), abs=5e-4), method
     note = unseen_error_note("lora")
-    assert note is not None and "68 published LoRA runs" in note and "low by a median 7%" in note
+    assert note is not None and "73 published LoRA runs" in note and "low by a median 7%" in note
     qlora = unseen_error_note("qlora")
-    assert qlora is not None and "neither low nor high" in qlora
+    assert qlora is not None and "high by a median 1%" in qlora
     assert unseen_error_note("inference") is None
+
+
+@pytest.mark.parametrize("signed, side", [(0.001, "neither low nor high"), (-0.068, "low by a median 7%"),
+                                           (0.2, "high by a median 20%")])
+def test_the_unseen_error_line_says_which_side_the_estimate_misses(monkeypatch, signed, side):
+    from planner.memory import detailed
+
+    monkeypatch.setitem(detailed.UNSEEN_ERROR, "full", (10, 0.1, 0.2, signed))
+    note = detailed.unseen_error_note("full")
+    assert note is not None and side in note and note.startswith("on 10 published full-training runs")
 
 
 @pytest.mark.parametrize("cell, deepspeed", [
