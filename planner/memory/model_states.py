@@ -129,6 +129,12 @@ def fp32_lora_base(workload: Workload) -> bool:
             and workload.precision in ("mixed", "fp16"))
 
 
+def frozen_weight_bytes(workload: Workload) -> int:
+    """Bytes per weight of LoRA's frozen base (and of its gradients where a stack makes them):
+    FP32 for an FP32 base (:func:`fp32_lora_base`), else the compute dtype's."""
+    return 4 if fp32_lora_base(workload) else compute_bytes(workload.precision)
+
+
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
     """Optimizer-state bytes per trainable parameter (bitsandbytes 32-bit paged AdamW keeps FP32
     states whatever the parameter dtype)."""
@@ -317,7 +323,7 @@ def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place:
     _frozen_base(model, workload, recipe, place, ledger, on_host_w=offload == "optimizer+params")
     n_lora, largest = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
     if frozen_grads and workload.method == "lora":
-        e = 4 if fp32_lora_base(workload) else compute_bytes(workload.precision)
+        e = frozen_weight_bytes(workload)
         ledger.put("gradients", place.layer_share / place.tp * e / place.shard("gradients"))
     return StateParts(ledger.dev, ledger.host, n_lora, largest)
 
@@ -326,7 +332,7 @@ def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
                  ledger: _Ledger, *, on_host_w: bool) -> None:
     """The frozen base's weights: 16-bit (FP32 for an FP32 LoRA base), or quantized linears for
     QLoRA."""
-    e = 4 if fp32_lora_base(workload) else compute_bytes(workload.precision)
+    e = frozen_weight_bytes(workload)
     bnb = False
     if workload.method == "qlora":
         q = quantized_linear_bytes(workload)

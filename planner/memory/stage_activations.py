@@ -37,6 +37,8 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, *,
             first_layer: bool) -> LayerRecipe:
     e = compute_bytes(wl.precision)
     lora = wl.method in ("lora", "qlora")
+    # FP32 embeddings and lm_head: a prepared bitsandbytes base's, or an FP32 LoRA base's
+    fp32_ends = fp32_embeddings(wl, recipe) or fp32_lora_base(wl)
     return LayerRecipe(
         e=e,
         attention=layout.attention,
@@ -64,10 +66,9 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, *,
         lora_shares_input=bnb_base(wl),
         fp32_stream=(bnb_prepared(wl, recipe)
                      and (fp32_embeddings(wl, recipe) or not _norm_keeps_dtype(model))),
-        fp32_embeddings=fp32_embeddings(wl, recipe) or fp32_lora_base(wl),
+        fp32_embeddings=fp32_ends,
         fp32_base=fp32_lora_base(wl),
-        clamp_bytes=(FP32 if fp32_embeddings(wl, recipe) or fp32_lora_base(wl) else e)
-        if model.eager_mask_clamp else 0,
+        clamp_bytes=(FP32 if fp32_ends else e) if model.eager_mask_clamp else 0,
         moe_loop=recipe.moe_experts == "loop",
     )
 

@@ -194,7 +194,7 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # weights"): the optimizer steps FP32 weights, the forward computes in 16 bits; not a run
     # in FP32 throughout ("fp32 weights and compute (autocast off)")
     fp32_master = fp32_master or (re.search(r"\bautocast\b", t.prec) is not None
-                                  and re.search(r"(?<!no )\bfp32 (?:base )?weights", t.prec) is not None
+                                  and re.search(FP32_BASE, t.prec) is not None
                                   and not re.search(NO_AUTOCAST, t.prec)
                                   and not (t.prec.startswith(("fp32", "float32"))
                                            and not re.search(r"\b(bf16|fp16) autocast\b", t.prec)))
@@ -317,10 +317,11 @@ def _torch_adamw(opt: str) -> bool:
     return "torch" in opt or "hf trainer" in opt
 
 
-def _adapters(t: RowText, row: dict[str, str]) -> dict[str, Any]:
+def _adapters(t: RowText, row: dict[str, str], *, fp32_model: bool) -> dict[str, Any]:
     """Adapters in the row's ``adapter_dtype`` (unstated: FP32 under Hugging Face PEFT, its
-    default, else the parameter dtype), rank, targets and dropout (unstated: none)."""
-    dtype = cell(row, "adapter_dtype") or ("fp32" if t.hf_stack else "compute")
+    default, or in a model kept in FP32, ``fp32_model``; else the parameter dtype), rank, targets
+    and dropout (unstated: none)."""
+    dtype = cell(row, "adapter_dtype") or ("fp32" if t.hf_stack or fp32_model else "compute")
     return {"adapter_dtype": dtype, "lora_rank": int(num(row, "lora_rank", 8)),
             "lora_targets": lora_targets(row.get("lora_targets", "")) or ["all"],
             "lora_dropout": float(num(row, "lora_dropout", 0.0)),
@@ -391,9 +392,7 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
                           "micro_batch": int(num(row, "micro_batch")), **_precision_and_optimizer(t, row)}
     rec = _step_recipe(t, row)
     if t.method != "full":
-        wl.update(_adapters(t, row))
-        if wl.get("base_dtype") == "fp32" and not cell(row, "adapter_dtype"):
-            wl["adapter_dtype"] = "fp32"  # adapters made in the FP32 model's dtype
+        wl.update(_adapters(t, row, fp32_model=wl.get("base_dtype") == "fp32"))
     if t.method == "qlora":
         base, base_recipe = _quantized_base(row)
         wl.update(base)
