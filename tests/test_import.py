@@ -212,7 +212,7 @@ def test_plan_takes_the_workload_and_searches_the_layout(tmp_path):
 
 @pytest.mark.parametrize("content, field", [
     ("{not json", "not valid JSON"),
-    (json.dumps({"optim": "lion_32bit", "output_dir": "x"}), "args.json.optim: 'lion_32bit'"),
+    (json.dumps({"optim": "galore_adamw", "output_dir": "x"}), "args.json.optim: 'galore_adamw'"),
     (json.dumps({"hello": 1}), "not a DeepSpeed, accelerate"),
 ])
 def test_bad_configs_are_one_line_each(tmp_path, content, field):
@@ -439,10 +439,10 @@ def test_what_was_read_is_listed_with_where_it_came_from(tmp_path):
 
 
 def test_an_optimizer_without_a_rule_can_be_replaced_by_the_flag(tmp_path):
-    args = _write(tmp_path, "args.json", {"output_dir": "x", "optim": "lion_32bit", "max_length": 1024})
+    args = _write(tmp_path, "args.json", {"output_dir": "x", "optim": "galore_adamw", "max_length": 1024})
     flags = ["--model", "llama-3.1-8b", "--method", "full", "--attention", "flash", "--gpu", "h100", "--profile", "seed"]
     res = runner.invoke(app, ["estimate", "--config", args, *flags])
-    assert res.exit_code == 2 and "args.json.optim: 'lion_32bit'" in res.output
+    assert res.exit_code == 2 and "args.json.optim: 'galore_adamw'" in res.output
     assert _estimate("--config", args, *flags, "--optimizer", "adamw")["method"] == "full"
 
 
@@ -601,3 +601,13 @@ def test_an_exported_deepspeed_config_names_the_bucket_its_plan_holds(tmp_path):
                              ("deepspeed",), backend="deepspeed")
     cfg = json.loads(next(text for name, text in custom.files.items() if name.endswith(".json")))
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 300_000_000
+
+
+def test_adafactor_and_lion_are_read_as_themselves(tmp_path):
+    """The Trainer's ``adafactor`` and bitsandbytes' 32-bit Lion (``lion_32bit``; paged: its states
+    in unified memory) are optimizers the memory model keeps apart from AdamW."""
+    for optim, want, paged in (("adafactor", "adafactor", False), ("lion_32bit", "lion", False),
+                               ("paged_lion_32bit", "lion", True)):
+        f = _found(tmp_path, "args.json", {"output_dir": "x", "optim": optim})
+        assert f.values["optimizer"] == want, optim
+        assert bool(f.values.get("optimizer_paged")) is paged, optim

@@ -920,3 +920,67 @@ def test_deepspeed_zero3_keeps_its_reduce_bucket_from_initialisation_on():
         more = 2 * (500_000_000 - 4096**2)
         assert more <= grew["backward start"] <= 1.1 * more, zero
         assert (grew["optimizer step"] >= more) is step_holds_it, zero
+
+
+# --- Adafactor and Lion: what each optimizer keeps ------------------------------------------
+
+
+def _opt_states(optimizer: str, *, zero: int = 0, recipe: Recipe | None = None, method: str = "full"):
+    from planner.core.entries import ModelSpec
+    from planner.memory.model_states import model_states
+
+    model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    wl = Workload(method=method, precision="mixed", optimizer=optimizer)
+    st = model_states(model, wl, recipe=recipe or Recipe(), tp=1, pp=1, zero_degree=8 if zero else 1,
+                      zero=zero, offload="none", adapter_bytes=4)
+    return st.device
+
+
+def test_adafactor_keeps_row_and_column_moments_unless_handed_flat_partitions():
+    """transformers' Adafactor (no momentum) keeps, per m×n matrix, m + n FP32 means of the
+    squared gradient: under 0.01 byte per parameter of a 7B Llama, against AdamW's 8. DeepSpeed
+    ZeRO and FSDP1 hand the optimizer flat 1-D partitions, which it keeps a full FP32 moment of
+    (4 bytes per parameter, sharded); FSDP2's DTensors keep their shapes."""
+    n = 6.74e9
+    adamw = _opt_states("adamw")["optimizer_states"]
+    shaped = _opt_states("adafactor")["optimizer_states"]
+    assert adamw == pytest.approx(8 * n, rel=0.01)
+    assert 0 < shaped < 0.01 * n
+    flat = _opt_states("adafactor", zero=2, recipe=Recipe(zero_impl="deepspeed"))["optimizer_states"]
+    assert flat == pytest.approx(4 * n / 8, rel=0.01)
+    fsdp2 = _opt_states("adafactor", zero=3, recipe=Recipe(fsdp_version=2))["optimizer_states"]
+    assert fsdp2 < 0.01 * n / 8
+
+
+def test_lion_keeps_one_fp32_momentum():
+    """bitsandbytes' 32-bit Lion (the Trainer's ``lion_32bit``): one FP32 state, half AdamW's."""
+    assert _opt_states("lion")["optimizer_states"] == pytest.approx(_opt_states("adamw")["optimizer_states"] / 2)
+
+
+def test_adafactor_step_holds_two_fp32_copies_of_the_largest_tensor():
+    """Its per-tensor step keeps ``update`` and the tensor made from it, FP32, of the largest
+    stepped tensor (the 32000 × 4096 head here, under mixed precision's FP32 gradients)."""
+    from planner.core.entries import ModelSpec
+    from planner.memory.buffers import buffer_terms
+    from planner.memory.model_states import model_states
+
+    model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    wl = Workload(method="full", precision="mixed", optimizer="adafactor")
+    lay = Layout(dp=1)
+    st = model_states(model, wl, recipe=Recipe(), tp=1, pp=1, zero_degree=1, zero=0, offload="none",
+                      adapter_bytes=2)
+    temp = buffer_terms(model, wl, lay, st, recipe=Recipe(optimizer_step="fused"))["optimizer_temp"]
+    assert temp == pytest.approx(2 * 32000 * 4096 * 4)
+
+
+def test_an_adafactor_plan_fits_where_adamw_does_not():
+    """A 7B model's full fine-tune on one 80 GB card: AdamW's 8 bytes per parameter do not fit,
+    Adafactor's factored moments do (the KoAlpaca 12.8B/20B runs were trained with Adafactor for
+    this reason)."""
+    base = {"model": "llama-2-7b",
+            "workload": {"method": "full", "precision": "mixed", "seq_len": 512, "micro_batch": 1},
+            "layout": {"gpu": "a100-sxm-80gb", "gpus": 1, "checkpointing": "full", "attention": "flash"}}
+    adamw = _estimate(base)
+    ada = _estimate({**base, "workload": {**base["workload"], "optimizer": "adafactor"}})
+    assert not adamw.fits and ada.fits
+    assert adamw.total_bytes - ada.total_bytes > 6 * 6.7e9

@@ -150,11 +150,13 @@ def test_full_fine_tuning_precision_cells(cell, precision):
 @pytest.mark.parametrize("cell, optimizer", [
     ("torch AdamW", "adamw"), ("adamw_8bit (bitsandbytes)", "adam8bit"), ("SGD (momentum 0.9)", "sgd"),
     ("AdamW (HF default; the script passes no --optim adafactor)", "adamw"),
-    ("adafactor (HF Adafactor, --optim adafactor)", None), ("Lion", None), ("Muon (AdamW for 1-D)", None)])
+    ("adafactor (HF Adafactor, --optim adafactor)", "adafactor"), ("Lion (lion_32bit)", "lion"),
+    ("lion_8bit (bitsandbytes)", None), ("Adafactor (beta1=0.9)", None), ("Muon (AdamW for 1-D)", None)])
 def test_an_optimizer_the_planner_does_not_model_leaves_the_row_unmodelled(cell, optimizer):
-    """Adafactor's factored moments, Lion's and Muon's single momentum are not AdamW's 8 bytes per
-    parameter: a row naming one is not modelled (KoAlpaca's Adafactor runs were read as AdamW and
-    judged out of memory at 1.2-1.7x the card); a parenthesis that only mentions one does not count."""
+    """Muon's single momentum, an 8-bit Lion's byte or Adafactor's first moment are not what a
+    modelled optimizer keeps: a row naming one is not modelled (KoAlpaca's Adafactor runs were
+    once read as AdamW and judged out of memory at 1.2-1.7x the card); Adafactor without momentum
+    and 32-bit Lion are read as themselves; a parenthesis that only mentions one does not count."""
     from planner.validate.cells import Unmodelable
     from planner.validate.rows import scenario_of
 
@@ -165,6 +167,19 @@ def test_an_optimizer_the_planner_does_not_model_leaves_the_row_unmodelled(cell,
             scenario_of(row)
     else:
         assert scenario_of(row)["workload"]["optimizer"] == optimizer
+
+
+@pytest.mark.parametrize("cell", [
+    "bf16 (Megatron mixed precision, fp32 main grads and master params)", "bf16, fp32 master weights"])
+def test_fp32_master_params_named_after_other_words_are_mixed_precision(cell):
+    """Megatron's bf16 keeps FP32 main params however the cell words it ("fp32 main grads and
+    master params"): 16 bytes per parameter, not pure BF16's 8 (ms-swift's Megatron examples)."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = {**next(csv.DictReader(fh)), "method": "full", "precision": cell, "optimizer": "Megatron Adam",
+               "framework": "megatron", "hf_model": "no"}
+    assert scenario_of(row)["workload"]["precision"] == "mixed"
 
 
 @pytest.mark.parametrize("method, cell, precision, base", [
@@ -453,7 +468,7 @@ def test_every_estimate_states_its_error_on_runs_it_had_never_seen():
         assert (median, p80, signed) == pytest.approx(
             (np.median(a), np.percentile(a, 80), np.median(errs)), abs=5e-4), method
     note = unseen_error_note("lora")
-    assert note is not None and "73 published LoRA runs" in note and "low by a median 7%" in note
+    assert note is not None and "84 published LoRA runs" in note and "low by a median 7%" in note
     qlora = unseen_error_note("qlora")
     assert qlora is not None and "high by a median 1%" in qlora
     assert unseen_error_note("inference") is None

@@ -23,6 +23,9 @@ from planner.memory.model_states import (
     saved_module_params,
 )
 
+#: FP32 tensors of the stepped tensor's size that transformers' Adafactor holds at once in its
+#: per-tensor step (``update`` and the next one made from it; optimization.py ``Adafactor.step``).
+ADAFACTOR_STEP_COPIES = 2
 #: DeepSpeed ZeRO-3's ``sub_group_size`` default (elements the optimizer steps at a time).
 DEEPSPEED_SUB_GROUP_ELEMENTS = 1e9
 #: FSDP / ZeRO-3 units gathered at once: the one computing and the one prefetched (FSDP
@@ -113,6 +116,14 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
             # copies of the tensor being stepped, the largest of them at the peak
             largest = _largest_stepped(model, wl, layout, recipe, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
+    if wl.optimizer == "adafactor" and layout.offload == "none":
+        # transformers' Adafactor steps one tensor at a time: ``update = grad**2 + eps`` and the
+        # factored (or full) second moment's ``rsqrt`` times the gradient are two FP32 tensors of
+        # the stepped tensor's size alive together (the second, then ``-update`` at the final add);
+        # a 16-bit gradient and parameter are first copied to FP32 (``grad.float()``, ``p.float()``).
+        largest = _largest_stepped(model, wl, layout, recipe, per_call, layer, end)
+        sixteen_bit = wl.precision == "bf16" and (wl.method == "full" or wl.adapter_dtype != "fp32")
+        out["optimizer_temp"] += (ADAFACTOR_STEP_COPIES + (2 if sixteen_bit else 0)) * largest * 4
     if _deepspeed_zero12(layout, recipe) and layout.offload == "none" and wl.precision == "fp16":
         # With FP16's loss scaling DeepSpeed's step first checks each gradient part it owns for
         # inf/NaN (``check_overflow``, one tensor at a time), before any FP32 copy exists.

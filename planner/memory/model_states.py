@@ -8,6 +8,9 @@ Bytes per parameter (trainable, before sharding):
   → 16 (ZeRO paper, K = 12); ``grad_dtype: fp32`` (Megatron's FP32 main grads) → 18.
 - FP32: 4 + 4 + 8 = 16.
 - 8-bit Adam (bitsandbytes, block size 256 since 2024-09): 2 + 2·4/256 = 2.031 bytes for m and v.
+- Adafactor (no momentum): FP32 row and column means of each matrix's squared gradient, a full
+  FP32 second moment for vectors and for the flat partitions ZeRO/FSDP1 hand the optimizer.
+- Lion (bitsandbytes' 32-bit Lion, the Trainer's ``lion_32bit``): one FP32 momentum, 4 bytes.
 - Paged optimizers keep every state tensor of ≥ 1e5 elements in CUDA unified memory, outside the
   PyTorch allocator and evictable to host (bitsandbytes ``get_state_buffer``): counted on the host.
 """
@@ -17,7 +20,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.core.arch import ParamCounts, _attention_dims, _dims, expert_params, lora_adapters, param_counts
+from planner.core.arch import (
+    ParamCounts,
+    _attention_dims,
+    _dims,
+    expert_params,
+    lora_adapters,
+    lora_module_shapes,
+    param_counts,
+)
 from planner.core.entries import ModelSpec
 from planner.core.specs import Recipe, Workload
 
@@ -135,13 +146,59 @@ def frozen_weight_bytes(workload: Workload) -> int:
     return 4 if fp32_lora_base(workload) else compute_bytes(workload.precision)
 
 
+#: Adafactor (Shazeer & Stern 2018, arXiv 1804.04235) as transformers' ``Adafactor`` runs it (the
+#: Trainer's ``optim="adafactor"``), without a first moment (``beta1=None``, its default): a tensor
+#: of two or more dimensions keeps running means of its squared gradient over its rows and over its
+#: columns, (m + n) values for an m×n matrix; a vector keeps the full second moment. Every state
+#: is FP32 (the step casts a 16-bit gradient to FP32 first and allocates the states like it).
+ADAFACTOR_STATE_ELEM_BYTES = 4
+#: Lion (Chen et al. 2023, arXiv 2302.06675) keeps one momentum; bitsandbytes' ``Lion`` with 32-bit
+#: states (the Trainer's ``lion_32bit``) keeps it in FP32 whatever the parameter dtype.
+LION_STATE_BYTES = 4.0
+
+
+def adafactor_bytes_per_param(model: ModelSpec, workload: Workload, flat: bool) -> float:
+    """Adafactor's state bytes per trainable parameter: a flat tensor (``flat``: DeepSpeed ZeRO's
+    and FSDP1's flat partitions, which the optimizer receives as vectors) keeps a full second
+    moment; otherwise each matrix its row and column means (the model's matrices: every decoder
+    layer's linear layers, embeddings, an untied head; or the LoRA matrices and the modules a run
+    trains whole), each norm weight its full moment."""
+    b = ADAFACTOR_STATE_ELEM_BYTES
+    if flat:
+        return float(b)
+    (vocab,) = _dims(model, "vocab")
+    h = model.hidden
+    if workload.method == "full":
+        n = param_counts(model).total
+        per_layer = sum(d_in + d_out for d_in, d_out in lora_module_shapes(model).values())
+        ends = (1 if model.tied_embeddings else 2) * (vocab + h)
+        vectors = (2 * model.layers + 1) * h
+        return b * (model.layers * per_layer + ends + vectors) / n
+    r = workload.lora_rank
+    shapes = adapter_shapes(model, workload)
+    saved = saved_module_params(model, workload.modules_to_save)
+    n = sum(c * r * (d_in + d_out) for c, d_in, d_out in shapes) + sum(saved.values())
+    rows_cols = sum(c * (r + d_in + d_out + r) for c, d_in, d_out in shapes) + len(saved) * (vocab + h)
+    return b * rows_cols / n if n else 0.0
+
+
+def steps_flat_tensors(zero: int, recipe: Recipe) -> bool:
+    """Whether the optimizer receives flat 1-D partitions rather than the parameters' shapes:
+    DeepSpeed ZeRO (``single_partition_of_fp32_groups``, stage 3's flat sub-groups), FSDP1's and
+    Megatron's flat buffers; FSDP2 hands it DTensors of the parameters' own shapes."""
+    return zero >= 1 and not (recipe.zero_impl == "fsdp" and recipe.fsdp_version == 2)
+
+
 def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> float:
     """Optimizer-state bytes per trainable parameter (bitsandbytes 32-bit paged AdamW keeps FP32
-    states whatever the parameter dtype)."""
+    states whatever the parameter dtype). Adafactor's depend on the tensors' shapes
+    (:func:`adafactor_bytes_per_param`)."""
     if paged and optimizer == "adamw":
         return 8.0
     if optimizer in ("adam8bit", "paged_adamw8bit"):
         return ADAM8BIT_STATE_BYTES
+    if optimizer == "lion":
+        return LION_STATE_BYTES
     if optimizer == "sgd":
         return float(state_elem_bytes)
     return 2.0 * state_elem_bytes
@@ -277,6 +334,8 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
     opt_b = adam_bytes(workload.optimizer, state_elem, paged)
+    if workload.optimizer == "adafactor":
+        opt_b = adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
     dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
     ledger.put("weights", place.spread(dense_w, expert_w, "weights"), on_host_w)
@@ -371,6 +430,8 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     c = adapter_bytes
     master = 4 if (mixed and c < 4) else 0
     opt_b = adam_bytes(workload.optimizer, 4 if mixed else c, paged)
+    if workload.optimizer == "adafactor":
+        opt_b = adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
         + [(1, n) for n in saved]

@@ -59,13 +59,12 @@ TP_UNSPLIT_ACTIVATION_SHARE = 10.0 / 34.0
 
 #: Optimizer state bytes per trainable parameter. AdamW keeps m and v: FP32 (4 + 4), or in the
 #: parameter dtype under pure BF16; 8-bit Adam (bitsandbytes) keeps both in 8 bits (~2 bytes,
-#: ``000_…`` §三.1: "8-bit m/v ≈ 2N"); SGD with momentum keeps one buffer (``004_…``).
+#: ``000_…`` §三.1: "8-bit m/v ≈ 2N"); SGD with momentum keeps one buffer (``004_…``). Not in the
+#: documents: Lion keeps one FP32 momentum (bitsandbytes' 32-bit Lion); Adafactor's factored
+#: second moment, rows plus columns of each matrix, is taken as 0 per parameter here.
 OPTIMIZER_STATE_BYTES: dict[str, dict[str, float]] = {
-    # precision ->     adamw  adam8bit  paged_adamw8bit  sgd
-    "mixed": {"adamw": 8.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 4.0},
-    "fp16": {"adamw": 8.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 4.0},
-    "bf16": {"adamw": 4.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 2.0},
-    "fp32": {"adamw": 8.0, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": 4.0},
+    p: {"adamw": adamw, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": sgd, "adafactor": 0.0, "lion": 4.0}
+    for p, adamw, sgd in (("mixed", 8.0, 4.0), ("fp16", 8.0, 4.0), ("bf16", 4.0, 2.0), ("fp32", 8.0, 4.0))
 }
 
 #: Bytes per element of the compute copy of weights, gradients and activations.

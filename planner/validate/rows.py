@@ -174,7 +174,7 @@ QUANT_IMPLS = {"bnb-nf4": "nf4", "torchao-nf4": "torchao-nf4", "gptq": "gptq", "
 
 
 #: An FP32 master copy named in a precision cell, and the same said to be absent.
-FP32_MASTER = r"fp32 (?:(?!no\b|not\b)\w+ )?(?:master|main param|main weight)"
+FP32_MASTER = r"fp32 (?:(?!no\b|not\b)\w+ ){0,3}(?:master|main param|main weight)"
 NO_FP32_MASTER = (r"\b(no|without|not)\b(?:[ -]\w+){0,2}[ -]fp32 (?:\w+ )?(?:master|main param)"
                   r"|fp32 master\w*\s*[:=]\s*(no|none|false)\b")
 #: FP32 base weights named in a precision cell ("fp32 weights, bf16 autocast", Lightning's
@@ -223,18 +223,24 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-#: Optimizers whose states the planner does not model (it models AdamW, 8-bit AdamW and SGD):
-#: named as a row's optimizer, before any parenthesis, the row is not modelled rather than read
-#: as AdamW, whose 8 bytes per parameter would stand in for Adafactor's factored moments or
-#: Lion's and Muon's single momentum.
-UNMODELLED_OPTIMIZERS = r"\b(adafactor|lion|muon|sophia|came|adam-?mini|galore|lomo|apollo|shampoo|soap)\b"
+#: Optimizers whose states the planner does not model (it models AdamW, 8-bit AdamW, SGD,
+#: Adafactor without momentum and 32-bit Lion): named as a row's optimizer, before any
+#: parenthesis, the row is not modelled rather than read as AdamW, whose 8 bytes per parameter
+#: would stand in for Muon's single momentum; nor are the variants of a modelled one that the
+#: whole cell names (an 8-bit Lion, Adafactor with a first moment).
+UNMODELLED_OPTIMIZERS = r"\b(muon|sophia|came|adam-?mini|galore|lomo|apollo|shampoo|soap)\b"
+UNMODELLED_VARIANTS = r"\blion[ _-]?8[ _-]?bit|8[ _-]?bit[ _-]?lion|\badafactor\b.*\bbeta1\s*[=:]\s*0?\.\d"
 
 
 def _optimizer(opt: str) -> str:
-    named = opt.split("(")[0]
-    found = re.search(UNMODELLED_OPTIMIZERS, named)
+    named = opt.split("(")[0].lower()
+    found = re.search(UNMODELLED_OPTIMIZERS, named) or re.search(UNMODELLED_VARIANTS, opt.lower())
     if found:
-        raise Unmodelable(f"optimizer {found.group(1)!r}: the planner models AdamW, 8-bit AdamW and SGD")
+        raise Unmodelable(f"optimizer {found.group(0)!r}: the planner models AdamW, 8-bit AdamW, SGD, "
+                          "Adafactor without momentum and 32-bit Lion")
+    for name in ("adafactor", "lion"):
+        if re.search(rf"\b{name}\b", named):
+            return name
     if "8bit" in opt or "8-bit" in opt:
         return "adam8bit"
     return "sgd" if re.match(r"\s*sgd\b", named) else "adamw"

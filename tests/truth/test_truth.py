@@ -304,3 +304,28 @@ def test_a_fused_projection_view_keeps_the_whole_output():
     rec = LayerRecipe(e=2, trainable_base=False, fp32_stream=True)
     cached = k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
     assert cached == act.kv_cache_bytes(spec, rec, b, s).total()
+
+
+@pytest.mark.parametrize("shape", [BASE, Shape(h=192, heads=6, kv_heads=3), Shape(vocab=1000)], ids=str)
+@pytest.mark.parametrize("lora", [False, True])
+def test_adafactor_state_bytes_exact(shape, lora):
+    """transformers' Adafactor (its defaults: no first moment) after one step keeps FP32 row and
+    column means of each matrix's squared gradient and the full moment of each vector: the
+    planner's bytes per parameter times the trainable parameters, exactly."""
+    from transformers.optimization import Adafactor
+
+    from planner.core.specs import Workload
+    from planner.memory.model_states import adafactor_bytes_per_param
+
+    model = build(shape, dtype=torch.float32, attention="sdpa", lora=lora)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    ids = torch.randint(0, shape.vocab, (shape.b, shape.s))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt = Adafactor(trainable)
+    opt.step()
+    got = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+              if torch.is_tensor(v) and v.dim() > 0)
+    wl = Workload(method="lora" if lora else "full", lora_rank=4, optimizer="adafactor",
+                  lora_targets=["q", "k", "v", "o", "gate", "up", "down"])
+    n = sum(p.numel() for p in trainable)
+    assert got == round(adafactor_bytes_per_param(spec_of(shape), wl, flat=False) * n)

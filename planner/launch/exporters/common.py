@@ -167,7 +167,8 @@ class Ctx:
         if self.wl.optimizer == "adamw" and self.detail("optimizer_step", "foreach") == "fused":
             return "adamw_torch_fused"
         return {"adamw": "adamw_torch", "adam8bit": "adamw_bnb_8bit",
-                "paged_adamw8bit": "paged_adamw_8bit", "sgd": "sgd"}[self.wl.optimizer]
+                "paged_adamw8bit": "paged_adamw_8bit", "sgd": "sgd", "adafactor": "adafactor",
+                "lion": "lion_32bit"}[self.wl.optimizer]
 
     def detail(self, name: str, default):
         """A workload/layout/recipe detail newer scenario formats carry (the default where absent)."""

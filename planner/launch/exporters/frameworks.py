@@ -65,9 +65,9 @@ def deepspeed_config(ctx: Ctx, out: Bundle) -> dict | None:
         cfg["sequence_parallel_size"] = lay.cp
         out.note(fmt, f"context parallelism {lay.cp} as DeepSpeed-Ulysses sequence_parallel_size; "
                       "the model must use DeepSpeed's DistributedAttention")
-    if wl.optimizer in ("adam8bit", "paged_adamw8bit"):
+    if wl.optimizer in ("adam8bit", "paged_adamw8bit", "adafactor", "lion"):
         cfg["zero_allow_untested_optimizer"] = True
-        out.note(fmt, f"the plan's {wl.optimizer} is a bitsandbytes optimizer: pass it to "
+        out.note(fmt, f"the plan's {wl.optimizer} is not a DeepSpeed optimizer: pass it to "
                       "deepspeed.initialize(optimizer=...) (no 'optimizer' block)")
     if lay.checkpointing != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False}

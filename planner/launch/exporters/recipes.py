@@ -183,7 +183,9 @@ def bnb_config(ctx: Ctx, out: Bundle) -> dict | None:
 
 
 TORCHTUNE_OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam8bit": "bitsandbytes.optim.AdamW8bit",
-                        "paged_adamw8bit": "bitsandbytes.optim.PagedAdamW8bit", "sgd": "torch.optim.SGD"}
+                        "paged_adamw8bit": "bitsandbytes.optim.PagedAdamW8bit", "sgd": "torch.optim.SGD",
+                        "adafactor": "transformers.optimization.Adafactor",
+                        "lion": "bitsandbytes.optim.Lion32bit"}
 TORCHTUNE_ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
 
 

@@ -17,10 +17,11 @@ HF_OPTIM = {
     "adamw_torch_xla": "adamw", "adamw_torch_npu_fused": "adamw", "adamw": "adamw", "adam": "adamw",
     "adamw_bnb_8bit": "adam8bit", "adamw_8bit": "adam8bit",
     "adam8bit": "adam8bit", "paged_adamw_8bit": "paged_adamw8bit", "paged_adam_8bit": "paged_adamw8bit",
-    "sgd": "sgd", "paged_adamw_32bit": "adamw", "paged_adamw": "adamw",
+    "sgd": "sgd", "paged_adamw_32bit": "adamw", "paged_adamw": "adamw", "adafactor": "adafactor",
+    "lion_32bit": "lion", "paged_lion_32bit": "lion",
 }
 #: bitsandbytes' 32-bit paged AdamW: FP32 states in CUDA unified memory (Recipe.optimizer_paged).
-HF_PAGED_32 = {"paged_adamw_32bit", "paged_adamw"}
+HF_PAGED_32 = {"paged_adamw_32bit", "paged_adamw", "paged_lion_32bit"}
 #: How the Trainer's optimizers step where it is not torch's foreach (Recipe.optimizer_step):
 #: the fused kernels hold no list-wide copy; transformers' own AdamW steps one tensor at a time.
 HF_OPTIM_STEP = {"adamw_torch_fused": "fused", "adamw_apex_fused": "fused",

@@ -13,7 +13,8 @@ from planner.launch.importers.found import Found
 from planner.launch.importers.peft import read_lora, read_targets
 
 TT_OPTIM = {"AdamW": "adamw", "Adam": "adamw", "AdamW8bit": "adam8bit", "PagedAdamW8bit": "paged_adamw8bit",
-            "SGD": "sgd", "PagedAdamW": "adamw", "PagedAdamW32bit": "adamw"}
+            "SGD": "sgd", "PagedAdamW": "adamw", "PagedAdamW32bit": "adamw", "Adafactor": "adafactor",
+            "Lion32bit": "lion", "Lion": "lion"}
 #: torchtune's losses: the chunked cross-entropy over whole logits, and the one that runs the head per
 #: chunk of tokens (memory/logits.py: ``chunked_head``).
 TT_LOSS = {"CEWithChunkedOutputLoss": "chunked", "LinearCrossEntropyLoss": "chunked_head",
