@@ -237,6 +237,15 @@ def test_megatron_args_keep_the_gradient_dtype_the_plan_counted():
     assert "--bf16" in fp32_grads
 
 
+def test_bf16_adam_moments_export_megatrons_precision_aware_optimizer():
+    """A plan counted with Adam's moments in BF16 (``recipe.optimizer_moments: bf16``) asks
+    Megatron-LM for them; one with FP32 moments does not."""
+    plain = _export(TP_PP).files["megatron_args.txt"].splitlines()
+    bf16 = _export({**TP_PP, "recipe": {"optimizer_moments": "bf16"}}).files["megatron_args.txt"].splitlines()
+    for flag in ("--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"):
+        assert flag in bf16 and flag not in plain
+
+
 def test_an_fp8_plan_exports_transformer_engines_fp8_recipe():
     """FP8 linears, FP8-stored weights and FP8 attention: ``--fp8-format hybrid``,
     ``--fp8-param-gather`` and cuDNN's fused attention backend; the two TransformerConfig fields

@@ -984,3 +984,14 @@ def test_an_adafactor_plan_fits_where_adamw_does_not():
     ada = _estimate({**base, "workload": {**base["workload"], "optimizer": "adafactor"}})
     assert not adamw.fits and ada.fits
     assert adamw.total_bytes - ada.total_bytes > 6 * 6.7e9
+
+
+def test_megatron_precision_aware_optimizer_keeps_adam_moments_in_bf16():
+    """``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``
+    (``recipe.optimizer_moments: bf16``): m and v at 2 bytes each beside the FP32 master, half
+    AdamW's FP32 moments; other optimizers keep theirs."""
+    fp32 = _opt_states("adamw")
+    bf16 = _opt_states("adamw", recipe=Recipe(optimizer_moments="bf16"))
+    assert bf16["optimizer_states"] == pytest.approx(fp32["optimizer_states"] / 2)
+    assert bf16["master_weights"] == fp32["master_weights"]
+    assert _opt_states("lion", recipe=Recipe(optimizer_moments="bf16")) == _opt_states("lion")

@@ -169,6 +169,19 @@ def test_an_optimizer_the_planner_does_not_model_leaves_the_row_unmodelled(cell,
         assert scenario_of(row)["workload"]["optimizer"] == optimizer
 
 
+@pytest.mark.parametrize("cell, moments", [
+    ("Megatron Adam, use_precision_aware_optimizer with exp_avg and exp_avg_sq in bf16", "bf16"),
+    ("Megatron Adam (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)", "bf16"),
+    ("Megatron Adam, distributed optimizer", None)])
+def test_adam_moments_stated_in_bf16_are_read_as_the_recipe(cell, moments):
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = {**next(csv.DictReader(fh)), "method": "full", "precision": "bf16, fp32 master weights",
+               "optimizer": cell, "framework": "megatron", "hf_model": "no"}
+    assert scenario_of(row).get("recipe", {}).get("optimizer_moments") == moments
+
+
 @pytest.mark.parametrize("cell", [
     "bf16 (Megatron mixed precision, fp32 main grads and master params)", "bf16, fp32 master weights"])
 def test_fp32_master_params_named_after_other_words_are_mixed_precision(cell):

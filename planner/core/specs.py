@@ -218,6 +218,11 @@ class Recipe(StrictModel):
     kbit_prep: Literal["none", "peft", "trl"] = "none"
     grad_dtype: GradDtype = "param"  # fp32: FP32 main gradients (Megatron)
     optimizer_paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
+    # dtype of Adam's two moments: "default" (FP32 under mixed precision, the parameters' dtype
+    # under pure 16-bit training) or "bf16" (Megatron-Core's precision-aware optimizer,
+    # ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``: 2 + 2
+    # bytes per parameter beside the FP32 master)
+    optimizer_moments: Literal["default", "bf16"] = "default"
     # how the optimizer steps: "foreach" (torch's multi-tensor default on CUDA: one
     # intermediate the size of all stepped tensors), "foreach_torch20" (torch 2.0's, which kept
     # two), "fused" (one kernel, no intermediates), "in_backward" (each parameter stepped as its
@@ -393,7 +398,7 @@ class Recipe(StrictModel):
 #: (planner.core.errors), not as an unknown key.
 MOVED_KEYS: dict[type, dict[str, str]] = {
     Workload: {k: f"recipe.{k}" for k in (
-        "bnb_keeps_input", "int8_keeps_transposed", "kbit_prep", "grad_dtype", "optimizer_paged",
+        "bnb_keeps_input", "int8_keeps_transposed", "kbit_prep", "grad_dtype", "optimizer_paged", "optimizer_moments",
         "optimizer_step", "rope_cache_per_layer", "keeps_kv_cache", "loss", "peak_at_first_step",
         "compile", "kernels", "moe_experts", "fp8_attention", "fp8_activation_store", "fp8_params",
         "fp8_transpose_cache")},

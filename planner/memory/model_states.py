@@ -182,6 +182,11 @@ def adafactor_bytes_per_param(model: ModelSpec, workload: Workload, flat: bool) 
     return b * rows_cols / n if n else 0.0
 
 
+def _bf16_moments(workload: Workload, recipe: Recipe) -> bool:
+    """AdamW's moments kept in BF16 (:attr:`Recipe.optimizer_moments`): 2 bytes each."""
+    return recipe.optimizer_moments == "bf16" and workload.optimizer == "adamw"
+
+
 def steps_flat_tensors(zero: int, recipe: Recipe) -> bool:
     """Whether the optimizer receives flat 1-D partitions rather than the parameters' shapes:
     DeepSpeed ZeRO (``single_partition_of_fp32_groups``, stage 3's flat sub-groups), FSDP1's and
@@ -333,7 +338,7 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     state_elem = 4 if (mixed or workload.precision == "fp32") else e
     paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
-    opt_b = adam_bytes(workload.optimizer, state_elem, paged)
+    opt_b = adam_bytes(workload.optimizer, 2 if _bf16_moments(workload, recipe) else state_elem, paged)
     if workload.optimizer == "adafactor":
         opt_b = adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
@@ -429,7 +434,7 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     n_lora += n_saved
     c = adapter_bytes
     master = 4 if (mixed and c < 4) else 0
-    opt_b = adam_bytes(workload.optimizer, 4 if mixed else c, paged)
+    opt_b = adam_bytes(workload.optimizer, 2 if _bf16_moments(workload, recipe) else (4 if mixed else c), paged)
     if workload.optimizer == "adafactor":
         opt_b = adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
     paged_share = _paged_share(

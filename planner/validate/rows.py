@@ -246,10 +246,17 @@ def _optimizer(opt: str) -> str:
     return "sgd" if re.match(r"\s*sgd\b", named) else "adamw"
 
 
+#: Adam's moments stated in BF16 in an optimizer cell ("exp_avg and exp_avg_sq in bf16",
+#: Megatron's ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``).
+BF16_MOMENTS = r"exp_avg(?:_sq)?(?: and exp_avg_sq)?(?: dtypes?)? (?:in|=|:) ?bf16|exp[_-]avg[_-]dtype[ =]bf16"
+
+
 def _step_recipe(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     """The recipe of the row's step: paged optimizer states, how the optimizer steps (and the
     torch release behind it), per-layer rotary tables and a returned KV cache."""
     rec: dict[str, Any] = {"optimizer_paged": "paged" in t.opt}
+    if re.search(BF16_MOMENTS, t.opt):
+        rec["optimizer_moments"] = "bf16"  # Megatron's precision-aware optimizer
     if yes(row, "rope_cache"):
         rec["rope_cache_per_layer"] = True
     if yes(row, "kv_cache"):

@@ -351,9 +351,13 @@ def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
                           f"weights (ZeRO-1); the plan's ZeRO-{lay.zero} sharding of "
                           f"{'gradients' if lay.zero == 2 else 'gradients and weights'} needs "
                           "--use-torch-fsdp2 instead")
-    if lay.offload != "none":
-        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
     rec = ctx.rs.recipe
+    if lay.offload != "none" or rec.optimizer_moments == "bf16":
+        args.append("--use-precision-aware-optimizer")
+    if lay.offload != "none":
+        args.append("--optimizer-cpu-offload")
+    if rec.optimizer_moments == "bf16":
+        args += ["--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
     if lay.attention == "flash":
         # FP8 attention runs in cuDNN's fused attention (Transformer Engine's FusedAttention)
         args.append("--attention-backend fused" if wl.fp8 and rec.fp8_attention else "--attention-backend flash")
