@@ -182,11 +182,6 @@ def adafactor_bytes_per_param(model: ModelSpec, workload: Workload, flat: bool) 
     return b * rows_cols / n if n else 0.0
 
 
-def _bf16_moments(workload: Workload, recipe: Recipe) -> bool:
-    """AdamW's moments kept in BF16 (:attr:`Recipe.optimizer_moments`): 2 bytes each."""
-    return recipe.optimizer_moments == "bf16" and workload.optimizer == "adamw"
-
-
 def steps_flat_tensors(zero: int, recipe: Recipe) -> bool:
     """Whether the optimizer receives flat 1-D partitions rather than the parameters' shapes:
     DeepSpeed ZeRO (``single_partition_of_fp32_groups``, stage 3's flat sub-groups), FSDP1's and
@@ -207,6 +202,18 @@ def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> fl
     if optimizer == "sgd":
         return float(state_elem_bytes)
     return 2.0 * state_elem_bytes
+
+
+def _optimizer_bytes(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
+                     state_elem_bytes: int, paged: bool) -> float:
+    """Optimizer-state bytes per trainable parameter on this GPU's placement: Adafactor's by the
+    tensors' shapes (flat where ZeRO or FSDP1 hands it partitions), AdamW's moments at 2 bytes
+    where the recipe keeps them in BF16 (:attr:`Recipe.optimizer_moments`), else
+    :func:`adam_bytes` at ``state_elem_bytes`` per element."""
+    if workload.optimizer == "adafactor":
+        return adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
+    bf16_moments = recipe.optimizer_moments == "bf16" and workload.optimizer == "adamw"
+    return adam_bytes(workload.optimizer, 2 if bf16_moments else state_elem_bytes, paged)
 
 
 def adapter_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int, int]]:
@@ -338,9 +345,7 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     state_elem = 4 if (mixed or workload.precision == "fp32") else e
     paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
-    opt_b = adam_bytes(workload.optimizer, 2 if _bf16_moments(workload, recipe) else state_elem, paged)
-    if workload.optimizer == "adafactor":
-        opt_b = adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
+    opt_b = _optimizer_bytes(model, workload, recipe, place, state_elem, paged)
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
     dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
     ledger.put("weights", place.spread(dense_w, expert_w, "weights"), on_host_w)
@@ -434,9 +439,7 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     n_lora += n_saved
     c = adapter_bytes
     master = 4 if (mixed and c < 4) else 0
-    opt_b = adam_bytes(workload.optimizer, 2 if _bf16_moments(workload, recipe) else (4 if mixed else c), paged)
-    if workload.optimizer == "adafactor":
-        opt_b = adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
+    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if mixed else c, paged)
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
         + [(1, n) for n in saved]
