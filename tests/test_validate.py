@@ -275,6 +275,21 @@ def test_a_qualified_no_is_no_checkpointing(cell, mode):
     assert scenario_of({**row, "grad_ckpt": cell})["layout"]["checkpointing"] == mode
 
 
+@pytest.mark.parametrize("ckpt, kbit_prep, mode", [
+    ("", "peft", "full"), ("", "trl", "none"), ("", "none", "none"), ("no", "peft", "none")])
+def test_unstated_checkpointing_over_a_peft_prepared_base_is_on(ckpt, kbit_prep, mode):
+    """PEFT's ``prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)``: a script
+    that readies its 4-bit base with the defaults (``kbit_prep: peft``) and says nothing about
+    checkpointing trains with full recomputation; TRL passes the Trainer's flag (default off), and
+    a stated cell is kept."""
+    from planner.validate.rows import scenario_of
+
+    with CSV.open(newline="") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "grad_ckpt": ckpt, "kbit_prep": kbit_prep}
+    assert scenario_of(row)["layout"]["checkpointing"] == mode
+
+
 @pytest.mark.parametrize("framework, cell, accum, unsharded", [
     ("hf-trainer", "fsdp_full_shard", "16", True),
     ("axolotl", "fsdp_full_shard", "4", True),
