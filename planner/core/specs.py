@@ -233,9 +233,11 @@ class Recipe(StrictModel):
     # (transformers before 4.41; memory/model_states.rope_cache_bytes)
     rope_cache_per_layer: bool = False
     # the training forward returns the model's KV cache (a transformers model whose config has
-    # use_cache on, run without gradient checkpointing by a script that leaves the cache on): the
-    # cached keys and values that are not tensors saved for backward live until the loss is done
-    # (memory/activations.kv_cache_bytes). Most fine-tuning scripts turn the cache off.
+    # use_cache on, run by a script that leaves the cache on, without transformers' own gradient
+    # checkpointing, which turns it off): the cached keys and values that are not tensors saved
+    # for backward live until the loss is done, every one of them where a wrapper (FSDP's
+    # apply_activation_checkpointing) checkpoints the layers (memory/activations.kv_cache_bytes).
+    # Most fine-tuning scripts turn the cache off.
     keeps_kv_cache: bool = False
     # cross-entropy over the vocabulary; "held_fp32": the model returns FP32 logits that the
     # training loop keeps through backward (torchtune before its chunked loss); "compiled":

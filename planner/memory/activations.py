@@ -478,21 +478,24 @@ def shared_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:
 
 
 @by_spec
-def kv_cache_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> Inventory:
+def kv_cache_bytes(model: ModelSpec, rec: LayerRecipe, b: int, s: int, *,
+                   checkpointed: bool = False) -> Inventory:
     """The keys and values one layer puts in the KV cache a training forward returns
     (``Recipe.keeps_kv_cache``), where they are not the tensors saved for backward: with FP32
     norms over a bitsandbytes base (``fp32_stream``) K and V come out of the projections in FP32
     and attention saves autocast's 16-bit copies, and eager attention with grouped KV heads saves
     K and V repeated to every head, so the cache holds its own (4 or e bytes, 2·h_kv per token).
     A fused QKV projection's V is a view that keeps the whole projection output (h_q + 2·h_kv).
-    Otherwise the cache holds the saved K and V themselves: nothing more. Measured on the CPU
-    (``tests/truth``)."""
+    Otherwise the cache holds the saved K and V themselves: nothing more. A ``checkpointed`` layer
+    (wrapped by a checkpoint that transformers' own flag did not set, which would have turned the
+    cache off: FSDP's ``apply_activation_checkpointing``) saves nothing inside it, so the cache
+    holds every K and V of its own. Measured on the CPU (``tests/truth``)."""
     inv = Inventory()
     if model.impl != "hf":
         return inv
     a, kv, d = _attention_dims(model)
     grouped_eager = attention_is_eager(model, rec) and kv < a
-    if not (rec.fp32_stream or grouped_eager):
+    if not (rec.fp32_stream or grouped_eager or checkpointed):
         return inv
     tokens = b * s
     h_q, h_kv = a * d, kv * d

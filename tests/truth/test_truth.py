@@ -286,6 +286,49 @@ def test_a_returned_kv_cache_beyond_the_saved_tensors(prep, attention):
     assert (per_layer > 0) == (prep != "none" or attention == "eager")  # BASE has grouped heads
 
 
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_kv_cache_returned_under_a_checkpoint_wrapper_holds_every_key_and_value(checkpointed):
+    """transformers turns the cache off under its own gradient checkpointing, but not under a
+    checkpoint wrapped around each layer from outside (FSDP's ``apply_activation_checkpointing``):
+    such a layer saves nothing inside it, so the cache it returns holds every K and V as storages
+    of its own, where without checkpointing a bf16 SDPA model's cache is the saved K and V
+    (``kv_cache_bytes(checkpointed=...)``, exactly)."""
+    import functools
+
+    from harness import build, spec_of
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from planner.memory import activations as act
+    from planner.memory.inventory import LayerRecipe
+
+    model = build(BASE, dtype=torch.bfloat16, attention="sdpa", lora=False)
+    if checkpointed:
+        apply_activation_checkpointing(
+            model, check_fn=lambda m: isinstance(m, LlamaDecoderLayer),
+            checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+    saved: set[int] = set()
+
+    def pack(t):
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    ids = torch.randint(0, BASE.vocab, (BASE.b, BASE.s))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids, labels=ids, use_cache=True)
+    own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+           for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
+           if t.untyped_storage().data_ptr() not in saved}
+    rec = LayerRecipe(e=2, attention="flash", trainable_base=True)
+    per_layer = act.kv_cache_bytes(spec_of(BASE), rec, BASE.b, BASE.s, checkpointed=checkpointed).total()
+    assert sum(own.values()) == BASE.layers * per_layer
+    assert (per_layer > 0) == checkpointed
+
+
 def test_a_fused_projection_view_keeps_the_whole_output():
     """Baichuan-7B's attention takes V as a view of its fused W_pack output (``unflatten``,
     ``transpose``, ``squeeze``, ``view``): a cache holding that V keeps all h_q + 2·h_kv columns,
