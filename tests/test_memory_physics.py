@@ -345,6 +345,14 @@ def test_a_returned_kv_cache_is_held_to_the_end_of_the_forward():
     assert terms["kv_cache"] == 0.0
     assert wrapped.phase == "end of forward"
     assert wrapped.parts["activations"] == pytest.approx(terms["saved"] + cache)
+    # A 16-bit LoRA run with FlashAttention: attention saves K and V, which the cache shares,
+    # without checkpointing and under selective recomputation; a wrapped layer saves neither.
+    lora = Workload(method="lora", precision="bf16", micro_batch=1, seq_len=1024)
+    kept_cache = Recipe(keeps_kv_cache=True)
+    held = {ckpt: activation_terms(model, lora, Layout(checkpointing=ckpt, attention="flash"), 1,
+                                   recipe=kept_cache, last_stage=True)["kv_cache"]
+            for ckpt in ("none", "selective", "full")}
+    assert held == {"none": 0.0, "selective": 0.0, "full": pytest.approx(32 * 2 * 1024 * 4096 * 2)}
 
 # --- 5. Never more memory with more data parallelism ------------------------------------------
 

@@ -153,11 +153,12 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
             head_dequant=_dims(model, "vocab")[0] * model.hidden * rec.e / tp if head_q else 0.0)
     # A returned KV cache lives until the loss is done (the Trainer drops the model's outputs
     # before backward). Hugging Face turns it off under its own gradient checkpointing; a cache
-    # kept under checkpointing comes from a wrapper that transformers does not see.
+    # kept under checkpointing comes from a wrapper that transformers does not see (selective
+    # recomputation saves attention's K and V, which the cache then shares).
     kv_cache = loss_forward = 0.0
     if recipe.keeps_kv_cache:
         kv_cache = n_layers * act.kv_cache_bytes(
-            model, rec, b, s, checkpointed=layout.checkpointing != "none").total(tp, sp) * in_flight
+            model, rec, b, s, checkpointed=layout.checkpointing == "full").total(tp, sp) * in_flight
         if last_stage:
             loss_forward = eval_loss_bytes(model, rec.e, b * s, recipe.loss_impl(wl.algorithm), tp)
     return {"saved": saved, "working": working, "working_end": working_end,
