@@ -35,10 +35,10 @@ DEEPSPEED_LINEAR_WRAPS_BUILT_MODELS = (0, 19, 4)
 
 
 def _checkpointing(text: str, peft_prepared: bool = False) -> str:
-    """``full``, ``selective`` or ``none`` as the cell says; an unstated cell is ``none``, except
+    """``full``, ``selective`` or ``none`` as the ``grad_ckpt`` cell says (``text`` as
+    :func:`cell` reads it); an unstated cell is ``none``, except
     over a base readied by PEFT's ``prepare_model_for_kbit_training`` (``kbit_prep: peft``), whose
     ``use_gradient_checkpointing`` defaults to true and turns full recomputation on."""
-    text = text.lower().strip()
     if text == "" and peft_prepared:
         return "full"
     if text.startswith("selective"):
@@ -92,7 +92,7 @@ def layout(row: dict[str, str]) -> dict[str, Any]:
         "gpus": int(num(row, "gpus", 1)), "tp": int(num(row, "tp", 1)),
         "pp": int(num(row, "pp", 1)), "cp": int(num(row, "cp", 1)),
         "zero": zero,
-        "checkpointing": _checkpointing(row.get("grad_ckpt", ""), cell(row, "kbit_prep") == "peft"),
+        "checkpointing": _checkpointing(ckpt, cell(row, "kbit_prep") == "peft"),
         "attention": _attention(row.get("flash_attn", "")),
         "activation_offload": "activations" in offload,
     }

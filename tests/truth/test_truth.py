@@ -249,6 +249,27 @@ def test_eager_mask_clamp_in_the_mask_dtype(prep, monkeypatch):
     assert got.layers == [int(x) for x in want["layers"]]
 
 
+def _cache_bytes_not_saved(model, *, autocast: bool) -> int:
+    """Bytes of the storages a training forward's returned KV cache holds that no tensor saved
+    for backward shares (each storage once), under bf16 autocast or not."""
+    import contextlib
+
+    saved: set[int] = set()
+
+    def pack(t):
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    ids = torch.randint(0, BASE.vocab, (BASE.b, BASE.s))
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with cast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids, labels=ids, use_cache=True)
+    own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+           for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
+           if t.untyped_storage().data_ptr() not in saved}
+    return sum(own.values())
+
+
 @pytest.mark.parametrize("prep", ["none", "peft", "trl"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_a_returned_kv_cache_beyond_the_saved_tensors(prep, attention):
@@ -262,27 +283,11 @@ def test_a_returned_kv_cache_beyond_the_saved_tensors(prep, attention):
     from planner.memory import activations as act
     from planner.memory.inventory import LayerRecipe
 
-    model = build_qlora(BASE, prep=prep, attention=attention)
-    saved: set[int] = set()
-
-    def pack(t):
-        saved.add(t.untyped_storage().data_ptr())
-        return t
-
-    ids = torch.randint(0, BASE.vocab, (BASE.b, BASE.s))
-    with torch.autocast("cpu", dtype=torch.bfloat16), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(input_ids=ids, labels=ids, use_cache=True)
-    own = {}
-    for layer in out.past_key_values.layers:
-        for t in (layer.keys, layer.values):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in saved:
-                own[storage.data_ptr()] = storage.nbytes()
+    own = _cache_bytes_not_saved(build_qlora(BASE, prep=prep, attention=attention), autocast=True)
     rec = LayerRecipe(e=2, attention="eager" if attention == "eager" else "flash",
                           trainable_base=False, fp32_stream=prep != "none")
     per_layer = act.kv_cache_bytes(spec_of(BASE), rec, BASE.b, BASE.s).total()
-    assert sum(own.values()) == BASE.layers * per_layer
+    assert own == BASE.layers * per_layer
     assert (per_layer > 0) == (prep != "none" or attention == "eager")  # BASE has grouped heads
 
 
@@ -311,21 +316,10 @@ def test_a_kv_cache_returned_under_a_checkpoint_wrapper_holds_every_key_and_valu
         apply_activation_checkpointing(
             model, check_fn=lambda m: isinstance(m, LlamaDecoderLayer),
             checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
-    saved: set[int] = set()
-
-    def pack(t):
-        saved.add(t.untyped_storage().data_ptr())
-        return t
-
-    ids = torch.randint(0, BASE.vocab, (BASE.b, BASE.s))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(input_ids=ids, labels=ids, use_cache=True)
-    own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-           for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
-           if t.untyped_storage().data_ptr() not in saved}
+    own = _cache_bytes_not_saved(model, autocast=False)
     rec = LayerRecipe(e=2, attention="flash", trainable_base=True)
     per_layer = act.kv_cache_bytes(spec_of(BASE), rec, BASE.b, BASE.s, checkpointed=checkpointed).total()
-    assert sum(own.values()) == BASE.layers * per_layer
+    assert own == BASE.layers * per_layer
     assert (per_layer > 0) == checkpointed
 
 
