@@ -187,6 +187,7 @@ class ThroughputResult:
     baseline: float | None
     reason: str | None = None
     before: float | None = None  # the prediction recorded when the row was added
+    size_band: str = ""  # :func:`size_band` of the model's parameter count ("" unknown)
 
     @property
     def signed_error(self) -> float | None:
@@ -205,6 +206,17 @@ class ThroughputResult:
         return self.low is not None and min(self.low, self.high) <= self.measured <= max(self.low, self.high)
 
 
+#: Model-size bands the time model is scored in (total parameters; upper bounds exclusive).
+SIZE_BANDS: tuple[tuple[float, str], ...] = ((3e9, "< 3B"), (30e9, "3–30B"), (float("inf"), "> 30B"))
+
+
+def size_band(params: float | None) -> str:
+    """The band of :data:`SIZE_BANDS` a model of ``params`` parameters falls in ("" unknown)."""
+    if params is None or params <= 0:
+        return ""
+    return next(name for bound, name in SIZE_BANDS if params < bound)
+
+
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     return read_csv(path, REQUIRED_COLUMNS)
 
@@ -221,7 +233,8 @@ def cases_of(rows: list[dict[str, str]]) -> tuple[list[ThroughputCase], list[Thr
                                                row.get("planner_gpu", ""), row.get("method", ""),
                                                lenient_num(row, "tokens_per_s_per_gpu", 0.0) or 0.0,
                                                None, None, None, None, reason,
-                                               recorded(row, THROUGHPUT_COLUMN, THROUGHPUT_SCALE)))
+                                               recorded(row, THROUGHPUT_COLUMN, THROUGHPUT_SCALE),
+                                               size_band(1e9 * (lenient_num(row, "params_b") or 0.0))))
     return cases, unmodelled
 
 
@@ -240,7 +253,8 @@ def results_of(batch: Batch, params: TimeParams) -> list[ThroughputResult]:
     fast = batch.predict(params, high)
     base = batch.baseline()
     return [ThroughputResult(c.id, c.source, c.model, c.gpu, c.method, c.measured, float(pred[i]),
-                             float(slow[i]), float(fast[i]), float(base[i]), before=c.before)
+                             float(slow[i]), float(fast[i]), float(base[i]), before=c.before,
+                             size_band=size_band(c.mf.params))
             for i, c in enumerate(batch.cases)]
 
 
@@ -289,6 +303,8 @@ def report(results: list[ThroughputResult], unmodelled: list[ThroughputResult], 
         "by_source": {s: summarize([r for r in every if r.source == s]) for s in sources},
         "by_method": {m: summarize([r for r in every if r.method == m])
                       for m in sorted({r.method for r in every})},
+        "by_size": {name: summarize([r for r in every if r.size_band == name])
+                    for _, name in SIZE_BANDS if any(r.size_band == name for r in every)},
         "unmodelled": [{"id": r.id, "reason": r.reason} for r in unmodelled],
         "before": before_figures(every),
         "results": [{**asdict(r), "signed_error": r.signed_error, "in_band": r.in_band} for r in every],
@@ -311,6 +327,7 @@ def before_figures(results: list[ThroughputResult]) -> dict[str, Any] | None:
     if overall is None:
         return None
     groups = {s: of([r for r in results if r.source == s]) for s in sorted({r.source for r in results})}
+    groups |= {f"size {name}": of([r for r in results if r.size_band == name]) for _, name in SIZE_BANDS}
     return {**overall, "groups": {k: v for k, v in groups.items() if v is not None}}
 
 
@@ -343,6 +360,7 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
         t.add_column(col, justify="right" if col not in ("scope",) else "left")
     scopes = [("all", result)] + [(s, v) for s, v in result["by_source"].items()]
     scopes += [(f"method {m}", v) for m, v in result["by_method"].items()]
+    scopes += [(f"size {b}", v) for b, v in result.get("by_size", {}).items()]
     for name, s in scopes:
         t.add_row(str(s["rows"]), name, _pct(s["median_ape"]), _pct(s["within_10"]), _pct(s["within_25"]),
                   _pct(s["band_coverage"]), _pct(s["median_signed"]), _pct(s["baseline_median_ape"]))
