@@ -7,6 +7,9 @@ Bytes per parameter (trainable, before sharding):
 - mixed precision (``mixed``/``fp16``): 16-bit weights 2, gradients 2, FP32 master 4, FP32 Adam 8
   → 16 (ZeRO paper, K = 12); ``grad_dtype: fp32`` (Megatron's FP32 main grads) → 18.
 - FP32: 4 + 4 + 8 = 16.
+- 16-bit adapters (and ``modules_to_save`` copies) under autocast: 2 + 2 + 4 where torch's
+  AdamW steps them (moments like the weights); 2 + 2 + 4 + 8 where DeepSpeed's or Megatron's
+  optimizer keeps an FP32 main copy (:func:`keeps_fp32_main_copy`).
 - 8-bit Adam (bitsandbytes, block size 256 since 2024-09): 2 + 2·4/256 = 2.031 bytes for m and v.
 - Adafactor (no momentum): FP32 row and column means of each matrix's squared gradient, a full
   FP32 second moment for vectors and for the flat partitions ZeRO/FSDP1 hand the optimizer.
@@ -214,6 +217,15 @@ def _optimizer_bytes(model: ModelSpec, workload: Workload, recipe: Recipe, place
         return adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
     bf16_moments = recipe.optimizer_moments == "bf16" and workload.optimizer == "adamw"
     return adam_bytes(workload.optimizer, 2 if bf16_moments else state_elem_bytes, paged)
+
+
+def keeps_fp32_main_copy(recipe: Recipe, zero: int) -> bool:
+    """Whether the run's optimizer wrapper keeps an FP32 main copy (and FP32 states) of 16-bit
+    trainable weights: DeepSpeed's ZeRO optimizers, Megatron's (its distributed optimizer is
+    stage 1, no FSDP stage is; ``grad_dtype`` fp32 is its FP32 main gradients). A torch
+    optimizer stepping 16-bit weights (the Trainer without DeepSpeed, Lightning, torchtune,
+    FSDP) keeps neither: its moments take the weights' dtype (``zeros_like``)."""
+    return recipe.zero_impl == "deepspeed" or recipe.grad_dtype == "fp32" or zero == 1
 
 
 def adapter_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int, int]]:
@@ -438,8 +450,13 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     n_saved = (sum(saved) if place.pp == 1 else max(saved, default=0)) / place.tp
     n_lora += n_saved
     c = adapter_bytes
-    master = 4 if (mixed and c < 4) else 0
-    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if mixed else c, paged)
+    # 16-bit adapters under autocast get an FP32 master and FP32 states only where a
+    # mixed-precision optimizer wrapper keeps them (DeepSpeed, Megatron's FP32 main copy);
+    # torch's own optimizers allocate their states like the parameters (zeros_like).
+    wrapped = mixed and c < 4 and keeps_fp32_main_copy(recipe, place.zero)
+    master = 4 if wrapped else 0
+    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if (wrapped or (mixed and c >= 4)) else c,
+                             paged)
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
         + [(1, n) for n in saved]
