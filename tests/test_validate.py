@@ -394,6 +394,22 @@ def test_an_offload_cell_reads_what_it_says_is_not_offloaded(cell, offload, acti
     assert lay.get("offload") == offload and lay["activation_offload"] is activations
 
 
+@pytest.mark.parametrize("cpu, optimizer, params, offload", [
+    ("yes", "yes", "no", "optimizer"), ("yes", "yes", "yes", "optimizer+params"),
+    ("no", "no", "no", None), ("yes", "", "", None), ("optimizer", "yes", "no", "optimizer"),
+    ("", "yes (optimizer_cpu_offload, fraction 1)", "", "optimizer")])
+def test_the_offload_columns_say_what_an_unqualified_offload_moved(cpu, optimizer, params, offload):
+    """A DeepSpeed ZeRO-Offload run coded ``cpu_offload: yes`` with ``optimizer_offload: yes``
+    (self-llm's MiniCPM-2B full fine-tuning, data/measured_memory_published19.csv 7612) keeps its
+    optimizer states and FP32 partitions on the host: the columns that name the state say what
+    the bare "yes" moved."""
+    from planner.validate.row_layout import layout
+
+    lay = layout({"gpus": "1", "zero_or_fsdp": "zero2", "grad_ckpt": "no", "cpu_offload": cpu,
+                  "optimizer_offload": optimizer, "param_offload": params})
+    assert lay.get("offload") == offload
+
+
 @pytest.mark.parametrize("sharding, cell, precision", [
     ("zero2", "", "mixed"), ("zero3", "bf16-true (pure_bf16)", "mixed"), ("zero2", "fp32", "fp32"),
     ("fsdp_full_shard", "bf16-true", "bf16"), ("none", "", "bf16")])

@@ -78,9 +78,19 @@ def _attention(text: str) -> str:
     return "eager" if re.match(r"(eager|math|unfused)\b|(none|no)\b[^;]*\b(unfused|eager)\b", text) else "flash"
 
 
+#: An ``optimizer_offload`` / ``param_offload`` cell saying that state went to the host ("yes",
+#: "yes (fraction 1)", "cpu").
+STATED_OFFLOADED = r"(yes|true|on|cpu)\b"
+
+
 def layout(row: dict[str, str]) -> dict[str, Any]:
     """Degrees, sharding, offload, checkpointing and attention as the row states them."""
     offload = re.sub(NOT_OFFLOADED, "", row.get("cpu_offload", "").lower())  # what it says is offloaded
+    # the optimizer_offload / param_offload columns, where the cpu_offload cell does not say what
+    # ("yes" under DeepSpeed's offload_optimizer)
+    for key, part in (("optimizer_offload", "optimizer"), ("param_offload", "params")):
+        if re.match(STATED_OFFLOADED, cell(row, key)) and part[:5] not in offload:
+            offload += f" {part}"
     zero = zero_stage_of(row.get("zero_or_fsdp", ""))
     if re.match(r"(yes|true|on)\b", offload) and not re.search(r"param|optim|activation|grad", offload) \
             and zero == 3 and not deepspeed_zero(row):
