@@ -184,6 +184,11 @@ FP32_BASE = r"(?<!no )(?<!not )\bfp32 (?:base )?weights\b|\bfp32 base\b"
 NO_AUTOCAST = r"no autocast|autocast\s*(off|disabled|false)|without autocast"
 
 
+#: A 16-bit dtype a precision cell names only to say it was not used ("sets neither bf16 nor
+#: fp16", "no fp16 autocast").
+NEGATED_DTYPE = r"\b(?:neither|nor|no|not|without)\s+(?:\w+\s+){0,1}(?:bf16|fp16)\b"
+
+
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # Precision: FP32 master weights ("mixed") only where the row says so.
     # "fp32 master", "fp32 sharded master", "FP32 master weights", Megatron's "fp32 main params";
@@ -211,7 +216,7 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         # FP32 weights and compute; a quantized base loaded with its other weights in FP32 and run
         # without autocast computes in FP32 too (a 4-bit matmul returns its input's dtype)
         precision = "fp32"
-    elif "fp16" in t.prec:
+    elif "fp16" in re.sub(NEGATED_DTYPE, "", t.prec):
         precision = "fp16"
     elif t.method != "full" and t.hf_stack and "bf16" in t.prec:
         precision = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
