@@ -455,8 +455,7 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     # torch's own optimizers allocate their states like the parameters (zeros_like).
     wrapped = mixed and c < 4 and keeps_fp32_main_copy(recipe, place.zero)
     master = 4 if wrapped else 0
-    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if (wrapped or (mixed and c >= 4)) else c,
-                             paged)
+    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if wrapped else c, paged)
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
         + [(1, n) for n in saved]
