@@ -426,19 +426,23 @@ def test_deepspeed_full_fine_tuning_keeps_fp32_masters_whatever_the_cell(shardin
     assert scenario_of(row)["workload"]["precision"] == precision
 
 
-@pytest.mark.parametrize("cell, precision", [
-    ("bf16-true (torch_dtype bfloat16 weights and gradients; TrainingArguments sets neither bf16 nor fp16)", "bf16"),
-    ("bf16 weights, no fp16 autocast", "bf16"), ("fp16 (--fp16)", "fp16"),
-    ("fp16 weights (torch.half); no autocast", "fp16")])
-def test_a_dtype_named_only_as_not_used_is_not_the_precision(cell, precision):
+@pytest.mark.parametrize("cell, precision, method", [
+    ("bf16-true (torch_dtype bfloat16 weights and gradients; TrainingArguments sets neither bf16 nor fp16)", "bf16",
+     "full"),
+    ("bf16 weights, no fp16 autocast", "bf16", "full"), ("fp16 (--fp16)", "fp16", "full"),
+    ("fp16 weights (torch.half); no autocast", "fp16", "full"),
+    ("bf16-mixed (Lightning; no fp16)", "mixed", "full"),
+    ("bf16 (--bf16)", "mixed", "lora")])
+def test_a_dtype_named_only_as_not_used_is_not_the_precision(cell, precision, method):
     """self-llm's Qwen3-1.7B full fine-tuning loads BF16 weights and sets neither ``bf16`` nor
     ``fp16`` (data/measured_memory_published19.csv 7610): pure BF16, not FP16 mixed precision
-    with an FP32 master."""
+    with an FP32 master. Every dtype test of the cell reads past such a mention: Lightning's
+    ``bf16-mixed`` that says "no fp16" is BF16 autocast, not FP16."""
     from planner.validate.rows import scenario_of
 
     with CSV.open(newline="") as fh:
         row = next(csv.DictReader(fh))
-    row = {**row, "method": "full", "precision": cell, "optimizer": "torch AdamW",
+    row = {**row, "method": method, "precision": cell, "optimizer": "torch AdamW", "hf_model": "yes",
            "framework": "hf-trainer", "zero_or_fsdp": "none", "gpus": "1", "dp": "1"}
     assert scenario_of(row)["workload"]["precision"] == precision
 

@@ -206,19 +206,20 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
     # DeepSpeed's ZeRO optimizers keep FP32 partitions of the weights they train, whatever the
     # 16-bit dtype (its bf16 as its fp16 mode); FP32 training keeps them as the weights.
     deepspeed = "deepspeed" in t.opt or deepspeed_zero(row)
+    stated = re.sub(NEGATED_DTYPE, "", t.prec)  # the 16-bit dtypes the cell says were used
     if fp32_master or deepspeed and t.method == "full" and not t.prec.startswith(("fp32", "float32")):
         precision = "mixed"
     elif ((re.search(r"-mixed|\bbf16 mixed\b", t.prec) or t.prec.startswith("amp_bf16"))
-          and "fp16" not in t.prec):
+          and "fp16" not in stated):
         precision = "mixed"  # Lightning's "bf16-mixed", Composer's amp_bf16: FP32 weights, autocast
     elif t.prec.startswith(("fp32", "float32")) or (
             re.search(r"unquantized weights[^;]*\bfp32\b", t.prec) and "no autocast" in t.prec):
         # FP32 weights and compute; a quantized base loaded with its other weights in FP32 and run
         # without autocast computes in FP32 too (a 4-bit matmul returns its input's dtype)
         precision = "fp32"
-    elif "fp16" in re.sub(NEGATED_DTYPE, "", t.prec):
+    elif "fp16" in stated:
         precision = "fp16"
-    elif t.method != "full" and t.hf_stack and "bf16" in t.prec:
+    elif t.method != "full" and t.hf_stack and "bf16" in stated:
         precision = "mixed"  # the Trainer's bf16 runs the forward under torch.autocast
     else:
         precision = "bf16"
