@@ -137,8 +137,13 @@ def test_fp8_read_with_its_negations():
     assert "fp8=false" in rows["5730"]["precision"].lower()
     assert (bf16.x["fp8"], fp8.x["fp8"]) == (0, 1)
     assert bf16.x["fused"] == fp8.x["fused"] == 1
-    for text in ("bf16, no fp8", "bf16 (fp8: off)", "bf16, without FP8"):
+    for text in ("bf16, no fp8", "bf16 (fp8: off)", "bf16, without FP8", "bf16 (trainer precision bf16, fp8 false)"):
         assert C.case_of({**rows["5735"], "precision": text}).x["fp8"] == 0
+    # DGX Cloud's NeMo 24.09 Llama 3.1 8B BF16 table says "fp8 false" with neither "=" nor ":"
+    # (data/measured_throughput_published12.csv 7944-7948): BF16 GEMMs, still Transformer Engine layers
+    newer = {r["id"]: r for r in T.read_rows(DATA.parent / "measured_throughput_published12.csv")}
+    te_bf16 = C.case_of(newer["7944"])
+    assert "fp8 false" in newer["7944"]["precision"] and (te_bf16.x["fp8"], te_bf16.x["fused"]) == (0, 1)
 
 
 def test_rows_read_as_their_recipes():
