@@ -155,6 +155,13 @@ def test_rows_read_as_their_recipes():
     old = C.case_of(rows["121"])  # Megatron-LM 2021 on V100: no fused attention
     assert old.x["attention"] == 0
     assert C.case_of(rows["43"]).x["quant"] == 1  # GPTQ base: dequantised like NF4
+    # Megatron-LM on A100s in 2021 (Narayanan et al.), before FlashAttention reached it: the card
+    # has FlashAttention-2, the run did not; a 2024 Megatron-LM README run on H100 did
+    pub2 = {r["id"]: r for r in T.read_rows(DATA.parent / "measured_throughput_published2.csv")}
+    assert pub2["2201"]["source"] == "megatron-narayanan-2021" and "a100" in pub2["2201"]["planner_gpu"]
+    assert C.case_of(pub2["2201"]).x["attention"] == 0
+    later = next(r for r in pub2.values() if r["source"] == "megatron-lm-readme-h100-2024")
+    assert C.case_of(later).x["attention"] == 1
 
 
 def test_cli_throughput_json():

@@ -247,13 +247,13 @@ PRIOR = TimeParams()
 #: data/measured_throughput_fms.csv [--loso]``.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=368.2,
-    fp8_efficiency=0.673,
-    microbatch_half_tokens=253.1,
+    elementwise_vectors=367.8,
+    fp8_efficiency=0.677,
+    microbatch_half_tokens=208.5,
     moe_route_vectors=5.0,
-    fused_elementwise_share=0.188,
-    attention_efficiency=0.934,
-    launch_s_per_layer=0.00397,
+    fused_elementwise_share=0.225,
+    attention_efficiency=0.930,
+    launch_s_per_layer=0.00396,
 )
 
 

@@ -44,8 +44,12 @@ NATIVE_ATTENTION_WORDS = (r"transformer engine", r"\(te\)", r"megatron-core", r"
                           r"flash-?attention-?3", r"\bfa3\b", r"cudnn")
 #: Sources whose runs predate fused attention kernels (FlashAttention appeared in May 2022 and
 #: reached Megatron-LM in 2023): their attention ran the unfused math path (the whole s×s
-#: square and its softmax in memory). Cards without FlashAttention-2 run it too.
-PRE_FLASH_SOURCES = ("megatron-korthikanti-2022", "oneflow-dlperf-megatron-v100")
+#: square and its softmax in memory). Cards without FlashAttention-2 run it too. Megatron-LM and
+#: Megatron-DeepSpeed runs of 2021–2022 on A100s: Narayanan et al. 2021, MT-NLG (trained 2021),
+#: NeMo Megatron's launcher tables of 2022-06 and 2022-09, BLOOM's tr11 (2022), GLM-130B (2022).
+PRE_FLASH_SOURCES = ("megatron-korthikanti-2022", "oneflow-dlperf-megatron-v100", "megatron-narayanan-2021",
+                     "mt-nlg-530b-2022", "nemo-megatron-launcher-readme-2022-06",
+                     "nemo-megatron-launcher-readme-2022-09", "bloom-tr11-logs", "glm-130b-paper-2022")
 
 
 @dataclass(frozen=True)
