@@ -70,14 +70,14 @@ def test_size_bands_split_every_row():
 
 def test_leave_one_source_out_by_model_size(loso):
     """Every size band is scored, together they hold every row, and in each the model beats 6N at
-    40 % of peak when each source is left out of the fit (< 3B: 15.1 % vs 61.0 %, 3–30B: 8.7 % vs
-    21.1 %, > 30B: 12.3 % vs 21.0 % on the 414 rows)."""
+    40 % of peak when each source is left out of the fit, and each is within 15 % (< 3B: 14.8 % vs
+    61.0 %, 3–30B: 8.5 % vs 21.1 %, > 30B: 11.8 % vs 21.0 % on the 414 rows)."""
     bands = loso["by_size"]
     assert list(bands) == ["< 3B", "3–30B", "> 30B"]
     assert sum(b["rows"] for b in bands.values()) == loso["rows"]
     for name, b in bands.items():
         assert b["median_ape"] < b["baseline_median_ape"], name
-        assert b["median_ape"] <= 0.16, name
+        assert b["median_ape"] <= 0.15, name
 
 
 def test_shipped_constants_are_the_fit(batch):
