@@ -137,8 +137,11 @@ def test_fp8_read_with_its_negations():
     assert "fp8=false" in rows["5730"]["precision"].lower()
     assert (bf16.x["fp8"], fp8.x["fp8"]) == (0, 1)
     assert bf16.x["fused"] == fp8.x["fused"] == 1
-    for text in ("bf16, no fp8", "bf16 (fp8: off)", "bf16, without FP8", "bf16 (trainer precision bf16, fp8 false)"):
+    for text in ("bf16, no fp8", "bf16 (fp8: off)", "bf16, without FP8", "bf16 (trainer precision bf16, fp8 false)",
+                 "bf16; fp8 off.", "bf16 (fp8 false. TE layers)"):
         assert C.case_of({**rows["5735"], "precision": text}).x["fp8"] == 0
+    # a number after "fp8" is not a negation: an FP8 run with a 0.5 scale is FP8
+    assert C.case_of({**rows["5735"], "precision": "fp8 0.5 amax scale (TE)"}).x["fp8"] == 1
     # DGX Cloud's NeMo 24.09 Llama 3.1 8B BF16 table says "fp8 false" with neither "=" nor ":"
     # (data/measured_throughput_published12.csv 7944-7948): BF16 GEMMs, still Transformer Engine layers
     newer = {r["id"]: r for r in T.read_rows(DATA.parent / "measured_throughput_published12.csv")}

@@ -31,9 +31,10 @@ DEFAULT_LORA_RANK = 16
 #: Transformer Engine feature: a run that uses it runs TE layers.
 #: Phrases that say a run was *not* compiled (removed before :data:`FUSED_WORDS` are looked for).
 NOT_COMPILED = r"compile\s*[=:]\s*(no|false|off)|\b(no|not|without)\s+(torch\.)?compile\b"
-#: Phrases that say a run did *not* use FP8 ("model.fp8=False", "no FP8"), removed before the
-#: precision cell is searched for "fp8".
-NOT_FP8 = r"\bfp8\s*[=:]?\s*(no|false|off|none|0)(?![\w.])|\b(no|not|without)\s+fp8\b|\bfp8\s+off\b"
+#: Phrases that say a run did *not* use FP8 ("model.fp8=False", "fp8 false", "FP8 off", "no FP8";
+#: a value, not a number that starts with 0 such as a scale of 0.5), removed before the precision
+#: cell is searched for "fp8".
+NOT_FP8 = r"\bfp8\s*[=:]?\s*(no|false|off|none|0(?!\.\d))\b|\b(no|not|without)\s+fp8\b"
 FUSED_WORDS = (r"\bcompile\b", r"transformer engine", r"\(te\)", r"fp8", r"^nemo-perf", r"^megatron-bridge",
                r"userbuffers", r"ub_tp_comm_overlap")
 #: Words that name a stack running the card generation's own fused attention kernels
