@@ -239,8 +239,9 @@ UNMODELLED_VARIANTS = r"\blion[ _-]?8[ _-]?bit|8[ _-]?bit[ _-]?lion|\badafactor\
 
 
 def _optimizer(opt: str) -> str:
-    named = opt.split("(")[0].lower()
-    found = re.search(UNMODELLED_OPTIMIZERS, named) or re.search(UNMODELLED_VARIANTS, opt.lower())
+    """The modelled optimizer a row's optimizer cell (``RowText.opt``, lower-cased) names."""
+    named = opt.split("(")[0]
+    found = re.search(UNMODELLED_OPTIMIZERS, named) or re.search(UNMODELLED_VARIANTS, opt)
     if found:
         raise Unmodelable(f"optimizer {found.group(0)!r}: the planner models AdamW, 8-bit AdamW, SGD, "
                           "Adafactor without momentum and 32-bit Lion")
