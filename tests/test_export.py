@@ -71,6 +71,20 @@ def test_fsdp_bundle_carries_every_decision():
     assert args["fsdp_config"] == {"activation_checkpointing": True} and args["gradient_checkpointing"] is False
 
 
+def test_a_muon_plan_is_exported_without_a_wrong_optimizer():
+    """The Trainer has no ``optim`` for Muon and torchtune's recipes build one optimizer over every
+    parameter (torch.optim.Muon refuses 1-D ones): the Trainer's arguments leave ``optim`` out and
+    say what to pass instead; torchtune is skipped with the reason. No file names AdamW for it."""
+    raw = {**FULL_16, "workload": {**FULL_16["workload"], "optimizer": "muon"}}
+    b = _export(raw)
+    args = json.loads(b.files["training_args.json"])
+    assert "optim" not in args
+    assert any(n.startswith("hf:") and "torch.optim.Muon" in n for n in b.fill_in)
+    assert "torchtune" in b.skipped and "Muon" in b.skipped["torchtune"]
+    plain = json.loads(_export(FULL_16).files["training_args.json"])
+    assert plain["optim"] == "adamw_torch"
+
+
 def _backends(bundle) -> set[str]:
     """The sharding back-ends the bundle's files point at."""
     found = set()

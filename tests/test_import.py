@@ -409,6 +409,16 @@ def test_trl_and_llamafactory_keys_are_read(tmp_path):
     assert _warned(dpo, "beta")
 
 
+def test_llamafactory_use_muon_is_read_as_muon_and_adam_mini_stays_unmodelled(tmp_path):
+    """LLaMA-Factory's ``use_muon`` trains with Muon on the 2-D weights (AdamW on the rest), which
+    the planner models; ``use_adam_mini`` changes the optimizer to one it does not: said, not read."""
+    base = {"model_name_or_path": "Qwen/Qwen3-4B", "stage": "sft", "finetuning_type": "full", "bf16": True}
+    muon = _found(tmp_path, "lf.yaml", {**base, "use_muon": True})
+    assert muon.values["optimizer"] == "muon" and not _warned(muon, "Muon")
+    mini = _found(tmp_path, "lf.yaml", {**base, "use_adam_mini": True})
+    assert mini.values.get("optimizer") != "muon" and _warned(mini, "Adam-mini")
+
+
 def test_eight_bit_lora_is_said_not_labelled_qlora_silently(tmp_path):
     for name, data in (("ax.yaml", {**AXOLOTL, "adapter": "lora", "load_in_4bit": False, "load_in_8bit": True}),
                        ("bnb.json", {"load_in_8bit": True}),

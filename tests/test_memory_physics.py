@@ -998,6 +998,44 @@ def test_lion_keeps_one_fp32_momentum():
     assert _opt_states("lion")["optimizer_states"] == pytest.approx(_opt_states("adamw")["optimizer_states"] / 2)
 
 
+def test_muon_keeps_one_momentum_per_hidden_matrix_and_adam_moments_on_the_rest():
+    """Muon (torch.optim.Muon; Liu et al. 2025) keeps one momentum per hidden matrix; the
+    embeddings, untied head and norms beside it take AdamW's two moments (every published
+    recipe). The 7B Llama here: 6.48B of its 6.74B parameters are decoder-layer matrices, so its
+    states are 4 × (6.48 + 2 × 0.26) GB under mixed precision, between SGD's and AdamW's."""
+    from planner.core.arch import param_counts
+    from planner.core.entries import ModelSpec
+
+    counts = param_counts(ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000))
+    matrices = counts.attention + counts.mlp
+    rest = counts.total - matrices
+    assert rest == 2 * 32000 * 4096 + 65 * 4096  # embeddings, head, 2 norms per layer + the final one
+    muon = _opt_states("muon")["optimizer_states"]
+    assert muon == pytest.approx(4 * (matrices + 2 * rest))
+    assert _opt_states("sgd")["optimizer_states"] < muon < _opt_states("adamw")["optimizer_states"]
+    # ZeRO shards them like any state
+    assert _opt_states("muon", zero=2)["optimizer_states"] == pytest.approx(muon / 8, rel=0.01)
+
+
+def test_muon_step_holds_the_newton_schulz_workspace_of_its_largest_matrix():
+    """torch.optim.Muon orthogonalises one matrix at a time: the Nesterov update in the state
+    dtype (FP32 here), its BF16 copy X and the product B·X (m×n, 2 + 2 bytes), the Gram matrix
+    X·Xᵀ and its square (m×m, 2 + 2): for the 4096 × 11008 MLP weights 4096·11008·8 + 4096²·4
+    bytes; beside it the foreach AdamW of the embeddings and head holds one square root of their
+    FP32 states."""
+    from planner.core.entries import ModelSpec
+    from planner.memory.buffers import buffer_terms
+    from planner.memory.model_states import model_states
+
+    model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    wl = Workload(method="full", precision="mixed", optimizer="muon")
+    st = model_states(model, wl, recipe=Recipe(), tp=1, pp=1, zero_degree=1, zero=0, offload="none",
+                      adapter_bytes=2)
+    temp = buffer_terms(model, wl, Layout(dp=1), st, recipe=Recipe(optimizer_step="fused"))["optimizer_temp"]
+    adamw_part = (2 * 32000 * 4096 + 65 * 4096) * 4
+    assert temp == pytest.approx(4096 * 11008 * 8 + 4096 ** 2 * 4 + adamw_part)
+
+
 def test_adafactor_step_holds_two_fp32_copies_of_the_largest_tensor():
     """Its per-tensor step keeps ``update`` and the tensor made from it, FP32, of the largest
     stepped tensor (the 32000 × 4096 head here, under mixed precision's FP32 gradients)."""

@@ -262,3 +262,54 @@ def test_the_search_bound_never_prices_expert_all_to_all_above_the_step(gpu, ep)
 
     assert 0 < ep_s(np.inf) <= ep_s(perf.gpus_per_node)
     assert float(step_time_s(mf, perf, intra_only=1, **x)) <= float(step_time_s(mf, perf, **x))
+
+
+def test_muon_newton_schulz_flops_count_each_hidden_matrix():
+    """Five Newton–Schulz iterations per matrix (torch.optim.Muon's ``ns_steps``), each A = X·Xᵀ,
+    A·A and B·X: 5 · (4·m²·n + 2·m³) FLOPs for an m×n update, m ≤ n. Llama 3 8B: 32 layers of q,
+    o (4096²), k, v (4096 × 1024) and three 4096 × 14336 MLP weights; embeddings and head take
+    AdamW (none)."""
+    from planner.perf.flops import muon_step_flops, newton_schulz_flops
+
+    def ns(m: int, n: int) -> float:
+        return 5 * (4 * m * m * n + 2 * m ** 3)
+
+    assert newton_schulz_flops(14336, 4096) == newton_schulz_flops(4096, 14336) == ns(4096, 14336)
+    layer = 2 * ns(4096, 4096) + 2 * ns(1024, 4096) + 3 * ns(4096, 14336)
+    assert muon_step_flops(catalog.get_model("llama-3-8b"), "full") == pytest.approx(32 * layer)
+
+
+def test_muon_step_time_adds_its_newton_schulz_gemms_split_by_sharded_optimizers():
+    """The orthogonalisation runs at the GEMMs' utilisation once per optimizer step: DDP repeats it
+    on every rank (torch.optim.Muon), a sharded optimizer (ZeRO ≥ 1: DeepSpeed's and Megatron's
+    Muon, nanochat's DistMuon) splits the matrices over the data-parallel ranks."""
+    flops = 1e15
+    rate = H100.peak_flops * H100.utilization
+    for zero, owners in ((0, 1), (1, 8)):
+        plain = step(dp=8, zero=zero)
+        muon = step(dp=8, zero=zero, optimizer_flops=flops)
+        assert muon - plain == pytest.approx(flops / owners / rate, rel=1e-6)
+    assert step(tp=2, optimizer_flops=flops) - step(tp=2) == pytest.approx(flops / 2 / rate, rel=1e-6)
+
+
+def test_a_muon_plan_is_timed_with_its_orthogonalisation():
+    """``planner estimate`` of one plan and the search's columns time Muon through the same
+    arguments: an 8B full fine-tune with Muon takes longer per step than with SGD, by the
+    Newton–Schulz FLOPs at the card's rate."""
+    from planner.perf.arguments import step_arguments
+    from planner.perf.flops import muon_step_flops
+    from planner.scenario.resolve import resolve
+
+    raw = {"model": "llama-3-8b", "workload": {"method": "full", "seq_len": 4096, "micro_batch": 1,
+                                                "optimizer": "muon", "tokens": 1e9},
+           "layout": {"gpu": "h100", "gpus": 8, "zero": 0}}
+    rs = resolve(raw)
+    common = {"method": 0, "checkpointing": 0, "offload": 0, "zero": 0, "seq_len": 4096, "micro_batch": 1,
+              "grad_accum": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": 8, "attention": 1, "fused": 0}
+    x = step_arguments(rs, **common)
+    assert x["optimizer_flops"] == pytest.approx(muon_step_flops(rs.model, "full"))
+    assert "optimizer_flops" not in step_arguments(rs, **common, optimizer="sgd")
+    perf = GpuPerf.of(rs.gpu)
+    extra = float(step_time_s(MF, perf, **x)) - float(step_time_s(MF, perf, **{k: v for k, v in x.items()
+                                                                               if k != "optimizer_flops"}))
+    assert extra == pytest.approx(muon_step_flops(rs.model, "full") / (perf.peak_flops * perf.utilization))

@@ -151,12 +151,13 @@ def test_full_fine_tuning_precision_cells(cell, precision):
     ("torch AdamW", "adamw"), ("adamw_8bit (bitsandbytes)", "adam8bit"), ("SGD (momentum 0.9)", "sgd"),
     ("AdamW (HF default; the script passes no --optim adafactor)", "adamw"),
     ("adafactor (HF Adafactor, --optim adafactor)", "adafactor"), ("Lion (lion_32bit)", "lion"),
-    ("lion_8bit (bitsandbytes)", None), ("Adafactor (beta1=0.9)", None), ("Muon (AdamW for 1-D)", None)])
+    ("lion_8bit (bitsandbytes)", None), ("Adafactor (beta1=0.9)", None), ("Muon (AdamW for 1-D)", "muon"),
+    ("Adam-mini (one second moment per block)", None), ("AdamW (baseline of a Muon comparison)", "adamw")])
 def test_an_optimizer_the_planner_does_not_model_leaves_the_row_unmodelled(cell, optimizer):
-    """Muon's single momentum, an 8-bit Lion's byte or Adafactor's first moment are not what a
-    modelled optimizer keeps: a row naming one is not modelled (KoAlpaca's Adafactor runs were
-    once read as AdamW and judged out of memory at 1.2-1.7x the card); Adafactor without momentum
-    and 32-bit Lion are read as themselves; a parenthesis that only mentions one does not count."""
+    """Adam-mini's per-block moment, an 8-bit Lion's byte or Adafactor's first moment are not what
+    a modelled optimizer keeps: a row naming one is not modelled (KoAlpaca's Adafactor runs were
+    once read as AdamW and judged out of memory at 1.2-1.7x the card); Adafactor without momentum,
+    32-bit Lion and Muon are read as themselves; a parenthesis that only mentions one does not count."""
     from planner.validate.cells import Unmodelable
     from planner.validate.rows import scenario_of
 

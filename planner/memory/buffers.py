@@ -10,7 +10,7 @@ of a step.
 
 from __future__ import annotations
 
-from planner.core.arch import _dims, lora_adapters, lora_module_shapes, param_counts
+from planner.core.arch import ParamCounts, _dims, lora_adapters, lora_module_shapes, param_counts
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Recipe, Workload
 from planner.core.units import zero_degree
@@ -116,6 +116,8 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
             # copies of the tensor being stepped, the largest of them at the peak
             largest = _largest_stepped(model, wl, layout, recipe, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
+    if wl.optimizer == "muon" and layout.offload == "none":
+        out["optimizer_temp"] += _muon_step_bytes(model, wl, layout, counts, partition)
     if wl.optimizer == "adafactor" and layout.offload == "none":
         # transformers' Adafactor steps one tensor at a time: ``update = grad**2 + eps`` and the
         # factored (or full) second moment's ``rsqrt`` times the gradient are two FP32 tensors of
@@ -187,6 +189,40 @@ def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout, recipe: 
     if recipe.zero_offload_gpu_copy:
         out["offload_step"] = partition * 4
     return out
+
+
+#: Bytes per element of the Newton–Schulz workspace Muon holds for the matrix it orthogonalises
+#: (``torch.optim.Muon``: the BF16 copy X of the update and the product B·X that replaces it, 2 + 2
+#: per element of the m×n matrix; the Gram matrix A = X·Xᵀ and A·A, 2 + 2 per element of the m×m
+#: one, m ≤ n), beside the Nesterov update in the state dtype.
+MUON_NS_BYTES_PER_ELEMENT = 4
+MUON_NS_BYTES_PER_GRAM_ELEMENT = 4
+
+
+def _muon_step_bytes(model: ModelSpec, wl: Workload, layout: Layout, counts: ParamCounts,
+                     partition: float) -> float:
+    """Muon's step temporaries on one GPU: the Newton–Schulz workspace of its largest matrix (one
+    matrix at a time; distributed Muon gathers each whole matrix on the rank that orthogonalises
+    it; a tensor-parallel rank its own shard), plus the AdamW beside it stepping the embeddings
+    and head as torch's foreach AdamW does (one square root of its states)."""
+    mixed = wl.precision in ("mixed", "fp16", "fp32")
+    adapters_fp32 = wl.method != "full" and wl.adapter_dtype == "fp32"
+    state = 4 if (mixed or adapters_fp32) else compute_bytes(wl.precision)
+    if wl.method == "full":
+        shapes = [(d_in, d_out) for d_in, d_out in lora_module_shapes(model).values()]
+        if model.moe is not None:
+            shapes.append((model.hidden, model.moe.expert_ffn))
+        matrix_share = (counts.attention + counts.mlp) / counts.total
+    else:
+        shapes = [(wl.lora_rank, max(d_in, d_out)) for _, d_in, d_out in adapter_shapes(model, wl)]
+        matrix_share = 1.0
+    workspace = 0.0
+    for d_in, d_out in shapes:
+        m, wide = sorted((d_in, d_out))
+        n = wide / layout.tp  # a tensor-parallel shard
+        workspace = max(workspace, (state + MUON_NS_BYTES_PER_ELEMENT) * m * n
+                        + MUON_NS_BYTES_PER_GRAM_ELEMENT * m * m)
+    return workspace + (1.0 - matrix_share) * partition * state
 
 
 def _largest_stepped(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe,

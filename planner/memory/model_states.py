@@ -158,6 +158,16 @@ ADAFACTOR_STATE_ELEM_BYTES = 4
 #: Lion (Chen et al. 2023, arXiv 2302.06675) keeps one momentum; bitsandbytes' ``Lion`` with 32-bit
 #: states (the Trainer's ``lion_32bit``) keeps it in FP32 whatever the parameter dtype.
 LION_STATE_BYTES = 4.0
+#: Muon (Jordan et al. 2024, "Muon: an optimizer for hidden layers in neural networks"; Liu et
+#: al. 2025, arXiv 2502.16982; ``torch.optim.Muon`` since PyTorch 2.9) orthogonalises the update
+#: of each hidden weight matrix by Newton–Schulz iterations and keeps one momentum buffer per
+#: matrix (``momentum_buffer``, ``zeros_like`` the gradient: the parameter's dtype, FP32 under a
+#: mixed-precision wrapper's FP32 main copy). It is defined for 2-D hidden matrices only: every
+#: published recipe (modded-nanogpt, Moonlight, nanochat, Megatron-Core's and DeepSpeed's Muon)
+#: steps the embeddings, the LM head, norms and biases with AdamW beside it, two moments each.
+#: Moments per parameter: 1 on a hidden matrix, :data:`MUON_ADAMW_MOMENTS` on the rest.
+MUON_MATRIX_MOMENTS = 1
+MUON_ADAMW_MOMENTS = 2
 
 
 def adafactor_bytes_per_param(model: ModelSpec, workload: Workload, flat: bool) -> float:
@@ -207,14 +217,25 @@ def adam_bytes(optimizer: str, state_elem_bytes: int, paged: bool = False) -> fl
     return 2.0 * state_elem_bytes
 
 
+def muon_bytes_per_param(state_elem_bytes: int, matrix_share: float) -> float:
+    """Muon's state bytes per trainable parameter, ``matrix_share`` of them hidden matrices
+    (one momentum, :data:`MUON_MATRIX_MOMENTS`) and the rest stepped by AdamW beside it
+    (:data:`MUON_ADAMW_MOMENTS`)."""
+    moments = matrix_share * MUON_MATRIX_MOMENTS + (1.0 - matrix_share) * MUON_ADAMW_MOMENTS
+    return float(state_elem_bytes) * moments
+
+
 def _optimizer_bytes(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
-                     state_elem_bytes: int, paged: bool) -> float:
+                     state_elem_bytes: int, paged: bool, matrix_share: float = 1.0) -> float:
     """Optimizer-state bytes per trainable parameter on this GPU's placement: Adafactor's by the
-    tensors' shapes (flat where ZeRO or FSDP1 hands it partitions), AdamW's moments at 2 bytes
-    where the recipe keeps them in BF16 (:attr:`Recipe.optimizer_moments`), else
+    tensors' shapes (flat where ZeRO or FSDP1 hands it partitions), Muon's by the share of them
+    that are hidden matrices (``matrix_share``, :func:`muon_bytes_per_param`), AdamW's moments at
+    2 bytes where the recipe keeps them in BF16 (:attr:`Recipe.optimizer_moments`), else
     :func:`adam_bytes` at ``state_elem_bytes`` per element."""
     if workload.optimizer == "adafactor":
         return adafactor_bytes_per_param(model, workload, steps_flat_tensors(place.zero, recipe))
+    if workload.optimizer == "muon":
+        return muon_bytes_per_param(state_elem_bytes, matrix_share)
     bf16_moments = recipe.optimizer_moments == "bf16" and workload.optimizer == "adamw"
     return adam_bytes(workload.optimizer, 2 if bf16_moments else state_elem_bytes, paged)
 
@@ -357,7 +378,9 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     state_elem = 4 if (mixed or workload.precision == "fp32") else e
     paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
-    opt_b = _optimizer_bytes(model, workload, recipe, place, state_elem, paged)
+    # Muon's hidden matrices: the decoder layers' weights on this GPU (not embeddings, head, norms)
+    opt_b = _optimizer_bytes(model, workload, recipe, place, state_elem, paged,
+                             matrix_share=place.layer_share / place.tp / place.n_local)
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
     dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
     ledger.put("weights", place.spread(dense_w, expert_w, "weights"), on_host_w)
@@ -455,7 +478,9 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     # torch's own optimizers allocate their states like the parameters (zeros_like).
     wrapped = mixed and c < 4 and keeps_fp32_main_copy(recipe, place.zero)
     master = 4 if wrapped else 0
-    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if wrapped else c, paged)
+    # Muon steps the adapter matrices; the modules trained whole (embeddings, head) take AdamW
+    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if wrapped else c, paged,
+                             matrix_share=1.0 - n_saved / n_lora if n_lora else 1.0)
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
         + [(1, n) for n in saved]

@@ -61,9 +61,12 @@ TP_UNSPLIT_ACTIVATION_SHARE = 10.0 / 34.0
 #: parameter dtype under pure BF16; 8-bit Adam (bitsandbytes) keeps both in 8 bits (~2 bytes,
 #: ``000_…`` §三.1: "8-bit m/v ≈ 2N"); SGD with momentum keeps one buffer (``004_…``). Not in the
 #: documents: Lion keeps one FP32 momentum (bitsandbytes' 32-bit Lion); Adafactor's factored
-#: second moment, rows plus columns of each matrix, is taken as 0 per parameter here.
+#: second moment, rows plus columns of each matrix, is taken as 0 per parameter here; Muon keeps
+#: one momentum per hidden matrix, the buffer SGD with momentum keeps (the AdamW it runs on the
+#: embeddings and head is left to the detailed profile).
 OPTIMIZER_STATE_BYTES: dict[str, dict[str, float]] = {
-    p: {"adamw": adamw, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": sgd, "adafactor": 0.0, "lion": 4.0}
+    p: {"adamw": adamw, "adam8bit": 2.0, "paged_adamw8bit": 2.0, "sgd": sgd, "adafactor": 0.0, "lion": 4.0,
+        "muon": sgd}
     for p, adamw, sgd in (("mixed", 8.0, 4.0), ("fp16", 8.0, 4.0), ("bf16", 4.0, 2.0), ("fp32", 8.0, 4.0))
 }
 

@@ -72,6 +72,25 @@ def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Re
             "gen_async": int(recipe.async_generation and lay.generation_gpus > 0)}
 
 
+def muon_flops_of(rs: ResolvedScenario, method: Any, optimizer: Any = None) -> Any:
+    """Newton–Schulz FLOPs of one optimizer step over the whole model where the plan's optimizer
+    is Muon (:func:`planner.perf.flops.muon_step_flops`; 0 for other optimizers), by method code;
+    None where no plan runs Muon."""
+    from planner.core.codes import OPTIMIZERS
+    from planner.memory.model_states import adapter_shapes
+    from planner.perf.flops import muon_step_flops
+
+    wl = rs.workload
+    opt = np.asarray(wl.optimizer if optimizer is None else optimizer)
+    is_muon = (opt == "muon") if opt.dtype.kind in "UO" else (opt == OPTIMIZERS.index("muon"))
+    if not np.any(is_muon):
+        return None
+    full = muon_step_flops(rs.model, "full")
+    adapters = (muon_step_flops(rs.model, "lora", wl.lora_rank, adapter_shapes(rs.model, wl))
+                if has_full_architecture(rs.model) else 0.0)
+    return np.where(is_muon, np.where(np.asarray(method) == FULL, full, adapters), 0.0)
+
+
 def selective_is_op(selective: Any) -> Any:
     """Whether selective checkpointing is op-level (torchtitan's policy: every second matmul
     rerun) rather than Megatron's core-attention recomputation, by ``Recipe.selective`` (a name
@@ -85,13 +104,14 @@ def selective_is_op(selective: Any) -> Any:
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
                    seq_len: Any, micro_batch: Any, grad_accum: Any, tp: Any, pp: Any, cp: Any, ep: Any,
                    dp: Any, attention: Any, fused: Any, native_attention: Any = 0, selective_op: Any = 0,
-                   intra_only: bool = False) -> dict[str, Any]:
+                   optimizer: Any = None, intra_only: bool = False) -> dict[str, Any]:
     """The keyword arguments of :func:`planner.perf.timing.step_time_s` for plans of scenario
     ``rs`` (categorical values as codes; ``micro_batch`` counts the workload's samples, a DPO
     pair being two sequences). ``native_attention``: the stack runs the card generation's own
     fused attention kernels (its recipe's ``native_attention``). ``selective_op``: its selective
-    checkpointing is op-level (:func:`selective_is_op`). ``intra_only`` prices every group at the
-    in-node link."""
+    checkpointing is op-level (:func:`selective_is_op`). ``optimizer``: the plan's optimizer (a
+    name or its code; the workload's where None), for Muon's Newton–Schulz FLOPs. ``intra_only``
+    prices every group at the in-node link."""
     wl, lay = rs.workload, rs.layout
     n_lora = n_lora_of(rs)
     x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
@@ -104,6 +124,9 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              attention=attention, native_attention=native_attention, selective_op=selective_op,
              fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
+    muon = muon_flops_of(rs, method, optimizer)
+    if muon is not None:
+        x["optimizer_flops"] = muon
     forwards = int(forwards_beside_training(wl, rs.recipe.logprob_forward))
     if forwards:
         x["reference_forward"] = forwards

@@ -16,6 +16,7 @@ from planner.core.arch import (
     expert_params,
     has_full_architecture,
     is_moe_layer,
+    lora_module_shapes,
     op_policy_rerun_params,
     param_counts,
     total_params,
@@ -40,6 +41,50 @@ FORWARD_SHARE = 1.0 / 3.0
 #: full or selective checkpointing).
 ATTENTION_FLOPS_COEFF = 12.0
 CAUSAL_SHARE = 0.5
+
+
+#: Muon's Newton–Schulz iterations per step (``ns_steps``: 5 in torch.optim.Muon, Keller Jordan's
+#: reference and Moonlight). Each orthogonalises an m×n update (m ≤ n) with A = X·Xᵀ (2·m²·n
+#: FLOPs), A·A (2·m³) and (b·A + c·A²)·X (2·m²·n): :func:`newton_schulz_flops`.
+MUON_NS_STEPS = 5
+
+
+def newton_schulz_flops(d_in: float, d_out: float, steps: int = MUON_NS_STEPS) -> float:
+    """FLOPs of Muon's Newton–Schulz orthogonalisation of one d_in×d_out matrix."""
+    m, n = sorted((float(d_in), float(d_out)))
+    return steps * (4.0 * m * m * n + 2.0 * m ** 3)
+
+
+def muon_step_flops(model: ModelSpec, method: str, lora_rank: int = 0,
+                    adapters: list[tuple[int, int, int]] | None = None) -> float:
+    """Newton–Schulz FLOPs of one Muon step over the whole model (before any parallelism divides
+    them): every hidden matrix of a full run (attention and MLP projections, each routed and
+    shared expert's), or each LoRA adapter's two matrices (``adapters``: (count, d_in, d_out)).
+    Embeddings and head are stepped by AdamW (no FLOPs of note). 0 without a full architecture."""
+    if method != "full":
+        return float(sum(c * (newton_schulz_flops(lora_rank, d_in) + newton_schulz_flops(d_out, lora_rank))
+                         for c, d_in, d_out in (adapters or [])))
+    if not has_full_architecture(model):
+        return 0.0
+    shapes = lora_module_shapes(model)
+    attention = sum(newton_schulz_flops(*shapes[k]) for k in ("q", "k", "v", "o"))
+    dense_mlp = sum(newton_schulz_flops(*v) for k, v in shapes.items() if k in ("up", "down", "gate"))
+    moe = model.moe
+    per_expert = 0.0
+    shared = 0.0
+    if moe is not None:
+        mats = 3 if model.gated_mlp else 2
+        per_expert = mats * newton_schulz_flops(model.hidden, moe.expert_ffn)
+        if moe.shared_ffn:
+            shared = moe.shared_experts * mats * newton_schulz_flops(model.hidden, moe.shared_ffn)
+    total = 0.0
+    for i in range(model.layers):
+        if is_moe_layer(model, i):
+            assert moe is not None
+            total += attention + moe.experts * per_expert + shared
+        else:
+            total += attention + dense_mlp
+    return total
 
 
 @dataclass(frozen=True)

@@ -288,7 +288,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     GRPO's reference policy, GRPO's old log-probs; default 0; DPO's ``micro_batch`` then counts
     sequences, two per pair), ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
     default 0), ``optimizer_bytes`` (per trainable parameter, :func:`optimizer_bytes_per_param`;
-    default :data:`OPTIMIZER_BYTES_PER_PARAM`).
+    default :data:`OPTIMIZER_BYTES_PER_PARAM`), ``optimizer_flops`` (Muon's Newton–Schulz FLOPs
+    per step over the whole model, :func:`planner.perf.flops.muon_step_flops`; default none).
 
     step = (m + (pp − 1)/vp) · t_microbatch   (1F1B, interleaved over vp virtual stages: the
                                               bubble is (pp − 1)/vp micro-batch slots;
@@ -321,7 +322,7 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     tp_comm, pp_comm, cp_comm, ep_comm = _model_parallel_comm_s(mf, perf, x, tokens_gpu, t_att, node)
     t_microbatch = compute + tp_comm + pp_comm + cp_comm + ep_comm
     pipeline = (x["grad_accum"] + (x["pp"] - 1) / np.maximum(x.get("vp", 1), 1)) * t_microbatch
-    dp_comm, optimizer, offload_opt, offload_params = _data_parallel_and_optimizer_s(mf, perf, x, compute, node)
+    dp_comm, optimizer, offload_opt, offload_params = _data_parallel_and_optimizer_s(mf, perf, p, x, compute, node)
     train = pipeline + dp_comm + optimizer + offload_opt + offload_params
     load, work = _generation_parts(mf, perf, p, x)
     # An engine apart generating the next step's completions meanwhile (``gen_async``): the step
@@ -523,8 +524,8 @@ def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any
     return local, trainable, weight_bytes, shard
 
 
-def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], compute: Any,
-                                   node: Any) -> tuple[Any, Any, Any, Any]:
+def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any],
+                                   compute: Any, node: Any) -> tuple[Any, Any, Any, Any]:
     """Data-parallel traffic not hidden behind compute, the optimizer step and offload."""
     ga = x["grad_accum"]
     tp, pp, cp, dp, zero, offload = x["tp"], x["pp"], x["cp"], x["dp"], x["zero"], x["offload"]
@@ -542,6 +543,12 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, A
 
     opt_bytes = x.get("optimizer_bytes", OPTIMIZER_BYTES_PER_PARAM)
     optimizer = 0.0 if x.get("intra_only") else shard * opt_bytes / perf.memory_bps
+    if "optimizer_flops" in x and not x.get("intra_only"):
+        # Muon's Newton–Schulz GEMMs: a rank orthogonalises its stage's matrices (its
+        # tensor-parallel shards); sharded optimizers split the matrices over the data-parallel
+        # ranks (DeepSpeed's and Megatron-Core's Muon, nanochat's DistMuon), DDP repeats them all.
+        owners = np.where(zero >= 1, np.maximum(d, 1), 1)
+        optimizer = optimizer + x["optimizer_flops"] / (tp * pp * owners) / (perf.peak_flops * _utilization(perf, p))
     # An AdamW stepping one tensor at a time waits on its launches where they outlast the traffic.
     optimizer = np.maximum(optimizer, 0.0 if x.get("intra_only") else x.get("optimizer_host_s", 0.0))
     offload_opt = np.where(offload >= 1, shard * 4.0 / (PCIE_HOST_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S, 0.0)

@@ -203,7 +203,7 @@ def _time_cost_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
         offload=OFFLOADS.index(p["offload"]), zero=p["zero"], seq_len=p["seq_len"],
         micro_batch=p["micro_batch"], grad_accum=p["grad_accum"], tp=p["tp"], pp=p["pp"], cp=p["cp"],
         ep=p["ep"], dp=p["dp"], attention=ATTENTION.index(p["attention"]),
-        fused=int(stack.recipe.fused_kernels or rs.recipe.compile),
+        fused=int(stack.recipe.fused_kernels or rs.recipe.compile), optimizer=p["optimizer"],
         native_attention=int(stack.recipe.native_attention),
         selective_op=int(selective_is_op(sc.recipe.selective if "selective" in sc.recipe.model_fields_set
                                          else stack.recipe.selective)))

@@ -230,11 +230,11 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
 
 
 #: Optimizers whose states the planner does not model (it models AdamW, 8-bit AdamW, SGD,
-#: Adafactor without momentum and 32-bit Lion): named as a row's optimizer, before any
+#: Adafactor without momentum, 32-bit Lion and Muon): named as a row's optimizer, before any
 #: parenthesis, the row is not modelled rather than read as AdamW, whose 8 bytes per parameter
-#: would stand in for Muon's single momentum; nor are the variants of a modelled one that the
+#: would stand in for Sophia's or Adam-mini's; nor are the variants of a modelled one that the
 #: whole cell names (an 8-bit Lion, Adafactor with a first moment).
-UNMODELLED_OPTIMIZERS = r"\b(muon|sophia|came|adam-?mini|galore|lomo|apollo|shampoo|soap)\b"
+UNMODELLED_OPTIMIZERS = r"\b(sophia|came|adam-?mini|galore|lomo|apollo|shampoo|soap)\b"
 UNMODELLED_VARIANTS = r"\blion[ _-]?8[ _-]?bit|8[ _-]?bit[ _-]?lion|\badafactor\b.*\bbeta1\s*[=:]\s*0?\.\d"
 
 
@@ -244,8 +244,8 @@ def _optimizer(opt: str) -> str:
     found = re.search(UNMODELLED_OPTIMIZERS, named) or re.search(UNMODELLED_VARIANTS, opt)
     if found:
         raise Unmodelable(f"optimizer {found.group(0)!r}: the planner models AdamW, 8-bit AdamW, SGD, "
-                          "Adafactor without momentum and 32-bit Lion")
-    for name in ("adafactor", "lion"):
+                          "Adafactor without momentum, 32-bit Lion and Muon")
+    for name in ("adafactor", "lion", "muon"):
         if re.search(rf"\b{name}\b", named):
             return name
     if "8bit" in opt or "8-bit" in opt:

@@ -25,8 +25,13 @@ def hf_files(ctx: Ctx, out: Bundle, ds_file: str | None) -> dict[str, dict]:
         "bf16": ctx.half == "bf16",
         "fp16": ctx.half == "fp16",
         "gradient_checkpointing": lay.checkpointing == "full",
-        "optim": ctx.hf_optim,
     }
+    if wl.optimizer == "muon":
+        out.need(fmt, "a Muon optimizer for the Trainer (Trainer(optimizers=(optimizer, None)) with "
+                      "torch.optim.Muon on the 2-D hidden weights and torch.optim.AdamW on embeddings, "
+                      "head, norms and biases): TrainingArguments has no optim for Muon")
+    else:
+        args["optim"] = ctx.hf_optim
     if wl.eval_micro_batch:
         # the plan sized an evaluation phase at this batch; how often and on what data is the user's
         args["eval_strategy"] = "steps"
@@ -229,6 +234,9 @@ def _torchtune_unsupported(ctx: Ctx) -> str | None:
         return f"torchtune's recipes have no pipeline/context parallelism (pp={lay.pp} cp={lay.cp})"
     if lay.tp > 1 and ctx.lora:
         return "torchtune's LoRA recipes have no tensor parallelism"
+    if wl.optimizer == "muon":
+        return ("torchtune's recipes build one optimizer over every parameter; Muon steps only 2-D "
+                "hidden weights (torch.optim.Muon refuses the rest) and needs AdamW beside it")
     return None
 
 
@@ -377,6 +385,9 @@ def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
     if wl.optimizer != "adamw":
         if wl.optimizer == "sgd":
             args.append("--optimizer sgd")
+        elif wl.optimizer == "muon":
+            out.note(fmt, "Muon is Megatron-Core's layer-wise distributed optimizer where the version "
+                          "has it (not an argument of every Megatron-LM): the arguments keep its Adam")
         else:
             out.note(fmt, f"Megatron-LM has no {wl.optimizer}: the arguments keep its Adam")
     args += _megatron_model(ctx, out)

@@ -47,9 +47,11 @@ def read_llamafactory(cfg: dict, f: Found, where: str, base: Path, load) -> None
     _read_lf_checkpointing(cfg, f, where, tool)
     _read_lf_kernels(cfg, f, where)
     for key, what in (("use_galore", "GaLore"), ("use_apollo", "APOLLO"), ("use_badam", "BAdam"),
-                      ("use_adam_mini", "Adam-mini"), ("use_muon", "Muon"), ("use_llama_pro", "LLaMA Pro")):
+                      ("use_adam_mini", "Adam-mini"), ("use_llama_pro", "LLaMA Pro")):
         if is_true(cfg.get(key)):
             f.warn(f"{where}.{key}", f"{what} changes the optimizer or which weights train; not modelled")
+    if is_true(cfg.get("use_muon")):  # Muon on the 2-D weights, AdamW on the rest
+        f.set("optimizer", "muon", where + ".use_muon")
     if is_true(cfg.get("use_unsloth")):  # Unsloth's FastLanguageModel: its LoRA kernels
         f.set("kernels", "unsloth", where + ".use_unsloth")
     if is_true(cfg.get("fp8")):
