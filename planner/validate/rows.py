@@ -182,11 +182,16 @@ NO_FP32_MASTER = (r"\b(no|without|not)\b(?:[ -]\w+){0,2}[ -]fp32 (?:\w+ )?(?:mas
 FP32_BASE = r"(?<!no )(?<!not )\bfp32 (?:base )?weights\b|\bfp32 base\b"
 #: A cell that says autocast was not used.
 NO_AUTOCAST = r"no autocast|autocast\s*(off|disabled|false)|without autocast"
+#: FP16 throughout, without autocast or an FP32 master: Lightning's ``16-true``, "fp16-true", "pure
+#: fp16", FP16 weights trained with autocast off. Weights, gradients and the torch optimizer's
+#: states (``zeros_like``) are all 16-bit: the pure 16-bit recipe (``bf16``), not AMP's ``fp16``.
+PURE_FP16 = r"\b(?:fp)?16-true\b|\bpure (?:fp16|float16|half)\b"
 
 
 #: A 16-bit dtype a precision cell names only to say it was not used ("sets neither bf16 nor
-#: fp16", "no fp16 autocast").
-NEGATED_DTYPE = r"\b(?:neither|nor|no|not|without)\s+(?:\w+\s+){0,1}(?:bf16|fp16)\b"
+#: fp16", "no fp16 autocast", the Trainer's flags "no --bf16/--fp16").
+NEGATED_DTYPE = (r"\b(?:neither|nor|no|not|without)\s+(?:\w+\s+){0,1}(?:--)?(?:bf16|fp16)\b"
+                 r"(?:\s*(?:/|or|nor)\s*(?:--)?(?:bf16|fp16)\b)?")
 
 
 def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
@@ -217,6 +222,8 @@ def _precision_and_optimizer(t: RowText, row: dict[str, str]) -> dict[str, Any]:
         # FP32 weights and compute; a quantized base loaded with its other weights in FP32 and run
         # without autocast computes in FP32 too (a 4-bit matmul returns its input's dtype)
         precision = "fp32"
+    elif "fp16" in stated and (re.search(PURE_FP16, t.prec) or re.search(NO_AUTOCAST, t.prec)):
+        precision = "bf16"  # pure FP16 keeps the same bytes as pure BF16
     elif "fp16" in stated:
         precision = "fp16"
     elif t.method != "full" and t.hf_stack and "bf16" in stated:
