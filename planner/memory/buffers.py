@@ -103,9 +103,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
         # With the optimizer offloaded the step runs on the CPU (DeepSpeedCPUAdam for
         # ZeRO-Offload, arXiv 2101.06840; FSDP CPUOffload steps the CPU shards): its
         # temporaries live in host memory, none on the GPU.
-        mixed = wl.precision in ("mixed", "fp16", "fp32")
-        c = 4 if (wl.method != "full" and wl.adapter_dtype == "fp32") else e
-        state_bytes = 4 if mixed else (c if wl.method != "full" else e)
+        state_bytes = _step_state_bytes(wl)
         if recipe.optimizer_step != "for_loop":
             # torch._foreach AdamW: exp_avg_sq.sqrt() is materialised for every tensor of the
             # step call (torch 2.0 also kept ``denom``, a second such list; PyTorch PR #104898)
@@ -191,6 +189,14 @@ def _zero_offload_terms(model: ModelSpec, wl: Workload, layout: Layout, recipe: 
     return out
 
 
+def _step_state_bytes(wl: Workload) -> int:
+    """Bytes per element of the states a torch optimizer steps: FP32 under mixed precision (and
+    for FP32 adapters), else the compute dtype's."""
+    mixed = wl.precision in ("mixed", "fp16", "fp32")
+    adapters_fp32 = wl.method != "full" and wl.adapter_dtype == "fp32"
+    return 4 if (mixed or adapters_fp32) else compute_bytes(wl.precision)
+
+
 #: Bytes per element of the Newton–Schulz workspace Muon holds for the matrix it orthogonalises
 #: (``torch.optim.Muon``: the BF16 copy X of the update and the product B·X that replaces it, 2 + 2
 #: per element of the m×n matrix; the Gram matrix A = X·Xᵀ and A·A, 2 + 2 per element of the m×m
@@ -205,9 +211,7 @@ def _muon_step_bytes(model: ModelSpec, wl: Workload, layout: Layout, counts: Par
     matrix at a time; distributed Muon gathers each whole matrix on the rank that orthogonalises
     it; a tensor-parallel rank its own shard), plus the AdamW beside it stepping the embeddings
     and head as torch's foreach AdamW does (one square root of its states)."""
-    mixed = wl.precision in ("mixed", "fp16", "fp32")
-    adapters_fp32 = wl.method != "full" and wl.adapter_dtype == "fp32"
-    state = 4 if (mixed or adapters_fp32) else compute_bytes(wl.precision)
+    state = _step_state_bytes(wl)
     if wl.method == "full":
         shapes = [(d_in, d_out) for d_in, d_out in lora_module_shapes(model).values()]
         if model.moe is not None:
