@@ -632,6 +632,30 @@ def test_trapped_fragmentation_is_the_median_of_the_oom_messages():
     assert detailed.TRAPPED_FRAGMENTATION == pytest.approx(share["no"], abs=5e-4)
 
 
+def test_cuda_context_is_what_nvidia_smi_showed_above_reserved_on_the_h200_runs():
+    """``CUDA_CONTEXT_BYTES`` is measured, not guessed: on each run of ``bench/gpu_memory.py`` on an
+    H200 (one GPU, a fresh process, data/measured_gpu_h200.csv) nvidia-smi's used memory minus
+    ``max_memory_reserved`` is the context, its kernels and the library handles; their median,
+    in MiB, is the constant, and every run lies within 5 % of it."""
+    import csv
+    import statistics
+    from collections import defaultdict
+
+    from planner.memory import detailed
+
+    runs: dict[tuple[str, ...], dict[str, float]] = defaultdict(dict)
+    with open(ROOT / "data" / "measured_gpu_h200.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            key = tuple(v for k, v in row.items()
+                        if k not in ("id", "measured_gb", "measure_kind", "predicted_before_gb"))
+            runs[key][row["measure_kind"]] = float(row["measured_gb"]) * 1e9
+    gaps = [v["nvidia_smi"] - v["max_reserved"] for v in runs.values()
+            if "nvidia_smi" in v and "max_reserved" in v]
+    assert len(gaps) >= 100
+    assert round(statistics.median(gaps) / 2**20) == pytest.approx(detailed.CUDA_CONTEXT_BYTES / 2**20, abs=1)
+    assert all(abs(g / detailed.CUDA_CONTEXT_BYTES - 1) < 0.05 for g in gaps)
+
+
 def test_needed_bytes_are_allocated_plus_what_cannot_be_released():
     """At the card's limit the allocator releases its free cached segments and retries before it
     fails: a run needs allocated + the trapped share + CUDA context + NCCL, never more than the

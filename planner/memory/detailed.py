@@ -36,10 +36,14 @@ from planner.memory.stage_activations import activation_terms, eval_terms
 # ---------------------------------------------------------------------------------------------
 # Named constants (each a guess with its source)
 
-#: CUDA context + kernels, visible to nvidia-smi only: 287 MB with lazy module loading (PyTorch
-#: PR #86509), "300–400 MB" with CUDA ≥ 11.7 (ptrblck, issues #107667/#109888); cuBLAS/cuDNN
-#: handles add tens of MB. 450 MiB is the middle of that range.
-CUDA_CONTEXT_BYTES = 450 * 2**20
+#: What nvidia-smi shows above PyTorch's ``max_memory_reserved``: the CUDA context, its loaded
+#: kernels and the cuBLAS/cuDNN handles. Reports range from 287 MB with lazy module loading
+#: (PyTorch PR #86509) and "300–400 MB" with CUDA ≥ 11.7 (ptrblck, issues #107667/#109888) on
+#: older cards to ~0.8 GB on Hopper: the 106 runs of ``bench/gpu_memory.py`` on an H200 (CUDA 12,
+#: data/measured_gpu_h200.csv, each a fresh process on one GPU) show nvidia-smi − max_reserved
+#: between 0.78 and 0.81 GB, median 0.795 GB = 758 MiB (a test recomputes it). Physical range
+#: 280–820 MiB; the measured median is used.
+CUDA_CONTEXT_BYTES = 758 * 2**20
 #: NCCL buffers per communicator in use (Fujii et al. 2024 memory-estimator notes: ~0.5 GB).
 NCCL_COMMUNICATOR_BYTES = 500 * 10**6
 #: Caching-allocator fragmentation: share of the memory allocated and freed within a step

@@ -58,10 +58,10 @@ GPTQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
 #: 34.0 GB analytic (NF4 + DQ linears, 16-bit embeddings and head): excesses of 1.18 / 1.27 / 1.9 /
 #: 3.07 GB, which a fixed part plus a part per quantized weight fit within 0.13 GB:
 #: 0.97 GB + 0.033 bytes per weight. The fixed part holds the CUDA context the detailed profile
-#: counts on its own (``CUDA_CONTEXT_BYTES``, 0.47 GB): 0.5 GB is left per GPU (cuBLAS workspace,
-#: bitsandbytes' buffers); the per-weight part is counted on each quantized weight.
+#: counts on its own (``CUDA_CONTEXT_BYTES``, 0.795 GB): 0.17 GB is left per GPU (cuBLAS
+#: workspace, bitsandbytes' buffers); the per-weight part is counted on each quantized weight.
 BNB_4BIT_MEASURED_OVERHEAD = 0.033
-BNB_4BIT_FIXED_BYTES = 0.5e9
+BNB_4BIT_FIXED_BYTES = 0.17e9
 #: LLM.int8 (bitsandbytes 8-bit): int8 weights plus an FP32 scale per output row (counted per row).
 INT8_BYTES = 1.0
 
