@@ -73,3 +73,19 @@ def test_detailed_profile_shards_experts_too():
     z1 = planner.estimate(base, gpus=8, dp=8, ep=1, zero=3)
     z8 = planner.estimate(base, gpus=8, dp=8, ep=8, zero=3)
     assert z1.components["weights"] == pytest.approx(z8.components["weights"], rel=1e-9)
+
+
+def test_hidden_matrices_hold_every_decoder_weight_but_the_routers():
+    """The one list of hidden matrices (Muon's FLOPs and its workspace both read it) holds every
+    attention and MLP weight: all of Llama-3-8B's, and all of Mixtral 8x7B's but its routers
+    (32 layers × 4096 × 8), each routed expert counted once per layer."""
+    from planner.core.arch import hidden_matrices
+
+    llama = catalog.get_model("llama-3-8b")
+    counts = param_counts(llama)
+    assert sum(c * a * b for c, a, b in hidden_matrices(llama)) == counts.attention + counts.mlp
+    mixtral = catalog.get_model("mixtral-8x7b")
+    counts = param_counts(mixtral)
+    matrices = hidden_matrices(mixtral)
+    assert counts.attention + counts.mlp - sum(c * a * b for c, a, b in matrices) == 32 * 4096 * 8
+    assert (32 * 8, 14336, 4096) in matrices

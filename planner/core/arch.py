@@ -184,6 +184,30 @@ def lora_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     return shapes
 
 
+def hidden_matrices(spec: ModelSpec) -> list[tuple[int, int, int]]:
+    """(count, d_in, d_out) of every weight matrix in the decoder layers of the whole model: each
+    layer's attention projections, the dense MLP's on dense layers, and on MoE layers each routed
+    expert's and the shared experts' (one MLP as wide as all of them, as HF's DeepSeek and
+    Qwen-MoE build it). Embeddings, head, norms and routers are not among them (Muon steps these
+    matrices; AdamW the rest)."""
+    shapes = lora_module_shapes(spec)
+    mlp_names = ("gate", "up", "down") if spec.gated_mlp else ("up", "down")
+    moe = spec.moe
+    moe_layers = sum(1 for i in range(spec.layers) if is_moe_layer(spec, i))
+    dense_layers = spec.layers - moe_layers
+    out = [(spec.layers, *shapes[k]) for k in ("q", "k", "v", "o")]
+    if dense_layers:
+        out += [(dense_layers, *shapes[k]) for k in mlp_names]
+    if moe is not None and moe_layers:
+        h, mats = spec.hidden, len(mlp_names)
+        out += [(moe_layers * moe.experts, h, moe.expert_ffn)] * (mats - 1)
+        out.append((moe_layers * moe.experts, moe.expert_ffn, h))
+        if moe.shared_ffn and moe.shared_experts:
+            f = moe.shared_ffn * moe.shared_experts
+            out += [(moe_layers, h, f)] * (mats - 1) + [(moe_layers, f, h)]
+    return out
+
+
 def op_policy_matmuls(spec: ModelSpec, moe_layer: bool) -> list[tuple[str, int, int]]:
     """(name, d_in, d_out) of the matmuls torchtitan's op-level selective checkpointing counts in
     a layer's forward order, every second one saved (``_save_list``, ``_custom_policy``: "save

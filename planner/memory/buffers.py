@@ -10,7 +10,14 @@ of a step.
 
 from __future__ import annotations
 
-from planner.core.arch import ParamCounts, _dims, lora_adapters, lora_module_shapes, param_counts
+from planner.core.arch import (
+    ParamCounts,
+    _dims,
+    hidden_matrices,
+    lora_adapters,
+    lora_module_shapes,
+    param_counts,
+)
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Recipe, Workload
 from planner.core.units import zero_degree
@@ -213,9 +220,7 @@ def _muon_step_bytes(model: ModelSpec, wl: Workload, layout: Layout, counts: Par
     and head as torch's foreach AdamW does (one square root of its states)."""
     state = _step_state_bytes(wl)
     if wl.method == "full":
-        shapes = [(d_in, d_out) for d_in, d_out in lora_module_shapes(model).values()]
-        if model.moe is not None:
-            shapes.append((model.hidden, model.moe.expert_ffn))
+        shapes = [(d_in, d_out) for _, d_in, d_out in hidden_matrices(model)]
         matrix_share = (counts.attention + counts.mlp) / counts.total
     else:
         shapes = [(wl.lora_rank, max(d_in, d_out)) for _, d_in, d_out in adapter_shapes(model, wl)]

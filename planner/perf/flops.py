@@ -15,8 +15,8 @@ import numpy as np
 from planner.core.arch import (
     expert_params,
     has_full_architecture,
+    hidden_matrices,
     is_moe_layer,
-    lora_module_shapes,
     op_policy_rerun_params,
     param_counts,
     total_params,
@@ -66,25 +66,7 @@ def muon_step_flops(model: ModelSpec, method: str, lora_rank: int = 0,
                          for c, d_in, d_out in (adapters or [])))
     if not has_full_architecture(model):
         return 0.0
-    shapes = lora_module_shapes(model)
-    attention = sum(newton_schulz_flops(*shapes[k]) for k in ("q", "k", "v", "o"))
-    dense_mlp = sum(newton_schulz_flops(*v) for k, v in shapes.items() if k in ("up", "down", "gate"))
-    moe = model.moe
-    per_expert = 0.0
-    shared = 0.0
-    if moe is not None:
-        mats = 3 if model.gated_mlp else 2
-        per_expert = mats * newton_schulz_flops(model.hidden, moe.expert_ffn)
-        if moe.shared_ffn:
-            shared = moe.shared_experts * mats * newton_schulz_flops(model.hidden, moe.shared_ffn)
-    total = 0.0
-    for i in range(model.layers):
-        if is_moe_layer(model, i):
-            assert moe is not None
-            total += attention + moe.experts * per_expert + shared
-        else:
-            total += attention + dense_mlp
-    return total
+    return float(sum(c * newton_schulz_flops(d_in, d_out) for c, d_in, d_out in hidden_matrices(model)))
 
 
 @dataclass(frozen=True)
