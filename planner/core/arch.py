@@ -109,11 +109,16 @@ def is_moe_layer(spec: ModelSpec, index: int) -> bool:
     return (index - moe.first_dense_layers) % moe.moe_every == 0
 
 
+def moe_layer_count(spec: ModelSpec) -> int:
+    """How many of the model's layers are MoE layers (:func:`is_moe_layer`; 0 for dense models)."""
+    return sum(1 for i in range(spec.layers) if is_moe_layer(spec, i))
+
+
 def _mlp_params(spec: ModelSpec) -> tuple[int, int]:
     """(all MLP parameters, MLP parameters active per token), summed over layers."""
     moe = spec.moe
-    dense_layers = sum(1 for i in range(spec.layers) if not is_moe_layer(spec, i))
-    moe_layers = spec.layers - dense_layers
+    moe_layers = moe_layer_count(spec)
+    dense_layers = spec.layers - moe_layers
     total = active = 0
     if dense_layers:
         (ffn,) = _dims(spec, "ffn")
@@ -193,7 +198,7 @@ def hidden_matrices(spec: ModelSpec) -> list[tuple[int, int, int]]:
     shapes = lora_module_shapes(spec)
     mlp_names = ("gate", "up", "down") if spec.gated_mlp else ("up", "down")
     moe = spec.moe
-    moe_layers = sum(1 for i in range(spec.layers) if is_moe_layer(spec, i))
+    moe_layers = moe_layer_count(spec)
     dense_layers = spec.layers - moe_layers
     out = [(spec.layers, *shapes[k]) for k in ("q", "k", "v", "o")]
     if dense_layers:
@@ -271,5 +276,5 @@ def expert_params(spec: ModelSpec) -> int:
     dense models. Routers and shared experts stay on every expert-parallel rank."""
     if spec.moe is None or spec.params_b is not None and not has_full_architecture(spec):
         return 0
-    moe_layers = sum(1 for i in range(spec.layers) if is_moe_layer(spec, i))
+    moe_layers = moe_layer_count(spec)
     return moe_layers * spec.moe.experts * dense_mlp_params(spec, spec.moe.expert_ffn)

@@ -16,7 +16,7 @@ from planner.core.arch import (
     expert_params,
     has_full_architecture,
     hidden_matrices,
-    is_moe_layer,
+    moe_layer_count,
     op_policy_rerun_params,
     param_counts,
     total_params,
@@ -97,7 +97,7 @@ def model_flops(model: ModelSpec) -> ModelFlops:
     heads = model.heads or max(1, model.hidden // 128)
     head_dim = model.head_dim_eff or model.hidden // heads
     kv = model.kv_heads_eff or heads
-    moe_layers = sum(1 for i in range(model.layers) if is_moe_layer(model, i))
+    moe_layers = moe_layer_count(model)
     return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim,
                       moe_layers, model.moe.active if model.moe is not None else 0,
                       float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads,
