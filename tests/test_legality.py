@@ -223,3 +223,29 @@ def test_estimate_plan_and_the_checker_agree_on_random_layouts(model, gpu, tp, p
     plan = {**layout, "seq_len": seq_len, "precision": "mixed"}
     flagged = _layout_problems(sc, SimpleNamespace(gpu=card, model=spec, scenario=sc), plan)
     assert (not flagged) == legal, flagged
+
+
+@pytest.mark.parametrize("dp", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_expert_parallelism_within_dp_is_one_rule_for_estimate_and_the_checker(dp, ep):
+    """EP splits the experts inside the data-parallel group: a pinned layout whose ep does not
+    divide dp is refused by ``estimate`` and flagged by the checker, with the same words, and one
+    whose ep divides dp passes both (legality.ep_dp, the rule the search's lattice applies too)."""
+    from planner.search.checker import _count_problems
+
+    legal = bool(legality.ep_dp(dp, ep).legal)
+    assert legal == (dp % ep == 0)
+    raw = {"model": "mixtral-8x7b", "workload": {"method": "full", "seq_len": 4096, "micro_batch": 1},
+           "layout": {"gpu": "h100-sxm-80gb", "dp": dp, "ep": ep, "zero": 3}}
+    try:
+        resolve(raw)
+        refused = []
+    except InputError as exc:
+        refused = [p for p in exc.problems if p.startswith("layout.ep:")]
+    assert (not refused) == legal, refused
+    card = catalog.get_gpu("h100-sxm-80gb")
+    flagged = [p for p in _count_problems(card, {"gpus": dp, "dp": dp, "tp": 1, "pp": 1, "cp": 1, "ep": ep})
+               if p.startswith("ep ")]
+    assert (not flagged) == legal, flagged
+    if not legal:
+        assert refused[0].removeprefix("layout.ep: ") == flagged[0].removeprefix("ep ")

@@ -110,6 +110,15 @@ def ep_experts(model: ModelSpec, ep: Any) -> Verdict:
     return Verdict("ep", legal, f"does not divide the model's {experts} experts")
 
 
+def ep_dp(dp: Any, ep: Any) -> Verdict:
+    """Expert parallelism splits the experts within the data-parallel group: ep divides dp (each
+    tensor-parallel rank keeps its share of every expert, Megatron-Core's default expert tensor
+    parallelism equal to tp; the data-parallel replicas of one expert shard form the rest)."""
+    ep = np.asarray(ep)
+    return Verdict("ep", (ep <= 1) | (np.asarray(dp) % np.maximum(ep, 1) == 0),
+                   f"does not divide dp = {dp} (experts are split within dp)")
+
+
 # --- sharding and offload --------------------------------------------------------------------
 
 def _offload_code(offload: Any) -> Any:

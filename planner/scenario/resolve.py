@@ -272,8 +272,7 @@ def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list
     if model is not None:
         problems.extend(legality.problems([legality.ep_moe(model, lay.ep), legality.ep_experts(model, lay.ep)],
                                        {"ep": lay.ep}))
-    if dp % lay.ep:
-        problems.append(f"layout.ep: {lay.ep} does not divide dp = {dp} (experts are split within dp)")
+    problems.extend(legality.problems([legality.ep_dp(dp, lay.ep)], {"ep": lay.ep}))
 
 
 def _check_sharding(wl: Workload, lay: Layout, problems: list[str]) -> None:

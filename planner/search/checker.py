@@ -85,8 +85,8 @@ def _count_problems(gpu: GpuSpec, p: dict[str, Any]) -> list[str]:
     problems = []
     if p["gpus"] != p["dp"] * p["tp"] * p["pp"] * p["cp"]:
         problems.append("gpus ≠ dp·tp·pp·cp")
-    if p.get("ep", 1) > 1 and p["dp"] % p["ep"]:
-        problems.append(f"ep {p['ep']} does not divide dp {p['dp']}")
+    problems.extend(legality.problems([legality.ep_dp(p["dp"], p.get("ep", 1))], {"ep": p.get("ep", 1)},
+                                      prefix="", sep=" "))
     if "nodes" in p and p["nodes"] != _nodes(gpu, p["gpus"]):
         problems.append(f"nodes {p['nodes']} ≠ ⌈{p['gpus']} / {gpu.gpus_per_node}⌉")
     return problems

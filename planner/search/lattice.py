@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.core.arrays import unique_rows
+from planner.scenario import legality
 from planner.search.evaluate import GpuTable, grad_accum_of, memory_of, within_card
 from planner.search.request import SearchRequest
 from planner.search.space import Classes
@@ -50,13 +51,13 @@ def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
     if req.dp_pin is None and req.gpus_pin is not None:
         # A pinned GPU count fixes dp for each layout: gpus / (tp·pp·cp), where that divides.
         dp = req.gpus_pin // mp
-        ok = (req.gpus_pin % mp == 0) & (dp >= 1) & (dp <= dmax) & (dp % ep == 0)
+        ok = (req.gpus_pin % mp == 0) & (dp >= 1) & (dp <= dmax) & legality.ep_dp(dp, ep).legal
         if req.global_batch:
             ok &= (req.global_batch // a["micro_batch"]) % np.maximum(dp, 1) == 0
         dp = np.maximum(dp, 1)
         return Lattice(ok.astype(np.int64), np.arange(len(cls)), dp[:, None])
     if req.dp_pin is not None:
-        ok = (req.dp_pin <= dmax) & (req.dp_pin % ep == 0)
+        ok = (req.dp_pin <= dmax) & legality.ep_dp(req.dp_pin, ep).legal
         if req.gpus_pin is not None:
             ok &= req.dp_pin * mp == req.gpus_pin
         if req.global_batch:
