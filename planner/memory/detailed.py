@@ -383,7 +383,7 @@ ERROR_BANDS: dict[str, float] = {"full": 0.14, "lora": 0.08, "qlora": 0.22}
 #: error (negative: the estimate was low). Wider than :data:`ERROR_BANDS`, which the calibration
 #: file measures; every estimate states it. tests/test_validate.py recomputes it from the files.
 UNSEEN_ERROR: dict[str, tuple[int, float, float, float]] = {
-    "full": (412, 0.163, 0.38, -0.066), "lora": (157, 0.128, 0.322, -0.086),
+    "full": (413, 0.162, 0.38, -0.067), "lora": (157, 0.128, 0.322, -0.086),
     "qlora": (136, 0.151, 0.451, 0.023)}
 _METHOD_WORDS = {"full": "full-training", "lora": "LoRA", "qlora": "QLoRA"}
 
