@@ -26,7 +26,7 @@ import numpy as np
 
 from planner.core.errors import InputError
 from planner.perf import timing
-from planner.perf.flops import ModelFlops
+from planner.perf.flops import ModelFlops, attention_flops_per_token, linear_flops_per_token
 from planner.perf.hardware import GpuPerf
 from planner.perf.timing import PRIOR, TimeParams, step_time_s
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, figures, recorded
@@ -291,8 +291,28 @@ def loso_results(batch: Batch, start: TimeParams = PRIOR) -> tuple[list[Throughp
     return [out[c.id] for c in batch.cases], fitted
 
 
+def implied_peak_share(case: ThroughputCase) -> float:
+    """The share of its card's dense peak a run would have sustained, were it the configuration its
+    row codes: measured tokens/s per GPU × the FLOPs the hardware must execute per token (weights,
+    adapters, the recomputed forward, causal attention; planner.perf.flops) / the peak (FP8 where the
+    row runs FP8 on a card that has it). Pipeline bubbles, communication and memory-bound work only
+    add time, so above 1 the measurement cannot be of the coded configuration: a misread row (a
+    total read per GPU, a different model or card), whatever its error says about the model."""
+    x = case.x
+    ckpt, op = x["checkpointing"], x.get("selective_op", 0)
+    per_token = (linear_flops_per_token(case.mf, method=x["method"], checkpointing=ckpt,
+                                        n_lora=x.get("n_lora", 0.0), saved_head=x.get("saved_head", 0.0),
+                                        selective_op=op)
+                 + attention_flops_per_token(case.mf, seq_len=x["seq_len"], checkpointing=ckpt, selective_op=op))
+    perf = GpuPerf.of(case.gpu_spec)
+    fp8 = bool(np.asarray(x.get("fp8", 0)) > 0) and bool(np.isfinite(perf.peak_fp8_flops))
+    peak = perf.peak_fp8_flops if fp8 else perf.peak_flops
+    return float(case.measured * per_token / peak)
+
+
 def report(results: list[ThroughputResult], unmodelled: list[ThroughputResult], params: TimeParams,
-           *, loso: bool, fitted: dict[str, TimeParams] | None = None) -> dict[str, Any]:
+           *, loso: bool, fitted: dict[str, TimeParams] | None = None,
+           above_peak: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     every = results + unmodelled
     sources = sorted({r.source for r in every})
     out = {
@@ -306,6 +326,7 @@ def report(results: list[ThroughputResult], unmodelled: list[ThroughputResult], 
         "by_size": {name: summarize([r for r in every if r.size_band == name])
                     for _, name in SIZE_BANDS if any(r.size_band == name for r in every)},
         "unmodelled": [{"id": r.id, "reason": r.reason} for r in unmodelled],
+        "above_peak": above_peak or [],
         "before": before_figures(every),
         "results": [{**asdict(r), "signed_error": r.signed_error, "in_band": r.in_band} for r in every],
     }
@@ -341,10 +362,12 @@ def validate_file(path: str | Path | list[str | Path], *, loso: bool = False,
         raise InputError([f"{', '.join(map(str, paths))}: no row could be modelled"])
     batch = Batch.of(cases)
     params = params or timing.FITTED
+    above = [{"id": c.id, "source": c.source, "implied_peak_share": share}
+             for c in cases if (share := implied_peak_share(c)) > 1.0]
     if loso:
         results, fitted = loso_results(batch, timing.PRIOR)
-        return report(results, unmodelled, params, loso=True, fitted=fitted)
-    return report(results_of(batch, params), unmodelled, params, loso=False)
+        return report(results, unmodelled, params, loso=True, fitted=fitted, above_peak=above)
+    return report(results_of(batch, params), unmodelled, params, loso=False, above_peak=above)
 
 
 def _pct(x: float | None) -> str:
@@ -372,6 +395,14 @@ def render_tables(result: dict[str, Any]) -> list[Any]:
         for r in result["unmodelled"]:
             u.add_row(r["id"], r["reason"])
         out.append(u)
+    if result.get("above_peak"):
+        a = Table(title="Rows faster than their card's dense peak allows for the configuration they code "
+                        "(kept in every figure; check how they were read)")
+        for col in ("id", "source", "implied share of peak"):
+            a.add_column(col, justify="right" if col != "source" else "left")
+        for r in result["above_peak"]:
+            a.add_row(r["id"], r["source"], _pct(r["implied_peak_share"]))
+        out.append(a)
     if result.get("before"):
         b = Table(title="Before any fit: the prediction recorded when each row was added (an unseen error) "
                         "vs now and vs 6N@40 %, on the same rows")
