@@ -406,13 +406,36 @@ def _utilization(perf: GpuPerf, p: TimeParams) -> Any:
     return np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu)
 
 
+def executed_flops_per_token(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any]:
+    """FLOPs the hardware executes per trained token, before any parallelism divides them: the
+    linear layers' (weights, adapters, the recomputed forward, forwards without gradients beside
+    training) and attention's (causal for a fused kernel, the whole square for eager attention, its
+    rerun under op-level selective checkpointing). Arguments as :func:`step_time_s`."""
+    method, ckpt, seq = x["method"], x["checkpointing"], x["seq_len"]
+    attention_kernel = x.get("attention", 1)  # 0 eager (math path), 1 fused (flash)
+    # Forwards without gradients beside training, per token: DPO's and GRPO's reference policy, and
+    # GRPO's old log-probs where the stack scores its completions apart (``logprob_forward``).
+    ref = np.asarray(x.get("reference_forward", 0), dtype=float)
+    op = x.get("selective_op", 0)
+    op_selective = (ckpt == 1) & (np.asarray(op) > 0)  # op-level selective checkpointing
+    lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=x.get("n_lora", 0.0),
+                                  saved_head=x.get("saved_head", 0.0), selective_op=op)
+           + ref * FORWARD_FLOPS_PER_PARAM * mf.active_params)
+    att = (attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt, selective_op=op)
+           + ref * attention_flops_per_token(mf, seq_len=seq, checkpointing=0) * FORWARD_SHARE)
+    att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
+    # op-level selective checkpointing keeps a fused kernel's output but not eager attention's
+    # matmuls and softmax, which rerun with the forward
+    att = att * np.where(op_selective & (attention_kernel == 0), 4.0 / 3.0, 1.0)
+    return lin, att
+
+
 def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str, Any]) -> tuple[Any, Any]:
     """One micro-batch's compute on one GPU (GEMMs and attention, memory-bound element-wise
     traffic and QLoRA dequantisation), and its attention part."""
     method, ckpt = x["method"], x["checkpointing"]
     seq, mb = x["seq_len"], x["micro_batch"]
     tp, pp, cp = x["tp"], x["pp"], x["cp"]
-    n_lora = x.get("n_lora", 0.0)
     fp8 = np.asarray(x.get("fp8", 0)) > 0
     quant = x.get("quant", np.where(method == QLORA, 1, 0))
     tokens_mb = mb * seq
@@ -421,21 +444,11 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     util = _utilization(perf, p)
 
     attention_kernel = x.get("attention", 1)  # 0 eager (math path), 1 fused (flash)
-    # Forwards without gradients beside training, per token: DPO's and GRPO's reference policy, and
-    # GRPO's old log-probs where the stack scores its completions apart (``logprob_forward``).
     ref = np.asarray(x.get("reference_forward", 0), dtype=float)
-    op = x.get("selective_op", 0)
-    op_selective = (ckpt == 1) & (np.asarray(op) > 0)  # op-level selective checkpointing
-    lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=n_lora,
-                                  saved_head=x.get("saved_head", 0.0), selective_op=op)
-           + ref * FORWARD_FLOPS_PER_PARAM * mf.active_params) * tokens_mb / mp
-    att = (attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt, selective_op=op)
-           + ref * attention_flops_per_token(mf, seq_len=seq, checkpointing=0) * FORWARD_SHARE
-           ) * tokens_mb / mp
-    att = att * np.where(attention_kernel == 0, 1.0 / CAUSAL_SHARE, 1.0)  # eager runs the whole square
-    # op-level selective checkpointing keeps a fused kernel's output but not eager attention's
-    # matmuls and softmax, which rerun with the forward
-    att = att * np.where(op_selective & (attention_kernel == 0), 4.0 / 3.0, 1.0)
+    op_selective = (ckpt == 1) & (np.asarray(x.get("selective_op", 0)) > 0)  # op-level selective
+    lin_token, att_token = executed_flops_per_token(mf, x)
+    lin = lin_token * tokens_mb / mp
+    att = att_token * tokens_mb / mp
     has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
     fp8_peak = np.where(has_fp8, perf.peak_fp8_flops, perf.peak_flops)
     lin_rate = np.where(fp8 & has_fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util

@@ -26,7 +26,7 @@ import numpy as np
 
 from planner.core.errors import InputError
 from planner.perf import timing
-from planner.perf.flops import ModelFlops, attention_flops_per_token, linear_flops_per_token
+from planner.perf.flops import ModelFlops
 from planner.perf.hardware import GpuPerf
 from planner.perf.timing import PRIOR, TimeParams, step_time_s
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, figures, recorded
@@ -294,20 +294,15 @@ def loso_results(batch: Batch, start: TimeParams = PRIOR) -> tuple[list[Throughp
 def implied_peak_share(case: ThroughputCase) -> float:
     """The share of its card's dense peak a run would have sustained, were it the configuration its
     row codes: measured tokens/s per GPU × the FLOPs the hardware must execute per token (weights,
-    adapters, the recomputed forward, causal attention; planner.perf.flops) / the peak (FP8 where the
-    row runs FP8 on a card that has it). Pipeline bubbles, communication and memory-bound work only
+    adapters, the recomputed forward, attention: timing.executed_flops_per_token, which the time
+    model divides by the card's rate) / the peak (FP8 where the row runs FP8 on a card that has it). Pipeline bubbles, communication and memory-bound work only
     add time, so above 1 the measurement cannot be of the coded configuration: a misread row (a
     total read per GPU, a different model or card), whatever its error says about the model."""
-    x = case.x
-    ckpt, op = x["checkpointing"], x.get("selective_op", 0)
-    per_token = (linear_flops_per_token(case.mf, method=x["method"], checkpointing=ckpt,
-                                        n_lora=x.get("n_lora", 0.0), saved_head=x.get("saved_head", 0.0),
-                                        selective_op=op)
-                 + attention_flops_per_token(case.mf, seq_len=x["seq_len"], checkpointing=ckpt, selective_op=op))
+    lin, att = timing.executed_flops_per_token(case.mf, case.x)
     perf = GpuPerf.of(case.gpu_spec)
-    fp8 = bool(np.asarray(x.get("fp8", 0)) > 0) and bool(np.isfinite(perf.peak_fp8_flops))
+    fp8 = bool(np.asarray(case.x.get("fp8", 0)) > 0) and bool(np.isfinite(perf.peak_fp8_flops))
     peak = perf.peak_fp8_flops if fp8 else perf.peak_flops
-    return float(case.measured * per_token / peak)
+    return float(case.measured * (lin + att) / peak)
 
 
 def report(results: list[ThroughputResult], unmodelled: list[ThroughputResult], params: TimeParams,
