@@ -131,7 +131,13 @@ def test_gpu_aliases(typed, expected):
 @pytest.mark.parametrize(
     "typed, expected",
     [("llama-2-70b", "llama-2-70b"), ("llama-3-70b", "llama-3-70b"), ("llama-3.1-70b", "llama-3.1-70b"),
-     ("LLAMA-3.1-70B", "llama-3.1-70b"), ("meta-llama/Llama-3.1-8B", "llama-3.1-8b")],
+     ("LLAMA-3.1-70B", "llama-3.1-70b"), ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+     # names of published runs the catalog once lacked
+     ("Qwen/Qwen1.5-32B-Chat", "qwen1.5-32b"), ("deepseek-ai/deepseek-coder-33b-instruct", "deepseek-coder-33b"),
+     ("Ministral-8B-Instruct-2410", "ministral-8b"), ("opt-2.7b", "opt-2.7b"),
+     ("Qwen2.5-Coder-14B", "qwen2.5-14b"), ("Qwen-7B-Chat-Int4", "qwen-7b"),
+     ("EleutherAI/pythia-1b-deduped", "pythia-1b"), ("internlm2_5-7b-chat", "internlm2.5-7b"),
+     ("Baichuan2-7B-Chat", "baichuan2-7b"), ("moonshotai/Kimi-K2-Instruct", "kimi-k2")],
 )
 def test_model_aliases(typed, expected):
     assert catalog.get_model(typed).id == expected

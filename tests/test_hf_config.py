@@ -119,7 +119,9 @@ def test_gemma_and_olmo2_norms_scale_in_fp32_by_catalog_and_by_config():
     assert catalog.get_model(str(HF / "gemma-2-9b" / "config.json")).norm_fp32_scale
     assert spec_from_hf_config({**_DENSE, "model_type": "olmo2"}).norm_fp32_scale
     assert not spec_from_hf_config({**_DENSE, "model_type": "llama"}).norm_fp32_scale
-    assert all(m.norm_fp32_scale == (m.family in ("gemma", "olmo")) for m in catalog.models())
+    # Gemma 1-3 and OLMo 2 (OLMo 1's LayerNorm has no weight; OLMoE's RMSNorm casts first)
+    assert all(m.norm_fp32_scale == (m.family == "gemma" or m.id.startswith("olmo-2"))
+               for m in catalog.models())
 
 
 def test_gpt2_keeps_its_gelu_and_bf16_softmax_by_catalog_and_by_config():
@@ -191,3 +193,69 @@ def test_a_config_without_tie_word_embeddings_takes_its_model_type_s_default(tmp
     assert spec_from_hf_config({**cfg, "tie_word_embeddings": not tied}).tied_embeddings is (not tied)
     if model_type == "llama":
         assert param_counts(spec).total == 8_030_261_248
+
+
+def test_qwen_v1_reads_its_mlp_as_two_halves():
+    """Qwen v1's remote-code QWenMLP has w1 and w2 each ``intermediate_size // 2`` wide and one
+    fused c_attn. Qwen/Qwen-7B's config.json keys (hidden 4096, intermediate_size 22016, 32
+    layers, vocab 151,936, untied) give 7,721,324,544 parameters, the count public benchmark
+    tables list for Qwen-7B; read as one 22016-wide SwiGLU it would be 10.5B."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    spec = spec_from_hf_config({"model_type": "qwen", "hidden_size": 4096, "intermediate_size": 22016,
+                                "num_attention_heads": 32, "num_hidden_layers": 32, "kv_channels": 128,
+                                "vocab_size": 151936, "tie_word_embeddings": False, "no_bias": True})
+    assert spec.ffn == 11008 and spec.fused_qkv and spec.qkv_bias and not spec.o_bias
+    assert param_counts(spec).total == 7_721_324_544
+    assert param_counts(catalog.get_model("Qwen/Qwen-7B-Chat")).total == 7_721_324_544
+
+
+def test_chatglm_configs_read_in_their_own_keys():
+    """ChatGLM's remote-code configs name their sizes ``num_layers``, ``ffn_hidden_size``,
+    ``multi_query_group_num`` and ``padded_vocab_size`` (ChatGLM2/3, GLM-4), or
+    ``inner_hidden_size`` (the first ChatGLM, 6.2B by its model card: a GELU MLP, LayerNorm,
+    biases, a tied head). Both read as the catalog entries do."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    v2 = spec_from_hf_config({"model_type": "chatglm", "num_layers": 28, "hidden_size": 4096,
+                              "num_attention_heads": 32, "multi_query_attention": True,
+                              "multi_query_group_num": 2, "kv_channels": 128, "ffn_hidden_size": 13696,
+                              "padded_vocab_size": 65024, "seq_length": 32768, "add_qkv_bias": True,
+                              "add_bias_linear": False, "rmsnorm": True})
+    entry = catalog.get_model("chatglm2-6b")
+    assert param_counts(v2).total == param_counts(entry).total
+    assert (v2.kv_heads, v2.fused_qkv, v2.qkv_bias, v2.o_bias, v2.tied_embeddings) == (2, True, True, False, False)
+    assert entry.fused_qkv and catalog.get_model("glm-4-9b").fused_qkv
+    v1 = spec_from_hf_config({"model_type": "chatglm", "num_layers": 28, "hidden_size": 4096,
+                              "num_attention_heads": 32, "inner_hidden_size": 16384,
+                              "max_sequence_length": 2048, "vocab_size": 130528,
+                              "position_encoding_2d": True})
+    assert param_counts(v1).total / 1e9 == pytest.approx(6.2, rel=0.01)
+    assert (v1.norm, v1.gated_mlp, v1.tied_embeddings, v1.mlp_bias) == ("layernorm", False, True, True)
+    assert param_counts(catalog.get_model("THUDM/chatglm-6b")).total == param_counts(v1).total
+
+
+def test_gpt_neox_configs_count_exactly_as_the_pythia_model_card():
+    """GPT-NeoX configs state neither their LayerNorms nor their biases; with the family's
+    facts EleutherAI/pythia-410m's config.json (24 layers, hidden 1024, 16 heads, GELU MLP of
+    4096, vocab 50304, untied) gives the model card's 405,334,016 parameters exactly."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    spec = spec_from_hf_config({"model_type": "gpt_neox", "num_hidden_layers": 24, "hidden_size": 1024,
+                                "num_attention_heads": 16, "intermediate_size": 4096, "vocab_size": 50304,
+                                "hidden_act": "gelu", "tie_word_embeddings": False, "rotary_pct": 0.25})
+    assert param_counts(spec).total == 405_334_016
+    assert spec.norm == "layernorm" and spec.fused_qkv and spec.qkv_bias and spec.mlp_bias
+    assert param_counts(catalog.get_model("EleutherAI/pythia-410m-deduped")).total == 405_334_016
+
+
+@pytest.mark.parametrize("model_type", ["internlm2", "baichuan"])
+def test_remote_code_models_with_one_qkv_linear_read_as_fused(model_type):
+    """InternLM2 (``wqkv``) and Baichuan (``W_pack``) project q, k and v with one linear: a LoRA
+    on it has one input, as the catalog entries say."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    assert spec_from_hf_config({**_DENSE, "model_type": model_type}).fused_qkv
+    assert not spec_from_hf_config({**_DENSE, "model_type": "llama"}).fused_qkv
+    assert all(m.fused_qkv for m in catalog.models() if m.family in ("baichuan", "internlm")
+               and m.id != "internlm3-8b")

@@ -239,7 +239,7 @@ def test_older_generations_are_not_their_successors():
 @pytest.mark.parametrize(
     "typed, wanted",
     [("falcon-11b", "falcon"), ("bloom-3b", "bloom"), ("tiiuae/falcon-180b", "falcon"),
-     ("gemma-3b", "gemma"), ("olmo-2-9b", "olmo"), ("yi-9b", "yi")],
+     ("gemma-3b", "gemma"), ("olmo-2-9b", "olmo"), ("yi-13b", "yi")],
 )
 def test_new_families_keep_their_suggestions(typed, wanted):
     with pytest.raises(UnknownName) as info:

@@ -1,9 +1,10 @@
 """Read a local Hugging Face ``config.json`` into a :class:`ModelSpec` (never the hub).
 
 Covers the families in the catalog (Llama, Mistral, Mixtral, Qwen2/2.5/3 and their MoE
-variants, Gemma 1/2/3, Phi-3, DeepSeek-V2/V3, OLMo 2, gpt-oss, OPT, GPT-2 style) by the keys their configs use; other
-decoder-only configs that use the standard key names load too. A config whose layers are not
-all softmax-attention decoder layers of one shape (linear attention, state-space or convolution
+variants, Gemma 1/2/3, Phi-3, DeepSeek-V2/V3, OLMo 1/2, OLMoE, gpt-oss, OPT, GPT-2 style, GPT-NeoX
+and Pythia, and the remote-code Qwen v1, ChatGLM 1-3 / GLM-4, Baichuan and InternLM2) by the keys
+their configs use; other decoder-only configs that use the standard key names load too. A
+config whose layers are not all softmax-attention decoder layers of one shape (linear attention, state-space or convolution
 blocks, an encoder-decoder, per-layer widths) is refused with the key that shows it.
 """
 
@@ -22,7 +23,21 @@ from planner.core.textfiles import is_dir, is_file, load_json
 _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     "qwen2": {"qkv_bias": True},
     "qwen2_moe": {"qkv_bias": True},
-    "qwen": {"qkv_bias": True},
+    # Qwen v1 (remote code QWen): one fused c_attn with bias, no other bias; its config's
+    # intermediate_size is the width of w1 and w2 together (each is half of it, see below).
+    "qwen": {"qkv_bias": True, "fused_qkv": True},
+    # Baichuan and Baichuan2 (remote code): one fused W_pack q/k/v linear without bias.
+    "baichuan": {"fused_qkv": True},
+    # InternLM2 / 2.5 (remote code): one fused wqkv linear, no biases.
+    "internlm2": {"fused_qkv": True},
+    # GPT-NeoX and Pythia: two LayerNorms (attention and MLP in parallel), one fused
+    # query_key_value linear, biases on every linear, a GELU MLP.
+    "gpt_neox": {"norm": "layernorm", "fused_qkv": True, "qkv_bias": True, "o_bias": True,
+                 "mlp_bias": True},
+    # OLMo 1: LayerNorm without affine weights (counted as LayerNorm: 2·hidden per norm apart).
+    "olmo": {"norm": "layernorm"},
+    # OLMoE: RMSNorm on the full Q and K projections, as OLMo 2.
+    "olmoe": {"qk_norm": True},
     "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},
     # Gemma 1 configs name the activation "gelu" but the MLP is GeGLU (gated).
@@ -138,12 +153,44 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+def _chatglm_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ChatGLM's remote-code configs in the standard keys. ChatGLM2/3 and GLM-4 (``ChatGLMModel``
+    with ``ffn_hidden_size``): GLM blocks of RMSNorm, a fused QKV with bias
+    (``add_qkv_bias``), ``multi_query_group_num`` K/V heads, a SwiGLU ``ffn_hidden_size`` wide
+    per branch, ``padded_vocab_size`` rows and a separate ``output_layer``. The first ChatGLM
+    (``inner_hidden_size``): LayerNorm, GELU MLP, biases on every linear, and an ``lm_head``
+    tied to the word embeddings (THUDM/chatglm-6b: 6.2B)."""
+    out = dict(cfg)
+    if "ffn_hidden_size" in cfg:
+        out.setdefault("intermediate_size", cfg["ffn_hidden_size"])
+        out.setdefault("vocab_size", cfg.get("padded_vocab_size"))
+        if cfg.get("multi_query_attention") or "multi_query_group_num" in cfg:
+            out.setdefault("num_key_value_heads", cfg.get("multi_query_group_num"))
+        out.setdefault("head_dim", cfg.get("kv_channels"))
+        out.setdefault("max_position_embeddings", cfg.get("seq_length"))
+        out.setdefault("tie_word_embeddings", False)
+        out.setdefault("attention_bias", bool(cfg.get("add_qkv_bias", False)))
+        out.setdefault("hidden_act", "silu")
+        out["_glm_facts"] = {"fused_qkv": True, "o_bias": bool(cfg.get("add_bias_linear", False)),
+                             "mlp_bias": bool(cfg.get("add_bias_linear", False))}
+    elif "inner_hidden_size" in cfg:
+        out.setdefault("intermediate_size", cfg["inner_hidden_size"])
+        out.setdefault("max_position_embeddings", cfg.get("max_sequence_length"))
+        out.setdefault("tie_word_embeddings", True)
+        out.setdefault("hidden_act", "gelu")
+        out["_glm_facts"] = {"norm": "layernorm", "fused_qkv": True, "qkv_bias": True, "o_bias": True,
+                             "mlp_bias": True}
+    return out
+
+
 def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> ModelSpec:
     """Map a parsed config to a ModelSpec; raises :class:`ConfigError` naming what is missing."""
     if "text_config" in cfg and "num_hidden_layers" not in cfg:
         # Multimodal wrappers (Gemma 3, Llama 4...): the language model is what trains here.
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", "")}
     model_type = str(cfg.get("model_type", "")).lower()
+    if model_type == "chatglm":
+        cfg = _chatglm_keys(cfg)
     reason = _unmodelled_layers(cfg, source)
     if reason:
         raise ConfigError(reason)
@@ -166,6 +213,9 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields["head_dim"] = cfg.get("head_dim") or fields["hidden"] // fields["heads"]
     ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim")
     fields["ffn"] = ffn if ffn is not None else 4 * fields["hidden"]
+    if model_type == "qwen" and ffn is not None:
+        # QWenMLP: w1 and w2 are each intermediate_size // 2 wide (Qwen-7B: 22016 -> 11008)
+        fields["ffn"] = ffn // 2
     # Where the config.json leaves the key out, its model type's config class decides.
     fields["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", TIE_DEFAULT.get(model_type, True)))
     act = str(_first(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu"))
@@ -180,6 +230,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields["attention_softcap"] = cfg.get("attn_logit_softcapping") is not None
     fields["logit_softcap"] = cfg.get("final_logit_softcapping") is not None
     fields.update(_FAMILY_FACTS.get(model_type, {}))
+    fields.update(cfg.get("_glm_facts", {}))
 
     experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts")
     if experts:

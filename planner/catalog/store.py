@@ -109,6 +109,8 @@ _FAMILY_WORDS: tuple[tuple[str, str], ...] = (
     ("codestral", "mistral"), ("gemma", "gemma"), ("phi", "phi"), ("deepseek", "deepseek"),
     ("yi", "yi"), ("falcon", "falcon"), ("smollm", "smollm"), ("olmo", "olmo"), ("opt", "opt"),
     ("gpt", "gpt"), ("davinci", "gpt"), ("bloom", "bloom"), ("chatglm", "glm"), ("glm", "glm"),
+    ("baichuan", "baichuan"), ("internlm", "internlm"), ("minicpm", "minicpm"), ("kimi", "deepseek"),
+    ("pythia", "gpt-neox"), ("neox", "gpt-neox"), ("stablelm", "stablelm"),
 )
 
 
