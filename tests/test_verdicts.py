@@ -86,14 +86,27 @@ def test_a_model_no_hub_hosts_is_read_from_the_row_s_dimensions():
     ("V433", 7_000_559_616),   # Baichuan-7B (its README): LLaMA layers, 64,000-token untied head
 ])
 def test_architecture_facts_give_the_published_parameter_counts(row_id, published):
-    """Models the catalog does not hold are read from the row's dimensions with their family's
-    facts, found by the model cell's first word (``gpt-neox-20b`` is not the tied GPT-2)."""
+    """A row's model is read from its catalog entry, or, where the catalog has none, from the
+    row's dimensions with their family's facts, found by the model cell's first word
+    (``gpt-neox-20b`` is not the tied GPT-2): both give the published counts."""
     from planner.core.arch import param_counts
     from planner.core.entries import ModelSpec
     from planner.validate.rows import model_of
 
     row = next(r for r in read_rows(VERDICTS) if r["id"] == row_id)
     assert param_counts(ModelSpec(**model_of(row))).total == published
+
+
+def test_a_resized_model_named_after_its_family_keeps_its_own_head_width():
+    """LambdaLabs' GPT-NeoX run (V902) is the 20B config at hidden 4096 with 64 heads: its
+    head width is 4096 / 64 = 64, not the 96 of the 20B model its cell names."""
+    from planner.core.entries import ModelSpec
+    from planner.validate.rows import model_of
+
+    row = next(r for r in read_rows(ROOT / "data" / "verdicts_unseen5.csv") if r["id"] == "V902")
+    spec = ModelSpec(**model_of({**row, "model": "gpt-neox-20b"}))
+    assert (spec.hidden, spec.heads) == (4096, 64)
+    assert spec.head_dim in (None, 64) and catalog.get_model("gpt-neox-20b").head_dim == 96
 
 
 def test_tensor_parallelism_without_sequence_parallelism_keeps_whole_norm_regions():
