@@ -137,7 +137,10 @@ def test_gpu_aliases(typed, expected):
      ("Ministral-8B-Instruct-2410", "ministral-8b"), ("opt-2.7b", "opt-2.7b"),
      ("Qwen2.5-Coder-14B", "qwen2.5-14b"), ("Qwen-7B-Chat-Int4", "qwen-7b"),
      ("EleutherAI/pythia-1b-deduped", "pythia-1b"), ("internlm2_5-7b-chat", "internlm2.5-7b"),
-     ("Baichuan2-7B-Chat", "baichuan2-7b"), ("moonshotai/Kimi-K2-Instruct", "kimi-k2")],
+     ("Baichuan2-7B-Chat", "baichuan2-7b"), ("moonshotai/Kimi-K2-Instruct", "kimi-k2"),
+     # DeepSeek-R1 keeps DeepSeek-V3's tensors; its distills are other architectures
+     ("deepseek-ai/DeepSeek-R1", "deepseek-v3"), ("DeepSeek-R1-0528", "deepseek-v3"),
+     ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-r1-distill-qwen-7b")],
 )
 def test_model_aliases(typed, expected):
     assert catalog.get_model(typed).id == expected

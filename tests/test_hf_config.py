@@ -259,3 +259,27 @@ def test_remote_code_models_with_one_qkv_linear_read_as_fused(model_type):
     assert not spec_from_hf_config({**_DENSE, "model_type": "llama"}).fused_qkv
     assert all(m.fused_qkv for m in catalog.models() if m.family in ("baichuan", "internlm")
                and m.id != "internlm3-8b")
+
+
+def test_llama4_reads_its_shared_expert_and_untied_head():
+    """Llama 4 Scout (meta-llama/Llama-4-Scout-17B-16E; model card: 17B active parameters):
+    every layer routes to 1 of 16 experts beside one shared expert, each intermediate_size
+    8192 wide, and the wrapper's tie_word_embeddings false unties the 202,048-row head that its
+    text_config does not mention. Without the shared expert it would count 11.1B active."""
+    from planner.catalog.hf_config import spec_from_hf_config
+
+    text = {"model_type": "llama4_text", "num_hidden_layers": 48, "hidden_size": 5120,
+            "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+            "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_local_experts": 16,
+            "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "vocab_size": 202048,
+            "use_qk_norm": True, "hidden_act": "silu"}
+    spec = spec_from_hf_config({"model_type": "llama4", "tie_word_embeddings": False, "text_config": text})
+    counts = param_counts(spec)
+    assert counts.active / 1e9 == pytest.approx(17.0, rel=0.02)
+    assert counts.total / 1e9 == pytest.approx(107.8, rel=0.001) and not spec.tied_embeddings
+    assert spec.moe is not None and (spec.moe.shared_experts, spec.moe.shared_ffn) == (1, 8192)
+    maverick = spec_from_hf_config({**text, "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                                    "tie_word_embeddings": False})
+    # alternate layers dense (16384 wide) and MoE: 17B active, ~400B total (model card)
+    assert param_counts(maverick).active / 1e9 == pytest.approx(17.0, rel=0.03)
+    assert param_counts(maverick).total / 1e9 == pytest.approx(400, rel=0.02)

@@ -187,7 +187,10 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     """Map a parsed config to a ModelSpec; raises :class:`ConfigError` naming what is missing."""
     if "text_config" in cfg and "num_hidden_layers" not in cfg:
         # Multimodal wrappers (Gemma 3, Llama 4...): the language model is what trains here.
-        cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", "")}
+        # The wrapper's own tie_word_embeddings speaks for the language model where its
+        # text_config is silent (Llama 4: untied at the top, no key in text_config).
+        tied = {"tie_word_embeddings": cfg["tie_word_embeddings"]} if "tie_word_embeddings" in cfg else {}
+        cfg = {**tied, **cfg["text_config"], "model_type": cfg["text_config"].get("model_type", "")}
     model_type = str(cfg.get("model_type", "")).lower()
     if model_type == "chatglm":
         cfg = _chatglm_keys(cfg)
@@ -232,6 +235,15 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields.update(_FAMILY_FACTS.get(model_type, {}))
     fields.update(cfg.get("_glm_facts", {}))
 
+    if model_type == "llama4_text" and cfg.get("num_local_experts"):
+        # Llama 4 (transformers' Llama4TextMoe): routed experts and one shared expert, each
+        # intermediate_size wide, in every interleave_moe_layer_step-th layer; the other layers'
+        # MLP is intermediate_size_mlp wide. Scout: 17B active of its 107.8B language model.
+        cfg = {**cfg, "moe_intermediate_size": cfg.get("intermediate_size"),
+               "shared_expert_intermediate_size": cfg.get("intermediate_size"),
+               "decoder_sparse_step": cfg.get("interleave_moe_layer_step", 1)}
+        fields["ffn"] = cfg.get("intermediate_size_mlp") or fields["ffn"]
+        fields["qk_norm"] = bool(cfg.get("use_qk_norm", False))
     experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts")
     if experts:
         fields["moe"] = MoESpec(
