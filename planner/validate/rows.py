@@ -100,10 +100,6 @@ _FUSED_TARGETS = {"query_key_value": ("q", "k", "v"), "c_attn": ("q", "k", "v"),
                   "c_proj": ("o", "down"), "c_fc": ("up",)}
 
 
-def _ratio(hidden: Any, heads: Any) -> int | None:
-    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
-
-
 def model_of(row: dict[str, str]) -> dict[str, Any]:
     """The model's architecture: the row's columns, over the catalog entry or the facts above."""
     name = row["model"].strip()
@@ -112,8 +108,12 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
         raise Unmodelable("model: empty")
     base: dict[str, Any] = {}
     try:
-        base = catalog.get_model(CATALOG_NAMES.get(key, key)).model_dump(
-            exclude={"aliases", "id", "name", "hf_repo"})
+        entry = catalog.get_model(CATALOG_NAMES.get(key, key))
+        base = entry.model_dump(exclude={"aliases", "id", "name", "hf_repo"})
+        if entry.heads and entry.head_dim == entry.hidden // entry.heads:
+            # a head width that is only hidden / heads follows the row's own hidden and heads
+            # (a resized model named after its family: "gpt-neox-20b" at hidden 4096)
+            base.pop("head_dim")
     except UnknownName:
         # the whole cell, its first word where that is a hyphenated name ("gpt-neox-20b (...)"),
         # or the family before the first hyphen ("pythia-1b-deduped", not "gpt" for GPT-NeoX)
@@ -123,15 +123,10 @@ def model_of(row: dict[str, str]) -> dict[str, Any]:
         if facts is None:
             raise Unmodelable(f"model {name!r}: architecture unknown beyond the CSV columns") from None
         base = dict(facts)
-    # A catalog head width that is only the catalog's hidden / heads follows the row's own
-    # hidden and heads (a resized model named after its family: "gpt-neox-20b" at hidden 4096).
-    derived_head = base.get("head_dim") in (None, _ratio(base.get("hidden"), base.get("heads")))
     for col in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_position"):
         value = num(row, col)
         if value is not None:
             base[col] = int(value)
-    if derived_head:
-        base.pop("head_dim", None)
     base.pop("params_b", None)
     base.pop("official_params_b", None)
     base["id"] = key
