@@ -1,11 +1,12 @@
 """Read a local Hugging Face ``config.json`` into a :class:`ModelSpec` (never the hub).
 
 Covers the families in the catalog (Llama, Mistral, Mixtral, Qwen2/2.5/3 and their MoE
-variants, Gemma 1/2/3, Phi-3, DeepSeek-V2/V3, OLMo 1/2, OLMoE, gpt-oss, OPT, GPT-2 style, GPT-NeoX
-and Pythia, and the remote-code Qwen v1, ChatGLM 1-3 / GLM-4, Baichuan and InternLM2) by the keys
-their configs use; other decoder-only configs that use the standard key names load too. A
-config whose layers are not all softmax-attention decoder layers of one shape (linear attention, state-space or convolution
-blocks, an encoder-decoder, per-layer widths) is refused with the key that shows it.
+variants, Gemma 1/2/3, Phi-3, DeepSeek-V2/V3, OLMo 1/2, OLMoE, gpt-oss, OPT, GPT-2 style,
+GPT-NeoX and Pythia, and the remote-code Qwen v1, ChatGLM 1-3 / GLM-4, Baichuan and InternLM2) by
+the keys their configs use; other decoder-only configs that use the standard key names load too.
+A config whose layers are not all softmax-attention decoder layers of one shape (linear
+attention, state-space or convolution blocks, an encoder-decoder, per-layer widths) is refused
+with the key that shows it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ _FAMILY_FACTS: dict[str, dict[str, Any]] = {
     "baichuan": {"fused_qkv": True},
     # InternLM2 / 2.5 (remote code): one fused wqkv linear, no biases.
     "internlm2": {"fused_qkv": True},
+    # ChatGLM 1-3 and GLM-4 (remote code): one fused query_key_value linear (the rest by version:
+    # _chatglm_keys).
+    "chatglm": {"fused_qkv": True},
     # GPT-NeoX and Pythia: two LayerNorms (attention and MLP in parallel), one fused
     # query_key_value linear, biases on every linear, a GELU MLP.
     "gpt_neox": {"norm": "layernorm", "fused_qkv": True, "qkv_bias": True, "o_bias": True,
@@ -153,14 +157,14 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _chatglm_keys(cfg: dict[str, Any]) -> dict[str, Any]:
-    """ChatGLM's remote-code configs in the standard keys. ChatGLM2/3 and GLM-4 (``ChatGLMModel``
-    with ``ffn_hidden_size``): GLM blocks of RMSNorm, a fused QKV with bias
-    (``add_qkv_bias``), ``multi_query_group_num`` K/V heads, a SwiGLU ``ffn_hidden_size`` wide
-    per branch, ``padded_vocab_size`` rows and a separate ``output_layer``. The first ChatGLM
-    (``inner_hidden_size``): LayerNorm, GELU MLP, biases on every linear, and an ``lm_head``
-    tied to the word embeddings (THUDM/chatglm-6b: 6.2B)."""
-    out = dict(cfg)
+def _chatglm_keys(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """ChatGLM's remote-code config in the standard keys, and the facts of its version that no
+    key states. ChatGLM2/3 and GLM-4 (``ChatGLMModel`` with ``ffn_hidden_size``): GLM blocks of
+    RMSNorm, a fused QKV with bias (``add_qkv_bias``), ``multi_query_group_num`` K/V heads, a
+    SwiGLU ``ffn_hidden_size`` wide per branch, ``padded_vocab_size`` rows and a separate
+    ``output_layer``. The first ChatGLM (``inner_hidden_size``): LayerNorm, GELU MLP, biases on
+    every linear, and an ``lm_head`` tied to the word embeddings (THUDM/chatglm-6b: 6.2B)."""
+    out, facts = dict(cfg), {}
     if "ffn_hidden_size" in cfg:
         out.setdefault("intermediate_size", cfg["ffn_hidden_size"])
         out.setdefault("vocab_size", cfg.get("padded_vocab_size"))
@@ -171,16 +175,15 @@ def _chatglm_keys(cfg: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("tie_word_embeddings", False)
         out.setdefault("attention_bias", bool(cfg.get("add_qkv_bias", False)))
         out.setdefault("hidden_act", "silu")
-        out["_glm_facts"] = {"fused_qkv": True, "o_bias": bool(cfg.get("add_bias_linear", False)),
-                             "mlp_bias": bool(cfg.get("add_bias_linear", False))}
+        facts = {"o_bias": bool(cfg.get("add_bias_linear", False)),
+                 "mlp_bias": bool(cfg.get("add_bias_linear", False))}
     elif "inner_hidden_size" in cfg:
         out.setdefault("intermediate_size", cfg["inner_hidden_size"])
         out.setdefault("max_position_embeddings", cfg.get("max_sequence_length"))
         out.setdefault("tie_word_embeddings", True)
         out.setdefault("hidden_act", "gelu")
-        out["_glm_facts"] = {"norm": "layernorm", "fused_qkv": True, "qkv_bias": True, "o_bias": True,
-                             "mlp_bias": True}
-    return out
+        facts = {"norm": "layernorm", "qkv_bias": True, "o_bias": True, "mlp_bias": True}
+    return out, facts
 
 
 def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> ModelSpec:
@@ -192,8 +195,9 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
         tied = {"tie_word_embeddings": cfg["tie_word_embeddings"]} if "tie_word_embeddings" in cfg else {}
         cfg = {**tied, **cfg["text_config"], "model_type": cfg["text_config"].get("model_type", "")}
     model_type = str(cfg.get("model_type", "")).lower()
+    version_facts: dict[str, Any] = {}
     if model_type == "chatglm":
-        cfg = _chatglm_keys(cfg)
+        cfg, version_facts = _chatglm_keys(cfg)
     reason = _unmodelled_layers(cfg, source)
     if reason:
         raise ConfigError(reason)
@@ -233,7 +237,7 @@ def spec_from_hf_config(cfg: dict[str, Any], *, source: str = "config.json") -> 
     fields["attention_softcap"] = cfg.get("attn_logit_softcapping") is not None
     fields["logit_softcap"] = cfg.get("final_logit_softcapping") is not None
     fields.update(_FAMILY_FACTS.get(model_type, {}))
-    fields.update(cfg.get("_glm_facts", {}))
+    fields.update(version_facts)
 
     if model_type == "llama4_text" and cfg.get("num_local_experts"):
         # Llama 4 (transformers' Llama4TextMoe): routed experts and one shared expert, each
