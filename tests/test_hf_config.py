@@ -226,6 +226,11 @@ def test_chatglm_configs_read_in_their_own_keys():
     assert param_counts(v2).total == param_counts(entry).total
     assert (v2.kv_heads, v2.fused_qkv, v2.qkv_bias, v2.o_bias, v2.tied_embeddings) == (2, True, True, False, False)
     assert entry.fused_qkv and catalog.get_model("glm-4-9b").fused_qkv
+    # multi_query_group_num counts only under multi_query_attention (ChatGLMConfig default off)
+    no_mqa = spec_from_hf_config({"model_type": "chatglm", "num_layers": 2, "hidden_size": 64,
+                                  "num_attention_heads": 4, "multi_query_group_num": 2,
+                                  "ffn_hidden_size": 128, "padded_vocab_size": 100})
+    assert no_mqa.kv_heads == 4
     v1 = spec_from_hf_config({"model_type": "chatglm", "num_layers": 28, "hidden_size": 4096,
                               "num_attention_heads": 32, "inner_hidden_size": 16384,
                               "max_sequence_length": 2048, "vocab_size": 130528,

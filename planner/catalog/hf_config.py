@@ -168,7 +168,7 @@ def _chatglm_keys(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if "ffn_hidden_size" in cfg:
         out.setdefault("intermediate_size", cfg["ffn_hidden_size"])
         out.setdefault("vocab_size", cfg.get("padded_vocab_size"))
-        if cfg.get("multi_query_attention") or "multi_query_group_num" in cfg:
+        if cfg.get("multi_query_attention"):  # ChatGLMConfig's default: False, every head its K/V
             out.setdefault("num_key_value_heads", cfg.get("multi_query_group_num"))
         out.setdefault("head_dim", cfg.get("kv_channels"))
         out.setdefault("max_position_embeddings", cfg.get("seq_length"))
