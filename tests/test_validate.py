@@ -474,6 +474,9 @@ def test_an_eval_batch_cell_is_the_workloads_evaluation_pass(cell, evals):
     ("DDP (no FSDP)", 0), ("FSDP off", 0), ("without FSDP", 0), ("no FSDP", 0),
     ("Megatron distributed optimizer (use_megatron_fsdp=False)", 1), ("FSDP offload", 3),
     ("Megatron FSDP (use_megatron_fsdp=True)", 3),
+    # a benchmark table's FSDP column holding "/" (no entry) beside the distributed optimizer
+    ('distributed optimizer (--use-distributed-optimizer true, overlap grad reduce; FSDP column "/")', 1),
+    ("Megatron FSDP (FSDP column On)", 3),
 ])
 def test_every_data_file_reads_sharding_words_alike(words, stage):
     """The memory and throughput readers each had their own reading, which disagreed on 18 of

@@ -18,9 +18,10 @@ STRATEGY_WORDS = {_squeezed(name): stage for name, stage in FSDP_STRATEGY_STAGE.
 
 #: Squeezed phrases that name FSDP only to say it is off: "no FSDP (column)", "without FSDP",
 #: "presets do not set use_megatron_fsdp", "use_megatron_fsdp=False", "FSDP off" (not "FSDP
-#: offload"), "FSDP=0".
+#: offload"), "FSDP=0", a table's FSDP column holding "/" (no entry).
 NEGATED_FSDP = re.compile(r"(?:no|without|not|donotset)(?:use)?(?:megatron)?fsdp(?:column)?"
-                          r"|(?:use)?(?:megatron)?fsdp(?:=0|=false|off(?!load))")
+                          r"|(?:use)?(?:megatron)?fsdp(?:=0|=false|off(?!load))"
+                          r'|fsdpcolumn"*/"*')
 
 
 def _names_stage(squeezed: str, stage: int) -> bool:
