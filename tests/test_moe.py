@@ -89,3 +89,172 @@ def test_hidden_matrices_hold_every_decoder_weight_but_the_routers():
     matrices = hidden_matrices(mixtral)
     assert counts.attention + counts.mlp - sum(c * a * b for c, a, b in matrices) == 32 * 4096 * 8
     assert (32 * 8, 14336, 4096) in matrices
+
+
+# --- the experts' own tensor parallelism (Megatron-Core's MoE parallel folding) ------------------
+# Megatron-Core's MoE README (the megatron stack's source mg-moe-folding): with MoE parallel folding
+# the attention's groups are generated over tp-cp-dp-pp and the MoE layers' over tp-ep-dp-pp with
+# their own TP size (--expert-tensor-parallel-size); the EP×ETP group is a sub-group of DP×CP×TP.
+
+FOLDING = {"profile": "seed", "model": "mixtral-8x7b", "workload": {"method": "full", "seq_len": 2048},
+           "overrides": {"activation_bytes": 0}}
+
+
+@pytest.mark.parametrize("dp, cp, tp, ep, etp", [
+    (dp, cp, tp, ep, etp) for dp in (1, 2, 4) for cp in (1, 2) for tp in (1, 2, 4) for ep in (2, 4, 8)
+    for etp in (None, 1, 2)])
+def test_expert_tp_folds_ep_into_dp_cp_tp_one_rule_for_estimate_checker_and_lattice(dp, cp, tp, ep, etp):
+    """A pinned layout is legal exactly when ep divides dp (etp unset) or ep·etp divides dp·cp·tp
+    (etp set): ``estimate`` refuses the others naming ep, the checker flags the same words, and
+    the smallest legal dp the search steps by is the first one a brute-force count admits."""
+    from planner.scenario import legality
+    from planner.search.checker import _count_problems
+
+    want = dp % ep == 0 if etp is None else (dp * cp * tp) % (ep * etp) == 0
+    assert bool(legality.ep_dp(dp, ep, tp=tp, cp=cp, etp=etp).legal) == want
+    step = int(legality.expert_dp_step(tp, cp, ep, etp))
+    legal_dps = [d for d in range(1, 65) if (d % ep == 0 if etp is None else (d * cp * tp) % (ep * etp) == 0)]
+    assert legal_dps == list(range(step, 65, step))
+    layout = {"gpu": "h100-sxm-80gb", "dp": dp, "tp": tp, "cp": cp, "ep": ep, "sp": tp > 1}
+    if etp is not None:
+        layout["etp"] = etp
+    try:
+        planner.estimate({**FOLDING, "layout": layout})
+        refused = []
+    except InputError as exc:
+        refused = [p for p in exc.problems if p.startswith("layout.ep:")]
+    assert (not refused) == want, refused
+    flagged = [p for p in _count_problems(catalog.get_gpu("h100-sxm-80gb"),
+                                          {"gpus": dp * tp * cp, "dp": dp, "tp": tp, "pp": 1, "cp": cp, "ep": ep,
+                                           "etp": etp}) if p.startswith("ep ")]
+    assert (not flagged) == want, flagged
+    if not want:
+        assert refused[0].removeprefix("layout.ep: ") == flagged[0].removeprefix("ep ")
+
+
+def test_expert_tp_splits_each_expert_etp_ways_and_ep_still_splits_the_experts():
+    """Unsharded weights (2 bytes each): the dense part tp ways, each routed expert etp ways and
+    the experts ep ways: (N − N_exp)·2/tp + N_exp·2/(etp·ep)."""
+    n = param_counts(catalog.get_model("mixtral-8x7b")).total
+    n_exp = expert_params(catalog.get_model("mixtral-8x7b"))
+    for etp in (1, 2):
+        est = planner.estimate({**FOLDING, "layout": {"gpus": 8, "dp": 4, "tp": 2, "ep": 4, "etp": etp, "zero": 0}})
+        assert est.components["weights"] == pytest.approx((n - n_exp) * 2 / 2 + n_exp * 2 / (etp * 4), abs=1)
+
+
+def test_sharded_expert_states_spread_over_every_gpu_of_the_stage_whatever_the_expert_tp():
+    """Megatron's distributed optimizer shards the expert states over the expert layers'
+    data-parallel group (dp·cp·tp / (ep·etp) ranks): ep·etp·expert-dp = dp·cp·tp GPUs share each
+    stage's states, so the FP32 Adam moments per GPU are 8·N / (dp·tp) for any legal etp."""
+    n = param_counts(catalog.get_model("mixtral-8x7b")).total
+    for etp in (None, 1, 2):
+        est = planner.estimate({**FOLDING, "layout": {"gpus": 8, "dp": 4, "tp": 2, "ep": 4, "zero": 1,
+                                                      **({"etp": etp} if etp else {})}})
+        assert est.components["optimizer_states"] == pytest.approx(8 * n / 8, abs=2)
+
+
+@pytest.mark.parametrize("profile", ["seed", "detailed"])
+def test_expert_tp_equal_to_tp_changes_nothing_where_ep_divides_dp(profile):
+    """Megatron-Core's default expert TP is the attention's: stating it changes no byte."""
+    raw = {**FOLDING, "profile": profile, "layout": {"gpus": 16, "dp": 8, "tp": 2, "ep": 4, "zero": 1, "sp": True}}
+    if profile == "detailed":
+        raw.pop("overrides")
+    unset = planner.estimate(raw)
+    same = planner.estimate({**raw, "layout": {**raw["layout"], "etp": 2}})
+    assert same.total_bytes == unset.total_bytes and same.components == unset.components
+
+
+def test_detailed_profile_keeps_etp_shares_of_the_experts():
+    """The detailed profile's weights move by exactly the experts' bytes between etp 1 and 2
+    (tp 2, ep 4, no ZeRO): N_exp·2·(1/(1·4) − 1/(2·4))."""
+    raw = {"model": "mixtral-8x7b", "workload": {"method": "full", "seq_len": 2048},
+           "layout": {"gpu": "h100", "gpus": 8, "dp": 4, "tp": 2, "ep": 4, "sp": True, "checkpointing": "full"}}
+    one = planner.estimate({**raw, "layout": {**raw["layout"], "etp": 1}})
+    two = planner.estimate({**raw, "layout": {**raw["layout"], "etp": 2}})
+    n_exp = expert_params(catalog.get_model("mixtral-8x7b"))
+    assert one.components["weights"] - two.components["weights"] == pytest.approx(n_exp * 2 * (1 / 4 - 1 / 8), abs=4)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"model": "llama-3-8b", "ep": 1}, "layout.etp: 1 needs a mixture-of-experts model"),
+    ({"etp": 3}, "layout.etp: 3 does not divide the experts' FFN width of 14336"),
+    ({"etp": 2, "ep": 8, "dp": 2, "tp": 2, "gpus": 4}, "layout.ep: 8 times etp = 2 does not divide dp·cp·tp"),
+])
+def test_expert_tp_validation(change, needle):
+    options = {"ep": 2, "dp": 2, "gpus": 2, "etp": 1}
+    options.update(change)
+    with pytest.raises(InputError, match=needle):
+        planner.estimate(FOLDING, **options)
+
+
+def test_plan_accepts_a_folded_layout_only_on_a_stack_that_folds():
+    """tp 2 with ep 8 on 8 GPUs leaves dp 4: legal only with the experts' own TP of 1 (ep·etp = 8
+    divides dp·tp = 8). ``plan`` finds it on Megatron (the stack that runs MoE parallel folding),
+    the checker passes it, its pinned scenario carries etp, and without etp nothing is legal."""
+    from planner.search.checker import check_plan
+
+    raw = {"profile": "seed", "model": "olmoe-1b-7b", "workload": {"method": "full", "seq_len": 4096, "tokens": 1e8},
+           "layout": {"gpus": 8, "tp": 2, "ep": 8, "etp": 1, "sp": True},
+           "search": {"gpu_types": ["h100"]}, "objective": "cost", "top": 3}
+    result = planner.plan(raw)
+    assert result.plans
+    for p in result.plans:
+        assert (p.stack, p.etp, p.ep, p.dp, p.tp) == ("megatron", 1, 8, 4, 2)
+        assert p.pinned_scenario["layout"]["etp"] == 1
+        assert check_plan(raw, p) == []
+    unfolded = {**raw, "layout": {k: v for k, v in raw["layout"].items() if k != "etp"}}
+    with pytest.raises(InputError, match="layout.ep: 8 does not divide dp = 4"):
+        planner.plan(unfolded)
+
+
+def test_search_steps_dp_by_the_folded_expert_group():
+    """With etp pinned and ep searched, every plan's ep·etp divides dp·cp·tp, and the search keeps
+    layouts the traditional rule refuses (ep not dividing dp)."""
+    raw = {"profile": "seed", "model": "olmoe-1b-7b", "workload": {"method": "full", "seq_len": 4096, "tokens": 1e8},
+           "layout": {"gpus": 8, "etp": 1},
+           "search": {"gpu_types": ["h100"], "tp": [2], "ep": [4, 8, 16], "distinct": "none"},
+           "objective": "time", "top": 40}
+    plans = planner.plan(raw).plans
+    assert plans
+    assert all((p.dp * p.cp * p.tp) % (p.ep * p.etp) == 0 for p in plans)
+    assert {p.ep for p in plans} == {4, 8}  # ep 16 would need dp·tp = 16
+    assert any(p.dp % p.ep for p in plans)
+
+
+def test_megatron_export_carries_expert_parallelism():
+    from planner.launch.exporters import export_resolved
+    from planner.scenario.resolve import resolve
+
+    raw = {"profile": "seed", "model": "olmoe-1b-7b", "workload": {"method": "full", "seq_len": 4096},
+           "layout": {"gpu": "h100", "gpus": 8, "tp": 2, "ep": 8, "etp": 1, "sp": True, "zero": 1}}
+    args = export_resolved(resolve(raw)).files["megatron_args.txt"].splitlines()
+    assert "--expert-model-parallel-size 8" in args and "--expert-tensor-parallel-size 1" in args
+    plain = export_resolved(resolve({**raw, "layout": {"gpu": "h100", "gpus": 8, "tp": 2, "sp": True}}))
+    assert not any(a.startswith("--expert-") for a in plain.files["megatron_args.txt"].splitlines())
+
+
+@pytest.mark.parametrize("text, etp", [
+    ("TP4 ETP1 EP8 (DP2)", 1), ("VP=4; EP=32; ETP=1; EDP=1", 1), ("expert_tensor_parallel_degree 1", 1),
+    ("--expert-tensor-parallel-size 2", 2), ("megatron-dist-opt (expert parallel 8)", None), ("SETP 3", None),
+])
+def test_rows_state_the_experts_own_tp_in_the_words_runs_use(text, etp):
+    from planner.validate.cells import expert_degree, expert_tensor_degree
+
+    assert expert_tensor_degree(text) == etp
+    assert expert_degree("--expert-tensor-parallel-size 2") == 1  # not an expert-parallel degree
+
+
+def test_a_row_that_folds_its_experts_is_modelled_with_its_stated_expert_tp():
+    """A measured row on 8 GPUs at TP 4, EP 8, ETP 1 (dp 2) was unmodelled while ep had to divide
+    dp; read with its stated ETP it is estimated, its experts split 1 way and over 8 ranks."""
+    from planner.validate.rows import scenario_of
+
+    row = {"id": "x", "model": "qwen3-30b-a3b", "method": "full", "optimizer": "Megatron Adam, distributed optimizer",
+           "precision": "bf16 (Megatron mixed precision)", "seq_len": "4096", "micro_batch": "1", "grad_ckpt": "yes",
+           "flash_attn": "fa2", "gpus": "8", "gpu_type": "H100", "planner_gpu": "h100-sxm-80gb", "dp": "2", "tp": "4",
+           "pp": "1", "cp": "1", "zero_or_fsdp": "megatron distributed optimizer, sequence parallel (TP4, EP8)",
+           "cpu_offload": "no", "framework": "megatron", "measured_gb": "40", "measure_kind": "reported",
+           "notes": "8 GPUs TP4 ETP1 EP8 (DP2)"}
+    raw = scenario_of(row)
+    assert (raw["layout"]["ep"], raw["layout"]["etp"], raw["layout"]["gpus"], raw["layout"]["tp"]) == (8, 1, 8, 4)
+    assert planner.estimate(raw).layout["dp"] == 2  # legal: ep·etp = 8 divides dp·tp = 8

@@ -245,6 +245,27 @@ def test_expert_all_to_all_leaves_the_node_only_for_other_nodes_ranks():
         layers * max(sent / 2 * 3 / 16 / H100.intra_bps, sent / 2 * 12 / 16 / H100.inter_bps))
 
 
+def test_folded_expert_groups_sit_etp_apart():
+    """Megatron-Core's MoE parallel folding orders the expert layers' ranks etp, ep, dp (its MoE
+    README): at TP 2 with the experts' own TP 1, an EP-8 group is 8 neighbouring GPUs, one node,
+    all over NVLink; with no expert TP of its own its ranks sit tp = 2 apart, 4 per node, as
+    before. The experts' own TP equal to tp prices as unset."""
+    from planner.perf.timing import _model_parallel_comm_s
+
+    mf = model_flops(catalog.get_model("qwen3-30b-a3b"))
+    tokens = 4096.0
+    sent = tokens / 2 * mf.hidden * 2.0 * mf.experts_per_token  # TP 2: half the tokens per GPU
+
+    def ep_s(**extra):
+        x = {"tp": 2, "pp": 1, "cp": 1, "dp": 4, "checkpointing": 0, "ep": 8, **extra}
+        return float(_model_parallel_comm_s(mf, H100, x, tokens, 0.0, 8)[3])
+
+    layers = 4.0 * mf.moe_layers
+    assert ep_s(etp=1) == pytest.approx(layers * sent * 7 / 8 / H100.intra_bps)
+    assert ep_s() == pytest.approx(layers * max(sent * 3 / 8 / H100.intra_bps, sent * 4 / 8 / H100.inter_bps))
+    assert ep_s(etp=2) == ep_s() == ep_s(etp=0)
+
+
 @pytest.mark.parametrize("gpu, ep", [("l40s", 6), ("l40s", 12), ("h100", 16), ("h100", 6)])
 def test_the_search_bound_never_prices_expert_all_to_all_above_the_step(gpu, ep):
     """The search's lower bound (``intra_only``: every group at the in-node link) must not exceed

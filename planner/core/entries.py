@@ -292,6 +292,9 @@ class StackSpec(StrictModel):
     pp_methods: list[Literal["full", "lora", "qlora"]] = []
     cp: bool = False
     ep: bool = False
+    #: Expert tensor parallelism apart from tp (``Layout.etp``: Megatron-Core's MoE parallel
+    #: folding, ``--expert-tensor-parallel-size``).
+    etp: bool = False
     sp: bool = False
     #: It trains whole modules beside LoRA adapters (``Workload.modules_to_save``: PEFT's
     #: ``modules_to_save``, axolotl's ``lora_modules_to_save``).

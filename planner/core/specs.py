@@ -166,6 +166,11 @@ class Layout(StrictModel):
     cp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
     #: Expert parallelism (MoE): routed experts split over ep ranks carved out of dp (ep | dp).
     ep: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
+    #: Expert tensor parallelism (MoE; Megatron-Core's ``--expert-tensor-parallel-size``): each
+    #: routed expert split etp ways instead of tp, the expert layers regrouping the stage's dp·cp·tp
+    #: GPUs as etp × ep × expert-dp (MoE parallel folding: ep·etp divides dp·cp·tp). Unset: experts
+    #: split like the dense layers (tp ways) and ep carved out of dp.
+    etp: Annotated[int | None, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = None
     sp: bool = False
     zero: Literal[0, 1, 2, 3] = 0
     offload: Offload = "none"

@@ -43,6 +43,17 @@ def zero_degree(dp: Any, cp: Any) -> Any:
     return dp * cp
 
 
+def expert_ways(ep: Any, shard: Any, sharded: Any, *, tp: Any = 1, etp: Any = None) -> Any:
+    """Ways a stage's routed-expert state is divided beyond each expert's tensor split (tp ways,
+    or ``etp`` where set): ep where the state is not ZeRO-sharded; sharded, over the expert
+    layers' data-parallel group too, ep·expert-dp. With the experts split within dp (``etp``
+    unset) that is the ZeRO degree ``shard`` (ep divides it); under MoE parallel folding the
+    stage's shard·tp GPUs regroup as etp × ep × expert-dp, so ep·expert-dp = shard·tp/etp.
+    Integers or arrays."""
+    folded = shard if etp is None else shard * tp / etp
+    return np.where(sharded, np.maximum(folded, ep), np.maximum(ep, 1))
+
+
 def mib_to_bytes(mib: int) -> int:
     return int(mib) * BYTES_PER_MIB
 

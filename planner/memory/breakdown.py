@@ -113,6 +113,7 @@ def codes(workload: Workload, layout: Layout, *, dp: int, grad_accum: int | None
         "lora_rank": workload.lora_rank,
         "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "sp": int(layout.sp),
         "zero": layout.zero, "dp": dp, "grad_accum": grad_accum or 0,
+        **({"etp": layout.etp} if layout.etp is not None else {}),
         **dpo_codes(workload),
     }
 

@@ -252,11 +252,11 @@ def _expert_tensor(model: ModelSpec, layout: Layout, recipe: Recipe) -> float:
     """Elements of a MoE layer's largest expert weight on one GPU: grouped experts keep each
     projection of all local experts in one tensor (transformers 5's ``gate_up_proj``,
     experts × 2f × h with a gated MLP); the expert loop of transformers 4 one matrix per expert.
-    0 for a dense model."""
+    Each expert is split tp ways, or etp where the layout sets it. 0 for a dense model."""
     moe = model.moe
     if moe is None:
         return 0.0
-    matrix = moe.expert_ffn * model.hidden / layout.tp
+    matrix = moe.expert_ffn * model.hidden / (layout.tp if layout.etp is None else layout.etp)
     if recipe.moe_experts == "loop":
         return matrix
     return moe.experts / layout.ep * (2 if model.gated_mlp else 1) * matrix

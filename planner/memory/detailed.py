@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import cast
 
-from planner.core.arch import _attention_dims, _dims, param_counts
+from planner.core.arch import _attention_dims, _dims, expert_params, param_counts
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Overrides, Recipe, Workload
-from planner.core.units import format_bytes, zero_degree
+from planner.core.units import expert_ways, format_bytes, zero_degree
 from planner.memory.buffers import buffer_terms, deepspeed_zero3, gathers_units
 from planner.memory.generation import GENERATION_PHASE
 from planner.memory.model_states import (
@@ -104,11 +104,18 @@ class Peak:
 def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: int) -> float:
     """DPO's frozen reference for full fine-tuning: the weights once more in the compute dtype,
     divided by TP and PP and, under ZeRO-3/FSDP, sharded like the policy (TRL prepares it with
-    the trainer's DeepSpeed ZeRO-3 or FSDP settings, offload included); none otherwise."""
+    the trainer's DeepSpeed ZeRO-3 or FSDP settings, offload included), its routed experts split
+    by expert parallelism as the policy's; none otherwise."""
     if not wl.reference_copy or layout.offload == "optimizer+params":
         return 0.0
     shard = zero_degree(dp, layout.cp) if layout.zero == 3 else 1
-    return param_counts(model).total * compute_bytes(wl.precision) / (layout.tp * layout.pp * shard)
+    # its routed experts split as the policy's: over ep ranks, each etp ways where set
+    experts = expert_params(model)
+    expert_tp = layout.tp if layout.etp is None else layout.etp
+    ways = float(expert_ways(layout.ep, shard, layout.zero == 3, tp=layout.tp, etp=layout.etp))
+    e = compute_bytes(wl.precision)
+    return ((param_counts(model).total - experts) * e / (layout.tp * layout.pp * shard)
+            + experts * e / (expert_tp * layout.pp * ways))
 
 
 def _comm_groups(layout: Layout) -> int:
@@ -135,7 +142,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
     adapter_bytes = 4 if wl.adapter_dtype == "fp32" else compute_bytes(wl.precision)
     st = model_states(model, wl, recipe=recipe, tp=layout.tp, pp=layout.pp,
                       zero_degree=zero_degree(dp, layout.cp), zero=layout.zero, offload=layout.offload,
-                      adapter_bytes=adapter_bytes, ep=layout.ep,
+                      adapter_bytes=adapter_bytes, ep=layout.ep, etp=layout.etp,
                       frozen_grads=recipe.fsdp_mixed_units and layout.zero == 3)
     buf = buffer_terms(model, wl, layout, st, recipe=recipe)
     notes = []

@@ -23,7 +23,7 @@ TOTAL_CEILING = 2**62
 #: Array keys that belong to the workload / the layout (the recipe's: :data:`STACK_RECIPE`);
 #: their codes decode with :func:`~planner.memory.breakdown.decode`.
 _WORKLOAD_KEYS = ("method", "precision", "optimizer", "seq_len", "micro_batch", "lora_rank")
-_LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing", "attention")
+_LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "etp", "sp", "zero", "offload", "checkpointing", "attention")
 
 
 def detailed_components(model: ModelSpec, overrides: Overrides, *, workload: Workload,

@@ -250,7 +250,7 @@ def estimate_resolved(rs: ResolvedScenario) -> Estimate:
         gpu=rs.gpu.id if rs.gpu else None,
         gpus=lay.gpus,
         layout={
-            "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp,
+            "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "sp": lay.sp,
             "zero": lay.zero, "offload": lay.offload, "checkpointing": lay.checkpointing,
             "attention": lay.attention, "micro_batch": rs.workload.micro_batch,
             "grad_accum": rs.grad_accum, "seq_len": rs.workload.seq_len,

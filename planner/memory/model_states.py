@@ -34,6 +34,7 @@ from planner.core.arch import (
 )
 from planner.core.entries import ModelSpec
 from planner.core.specs import Recipe, Workload
+from planner.core.units import expert_ways
 
 #: Bytes per element by dtype name.
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -282,34 +283,50 @@ class _Placement:
     zero_degree: int
     zero: int
     ep: int
+    etp: int | None  # the experts' own tensor parallelism (None: tp)
     layer_share: float  # decoder-layer parameters of this stage, before TP
     n_matrix: float  # matrices (layers and the stage's end) on this GPU
     n_norm: float
     n_local: float
-    n_exp: float  # routed-expert parameters on this GPU
+    n_exp: float  # routed-expert parameters on this GPU, before expert parallelism
+
+    @property
+    def linears(self) -> float:
+        """Decoder-layer matrix parameters on this GPU (its TP share, the experts' etp share)."""
+        return self.layer_share / self.tp + self.n_exp - self.n_exp_tp
+
+    @property
+    def n_exp_tp(self) -> float:
+        """The routed experts' parameters had they been split tp ways (equal to n_exp with no
+        expert TP of their own)."""
+        return self.n_exp if self.etp is None else self.n_exp * self.etp / self.tp
+
+    def sharded(self, part: str) -> bool:
+        return self.zero >= {"optimizer": 1, "gradients": 2, "weights": 3}[part]
 
     def shard(self, part: str) -> int:
-        need = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
-        return self.zero_degree if self.zero >= need else 1
+        return self.zero_degree if self.sharded(part) else 1
 
     def spread(self, dense_bytes: float, expert_bytes: float, part: str) -> float:
         """Bytes on this GPU of a state split into dense and routed-expert bytes."""
         s = self.shard(part)
-        return dense_bytes / s + expert_bytes / max(s, self.ep)
+        ways = expert_ways(self.ep, s, self.sharded(part), tp=self.tp, etp=self.etp)
+        return dense_bytes / s + expert_bytes / float(ways)
 
 
 def _placement(model: ModelSpec, *, tp: int, pp: int, zero_degree: int, zero: int,
-               ep: int) -> _Placement:
+               ep: int, etp: int | None = None) -> _Placement:
     counts: ParamCounts = param_counts(model)
     layer_share = (counts.attention + counts.mlp) * -(-model.layers // pp) / model.layers
     end_share = max(counts.embedding + counts.positions, counts.lm_head)
     if pp == 1:
         end_share = counts.embedding + counts.positions + counts.lm_head
-    n_matrix = (layer_share + end_share) / tp
+    experts = expert_params(model) * -(-model.layers // pp) / model.layers  # routed experts here
+    n_exp = experts / (tp if etp is None else etp)
+    n_matrix = (layer_share + end_share) / tp + (n_exp - experts / tp)  # experts: etp ways
     n_norm = counts.norms / pp
     n_local = n_matrix + n_norm
-    n_exp = expert_params(model) * -(-model.layers // pp) / model.layers / tp  # routed experts here
-    return _Placement(counts, tp, pp, zero_degree, zero, ep, layer_share, n_matrix, n_norm,
+    return _Placement(counts, tp, pp, zero_degree, zero, ep, etp, layer_share, n_matrix, n_norm,
                       n_local, n_exp)
 
 
@@ -330,7 +347,7 @@ class _Ledger:
 
 def model_states(model: ModelSpec, workload: Workload, *, recipe: Recipe, tp: int, pp: int,
                  zero_degree: int, zero: int, offload: str, adapter_bytes: int, ep: int = 1,
-                 frozen_grads: bool = False) -> StateParts:
+                 etp: int | None = None, frozen_grads: bool = False) -> StateParts:
     """Per-GPU bytes of weights, gradients, optimizer states, master weights and adapters.
 
     TP divides every matrix (norms are replicated: a few KB); PP gives each stage L/pp layers and
@@ -339,10 +356,13 @@ def model_states(model: ModelSpec, workload: Workload, *, recipe: Recipe, tp: in
     gradients, stage 3 also the weights. Offload moves optimizer states (and with
     ``optimizer+params`` the weights) to host memory. Expert parallelism (MoE) splits the routed
     experts over ``ep`` ranks of the data-parallel group: an unsharded part holds N_experts/ep of
-    them, a ZeRO-sharded part N_experts/max(D, ep) (ep divides D). ``frozen_grads``: LoRA under
+    them, a ZeRO-sharded part N_experts/max(D, ep) (ep divides D); with an expert TP of its own
+    (``etp``, MoE parallel folding) each expert is split etp ways instead of tp and a sharded part
+    spreads over the expert layers' data-parallel group (:func:`~planner.core.units.expert_ways`).
+    ``frozen_grads``: LoRA under
     FSDP1 units that mix frozen and trainable weights, whose gradients cover the frozen layers.
     """
-    place = _placement(model, tp=tp, pp=pp, zero_degree=zero_degree, zero=zero, ep=ep)
+    place = _placement(model, tp=tp, pp=pp, zero_degree=zero_degree, zero=zero, ep=ep, etp=etp)
     if workload.method == "full":
         states = _full_states(model, workload, recipe, place, offload)
     else:
@@ -380,7 +400,7 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
     # Muon's hidden matrices: the decoder layers' weights on this GPU (not embeddings, head, norms)
     opt_b = _optimizer_bytes(model, workload, recipe, place, state_elem, paged,
-                             matrix_share=place.layer_share / place.tp / place.n_local)
+                             matrix_share=place.linears / place.n_local)
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
     dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
     ledger.put("weights", place.spread(dense_w, expert_w, "weights"), on_host_w)
@@ -415,7 +435,7 @@ def _weight_bytes(workload: Workload, recipe: Recipe, place: _Placement, e: int)
     :func:`fp8_weight_bytes` for the decoder layers' linears (embeddings, head and norms stay
     16-bit: Transformer Engine stores only its own modules in FP8)."""
     lw = fp8_weight_bytes(workload, recipe) or e
-    linears = place.layer_share / place.tp
+    linears = place.linears
     dense = (place.n_local - place.n_exp) * e + (linears - place.n_exp) * (lw - e)
     return dense, place.n_exp * lw
 
@@ -428,7 +448,7 @@ def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place:
     n_lora, largest = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
     if frozen_grads and workload.method == "lora":
         e = frozen_weight_bytes(workload)
-        ledger.put("gradients", place.layer_share / place.tp * e / place.shard("gradients"))
+        ledger.put("gradients", place.linears * e / place.shard("gradients"))
     return StateParts(ledger.dev, ledger.host, n_lora, largest)
 
 
@@ -450,7 +470,8 @@ def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
         emb = (counts.embedding + counts.positions) * e_end
         head = counts.lm_head * (q_total if quantized_head(model, workload) else e_end)
         end_bytes = emb + head if place.pp == 1 else max(emb, head)
-        frozen = (place.layer_share * q_total + end_bytes) / place.tp + place.n_norm * e_norm
+        frozen = ((place.layer_share * q_total + end_bytes) / place.tp + place.n_norm * e_norm
+                  + (place.linears - place.layer_share / place.tp) * q_total)  # experts' own TP
         dense, experts = frozen - place.n_exp * q_total, place.n_exp * q_total
     else:
         dense, experts = _weight_bytes(workload, recipe, place, e)

@@ -20,7 +20,7 @@ from planner.core.arch import expert_params, seed_lora_params, total_params
 from planner.core.codes import FULL, INFERENCE, LORA, QLORA
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Overrides, Workload
-from planner.core.units import DTYPE_BYTES, zero_degree
+from planner.core.units import DTYPE_BYTES, expert_ways, zero_degree
 from planner.memory.breakdown import (
     ATTENTION,
     CHECKPOINTING,
@@ -148,24 +148,24 @@ def seed_components(model: ModelSpec, overrides: Overrides, **x: Any) -> dict[st
     qlora_base = overrides.base_bytes_per_param or SEED_QLORA_BASE_BYTES_PER_PARAM
     inference_base = overrides.base_bytes_per_param or w_b
     base_b = np.where(method == LORA, w_b, np.where(method == QLORA, qlora_base, np.where(is_full, w_b, 0.0)))
-    weights = sh.spread(base_b, sh.s_w)
+    weights = sh.spread(base_b, 3)
     adapter_dev, adapter_host = _seed_adapters(model, overrides, x, sh, w_b, opt_b + master_b,
                                                keep_w, keep_o)
 
     zero_arr = 0.0 * weights
     out = {
-        "weights": np.where(is_train, weights * keep_w, sh.spread(inference_base, 1)),
-        "gradients": np.where(is_full, sh.spread(w_b, sh.s_g), zero_arr),
-        "optimizer_states": np.where(is_full, sh.spread(opt_b, sh.s_o) * keep_o, zero_arr),
-        "master_weights": np.where(is_full, sh.spread(master_b, sh.s_o) * keep_o, zero_arr),
+        "weights": np.where(is_train, weights * keep_w, sh.spread(inference_base, 0)),
+        "gradients": np.where(is_full, sh.spread(w_b, 2), zero_arr),
+        "optimizer_states": np.where(is_full, sh.spread(opt_b, 1) * keep_o, zero_arr),
+        "master_weights": np.where(is_full, sh.spread(master_b, 1) * keep_o, zero_arr),
         "adapter_states": np.where(is_adapter, adapter_dev, zero_arr),
     }
     host = np.where(is_train, weights * (1 - keep_w), zero_arr)
     if "reference" in x:  # DPO: a frozen 16-bit copy of the weights beside a fully trained policy
-        ref = np.where(is_full & (np.asarray(x["reference"]) > 0), sh.spread(w_b, sh.s_w), zero_arr)
+        ref = np.where(is_full & (np.asarray(x["reference"]) > 0), sh.spread(w_b, 3), zero_arr)
         out["reference_weights"] = ref * keep_w
         host = host + ref * (1 - keep_w)  # offloaded with the weights
-    host = host + np.where(is_full, sh.spread(opt_b + master_b, sh.s_o) * (1 - keep_o), zero_arr)
+    host = host + np.where(is_full, sh.spread(opt_b + master_b, 1) * (1 - keep_o), zero_arr)
     out["host"] = host + np.where(is_adapter, adapter_host, zero_arr)
 
     out["activations"] = np.where(is_train, _seed_activations(model, overrides, x, w_b, zero_arr),
@@ -185,6 +185,8 @@ class _Shards:
     pp: Any
     cp: Any
     ep: Any
+    etp: Any  # the experts' own tensor parallelism (None: tp)
+    zero: Any
     n_dense: float
     n_exp: float
     mp: Any
@@ -192,10 +194,15 @@ class _Shards:
     s_g: Any
     s_o: Any
 
-    def spread(self, per_param: Any, shard: Any) -> Any:
-        """Bytes per GPU of ``per_param`` bytes for each model parameter, sharded ``shard`` ways."""
+    def spread(self, per_param: Any, stage: int) -> Any:
+        """Bytes per GPU of ``per_param`` bytes for each model parameter, sharded from ZeRO stage
+        ``stage`` on (0: never)."""
+        sharded = (self.zero >= stage) & (stage > 0)
+        shard = np.where(sharded, {0: 1, 1: self.s_o, 2: self.s_g, 3: self.s_w}[stage], 1)
+        expert_mp = self.mp if self.etp is None else self.pp * self.etp
         return (self.n_dense * per_param / (self.mp * shard)
-                + self.n_exp * per_param / (self.mp * np.maximum(shard, self.ep)))
+                + self.n_exp * per_param / (expert_mp * expert_ways(self.ep, shard, sharded, tp=self.tp,
+                                                                    etp=self.etp)))
 
 
 def _shards(model: ModelSpec, x: dict[str, Any]) -> _Shards:
@@ -203,14 +210,15 @@ def _shards(model: ModelSpec, x: dict[str, Any]) -> _Shards:
     n = float(total_params(model))
     # Expert parallelism: routed experts are split over ep ranks, and ZeRO shards them over
     # the remaining D/ep replicas, so a ZeRO-sharded part is N/D either way, an unsharded one
-    # (N_dense + N_experts/ep).
+    # (N_dense + N_experts/ep); an expert TP of its own (``etp``) splits them etp ways instead
+    # of tp (:func:`~planner.core.units.expert_ways`).
     ep = x.get("ep", 1)
     n_exp = float(expert_params(model))
     n_dense = n - n_exp
     mp = tp * pp
     d = zero_degree(dp, cp)
     s_w, s_g, s_o = (np.where(zero >= stage, d, 1) for stage in (3, 2, 1))
-    return _Shards(tp, pp, cp, ep, n_dense, n_exp, mp, s_w, s_g, s_o)
+    return _Shards(tp, pp, cp, ep, x.get("etp"), zero, n_dense, n_exp, mp, s_w, s_g, s_o)
 
 
 def _seed_adapters(model: ModelSpec, overrides: Overrides, x: dict[str, Any], sh: _Shards,

@@ -124,6 +124,8 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              attention=attention, native_attention=native_attention, selective_op=selective_op,
              fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
+    if lay.etp is not None:  # the experts' own tensor parallelism (MoE parallel folding)
+        x["etp"] = lay.etp
     muon = muon_flops_of(rs, method, optimizer)
     if muon is not None:
         x["optimizer_flops"] = muon

@@ -274,7 +274,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
 
     Arguments: ``method``, ``checkpointing``, ``offload``, ``zero`` (codes as in
     planner.memory.seed), ``seq_len``, ``micro_batch``, ``grad_accum``, ``tp``, ``pp``, ``cp``, ``dp``,
-    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``; optional ``n_saved`` and
+    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``; optional ``etp`` (the
+    experts' own tensor parallelism; 0 or unset: tp), ``n_saved`` and
     ``saved_head`` (parameters of the modules a LoRA run trains in full, and of its LM head among
     them: gradients to reduce, optimizer work, a weight-gradient GEMM), ``weight_bytes``
     (bytes per parameter of the stored weights; default :func:`stored_weight_bytes`), ``vp``
@@ -513,13 +514,15 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU. Under tensor
     # parallelism (sequence-parallel, as everywhere here) a GPU dispatches its 1/tp of the tokens
     # (Megatron-Core's all-to-all dispatcher over the TP×EP ranks). The group's ranks are taken to
-    # sit tp·cp apart (ranks ordered tp, cp, ep, dp, pp; Megatron-Core's folded expert groups
-    # can place them closer), so a node of the card's size holds ``in_node`` of them, whatever
-    # ``node`` the other groups are priced at: the share bound for those crosses the node's link,
-    # the share bound for other nodes the GPU's NIC, both at once (the slower decides), as NCCL's
-    # and DeepEP's all-to-alls run.
+    # sit tp·cp apart (ranks ordered tp, cp, ep, dp, pp), or etp apart where the experts have a TP
+    # of their own (``etp``: MoE parallel folding orders the expert layers' ranks etp, ep, dp, pp),
+    # so a node of the card's size holds ``in_node`` of them, whatever ``node`` the other groups
+    # are priced at: the share bound for those crosses the node's link, the share bound for other
+    # nodes the GPU's NIC, both at once (the slower decides), as NCCL's and DeepEP's all-to-alls run.
     a2a_bytes = tokens_gpu / tp * mf.hidden * 2.0 * mf.experts_per_token / np.maximum(ep, 1)
-    in_node = np.minimum(np.maximum(np.floor(perf.gpus_per_node / np.maximum(tp * cp, 1)), 1.0), ep)
+    etp = np.asarray(x.get("etp", 0))
+    stride = np.where(etp > 0, etp, tp * cp)
+    in_node = np.minimum(np.maximum(np.floor(perf.gpus_per_node / np.maximum(stride, 1)), 1.0), ep)
     a2a_s = np.maximum(a2a_bytes * (in_node - 1) / perf.intra_bps, a2a_bytes * (ep - in_node) / perf.inter_bps)
     ep_comm = np.where(ep > 1, 4.0 * a2a_s * mf.moe_layers / pp, 0.0)
     return tp_comm, pp_comm, cp_comm, ep_comm
@@ -530,7 +533,11 @@ def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any
     trainable ones among them, the bytes of its stored weights (divided by TP and PP) and its
     shard of the trainable parameters (divided further by the ZeRO degree from stage 1)."""
     method, tp, pp, zero = x["method"], x["tp"], x["pp"], x["zero"]
-    local = mf.params - mf.expert_params * (1.0 - 1.0 / np.maximum(x.get("ep", 1), 1))
+    # routed experts: 1/ep of them, each split etp ways where the layout gives the experts a TP of
+    # their own (counted here in tp-way shares, as the dense weights)
+    etp = np.asarray(x.get("etp", 0))
+    expert_tp = np.where(etp > 0, tp / np.maximum(etp, 1), 1.0)
+    local = mf.params - mf.expert_params * (1.0 - expert_tp / np.maximum(x.get("ep", 1), 1))
     trainable = np.where(method == FULL, local, x.get("n_lora", 0.0) + x.get("n_saved", 0.0))
     weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
     shard = trainable / (tp * pp * np.where(zero >= 1, np.maximum(zero_degree(x["dp"], x["cp"]), 1), 1))

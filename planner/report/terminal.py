@@ -16,13 +16,19 @@ from planner.search.explain import memory_binding
 from planner.search.results import recipe_text
 
 
+def experts_text(ep: int, etp: int | None, sep: str = "") -> str:
+    """Expert parallelism beside the other degrees, where a layout has it: `` ep8 etp1``."""
+    return (f" ep{sep}{ep}" if ep > 1 else "") + (f" etp{sep}{etp}" if etp is not None else "")
+
+
 def estimate_heading(est: Estimate) -> tuple[str, str]:
     """Two lines: what is estimated, and on which layout."""
     lay = est.layout
     title = f"{est.scenario}: {est.model} ({est.params / 1e9:.2f}B) {est.method}, profile {est.profile}"
     setup = (
         f"{est.gpus}× {est.gpu or 'no GPU given'}  dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
-        f"cp={lay['cp']}{' sp' if lay['sp'] else ''} zero={lay['zero']} offload={lay['offload']}  "
+        f"cp={lay['cp']}{experts_text(lay.get('ep', 1), lay.get('etp'), sep='=')}{' sp' if lay['sp'] else ''} "
+        f"zero={lay['zero']} offload={lay['offload']}  "
         f"B={lay['micro_batch']} T={lay['seq_len']} ckpt={lay['checkpointing']} attn={lay['attention']}"
     )
     return title, setup
@@ -148,7 +154,7 @@ def plans_table(result: Any, *, gib: bool = False) -> Table:
         table.add_row(
             str(p.rank), p.stack + (f" ({text})" if (text := recipe_text(p.recipe, p.checkpointing)) else ""),
             f"{p.gpu} × {p.gpus}" + (f" + {p.generation_gpus} gen" if p.generation_gpus else ""),
-            f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + (" sp" if p.sp else ""),
+            f"{p.dp}·{p.tp}·{p.pp}·{p.cp}" + experts_text(p.ep, p.etp) + (" sp" if p.sp else ""),
             f"{p.zero}/{p.offload}", f"{p.micro_batch}×{p.grad_accum}", f"{p.checkpointing}/{p.attention}",
             f"{p.method}/{p.seq_len}" + (" *" if p.relaxations else ""),
             format_bytes(mem["total_bytes"], gib=gib),

@@ -22,7 +22,7 @@ FLAG_SECTIONS: dict[str, str] = {
         "global_batch", "tokens", "lora_rank", "lora_alpha", "lora_targets", "quant_bits",
         "double_quant", "allow_relax", "algorithm", "reference", "num_generations", "completion_len")},
     **{k: "layout" for k in (
-        "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload", "checkpointing",
+        "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "etp", "sp", "zero", "offload", "checkpointing",
         "attention", "uneven_pp", "generation_gpus", "generation_memory_fraction", "generation_tp")},
     **{k: "recipe" for k in ("generation_sleep", "rollout_offload")},
     **{k: "overrides" for k in (

@@ -110,13 +110,41 @@ def ep_experts(model: ModelSpec, ep: Any) -> Verdict:
     return Verdict("ep", legal, f"does not divide the model's {experts} experts")
 
 
-def ep_dp(dp: Any, ep: Any) -> Verdict:
-    """Expert parallelism splits the experts within the data-parallel group: ep divides dp (each
-    tensor-parallel rank keeps its share of every expert, Megatron-Core's default expert tensor
-    parallelism equal to tp; the data-parallel replicas of one expert shard form the rest)."""
-    ep = np.asarray(ep)
-    return Verdict("ep", (ep <= 1) | (np.asarray(dp) % np.maximum(ep, 1) == 0),
-                   f"does not divide dp = {dp} (experts are split within dp)")
+def ep_dp(dp: Any, ep: Any, *, tp: Any = 1, cp: Any = 1, etp: Any = None) -> Verdict:
+    """Where expert parallelism's ranks come from. ``etp`` unset: the experts are split within the
+    data-parallel group, ep divides dp (each tensor-parallel rank keeps its share of every local
+    expert; Megatron-Core's traditional ``tp-cp-ep-dp-pp`` groups, DeepSpeed-MoE, torchtitan with
+    its expert TP equal to tp). ``etp`` set (Megatron-Core's MoE parallel folding, its
+    ``--expert-tensor-parallel-size``): the expert layers regroup the same dp·cp·tp GPUs of a
+    stage as etp × ep × expert-dp, so ep·etp divides dp·cp·tp (:func:`expert_dp_step`)."""
+    ep = np.maximum(np.asarray(ep), 1)
+    if etp is None:
+        return Verdict("ep", (ep <= 1) | (np.asarray(dp) % ep == 0),
+                       f"does not divide dp = {dp} (experts are split within dp; set layout.etp for "
+                       "Megatron-Core's MoE parallel folding, where ep·etp divides dp·cp·tp)")
+    group = np.asarray(dp) * np.asarray(cp) * np.asarray(tp)
+    return Verdict("ep", group % (ep * np.asarray(etp)) == 0,
+                   f"times etp = {etp} does not divide dp·cp·tp = {dp}·{cp}·{tp} (MoE parallel folding)")
+
+
+def expert_dp_step(tp: Any, cp: Any, ep: Any, etp: Any = None) -> Any:
+    """The smallest data-parallel degree, and the step between legal ones, that :func:`ep_dp`
+    admits: ep (``etp`` unset), else lcm(ep·etp, cp·tp) / (cp·tp)."""
+    ep = np.maximum(np.asarray(ep), 1)
+    if etp is None:
+        return ep
+    group, experts = np.asarray(cp) * np.asarray(tp), ep * np.asarray(etp)
+    return experts // np.gcd(experts, group)
+
+
+def etp_rules(model: ModelSpec, etp: Any) -> list[Verdict]:
+    """An expert tensor parallelism of its own needs a mixture-of-experts model, and splits each
+    expert's FFN."""
+    etp = np.asarray(etp)
+    moe = model.moe
+    return [Verdict("etp", moe is not None, "needs a mixture-of-experts model"),
+            Verdict("etp", True if moe is None else moe.expert_ffn % etp == 0,
+                    f"does not divide the experts' FFN width of {moe.expert_ffn if moe else 0}")]
 
 
 # --- sharding and offload --------------------------------------------------------------------
@@ -196,9 +224,12 @@ def reason(v: Verdict) -> str:
 
 def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, tp: Any, pp: Any, cp: Any,
                ep: Any, sp: Any, zero: Any, offload: Any, checkpointing: Any,
-               saved_modules: bool = False, algorithm: str = "sft", served: bool = False) -> Any:
+               saved_modules: bool = False, algorithm: str = "sft", served: bool = False,
+               etp: int | None = None) -> Any:
     """Whether ``stack`` runs each layout (arrays broadcast; categorical values as codes into the
     schema's value lists, or names). The one rule of the search, the checker and the estimate.
+    ``etp``: an expert tensor parallelism of its own (MoE parallel folding), which the stack must
+    run.
     ``saved_modules``: the workload trains whole modules beside LoRA (``modules_to_save``);
     ``algorithm``: the workload's objective, which the stack must run; ``served``: GRPO's engine on
     GPUs of its own, a placement the stack must offer."""
@@ -225,6 +256,7 @@ def stack_runs(stack: StackSpec, *, vendor: str, quant_type: str, method: Any, t
                                    & among(ZERO_STAGES, zero, stack.zero_with_pp))
     ok &= (np.asarray(cp) == 1) | stack.cp
     ok &= (np.asarray(ep) == 1) | stack.ep
+    ok &= np.asarray(etp is None or stack.etp)
     ok &= ~np.asarray(sp, dtype=bool) | stack.sp
     lora_like = m != METHOD_CODES.index("full")
     ok &= ~(lora_like & bool(saved_modules)) | stack.modules_to_save

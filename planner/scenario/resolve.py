@@ -266,13 +266,17 @@ def _check_sequence(wl: Workload, lay: Layout, model: ModelSpec | None, problems
 
 
 def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list[str]) -> None:
-    """Expert parallelism needs a mixture-of-experts model, and divides its experts and dp."""
+    """Expert parallelism needs a mixture-of-experts model, and divides its experts and dp (or,
+    with its own expert TP, dp·cp·tp); expert TP splits the experts' FFN."""
+    if lay.etp is not None and model is not None:
+        problems.extend(legality.problems(legality.etp_rules(model, lay.etp), {"etp": lay.etp}))
     if lay.ep <= 1:
         return
     if model is not None:
         problems.extend(legality.problems([legality.ep_moe(model, lay.ep), legality.ep_experts(model, lay.ep)],
                                        {"ep": lay.ep}))
-    problems.extend(legality.problems([legality.ep_dp(dp, lay.ep)], {"ep": lay.ep}))
+    problems.extend(legality.problems([legality.ep_dp(dp, lay.ep, tp=lay.tp, cp=lay.cp, etp=lay.etp)],
+                                      {"ep": lay.ep}))
 
 
 def _check_sharding(wl: Workload, lay: Layout, problems: list[str]) -> None:

@@ -85,7 +85,8 @@ def _count_problems(gpu: GpuSpec, p: dict[str, Any]) -> list[str]:
     problems = []
     if p["gpus"] != p["dp"] * p["tp"] * p["pp"] * p["cp"]:
         problems.append("gpus ≠ dp·tp·pp·cp")
-    problems.extend(legality.problems([legality.ep_dp(p["dp"], p.get("ep", 1))], {"ep": p.get("ep", 1)},
+    problems.extend(legality.problems([legality.ep_dp(p["dp"], p.get("ep", 1), tp=p["tp"], cp=p["cp"],
+                                                       etp=p.get("etp"))], {"ep": p.get("ep", 1)},
                                       prefix="", sep=" "))
     if "nodes" in p and p["nodes"] != _nodes(gpu, p["gpus"]):
         problems.append(f"nodes {p['nodes']} ≠ ⌈{p['gpus']} / {gpu.gpus_per_node}⌉")
@@ -101,6 +102,8 @@ def _layout_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
              legality.cp_sequence(p["seq_len"], p["cp"]),
              legality.ep_moe(model, p.get("ep", 1)), legality.ep_experts(model, p.get("ep", 1)),
              *legality.offload_rules(p["zero"], p["offload"])]
+    if p.get("etp") is not None:
+        rules.extend(legality.etp_rules(model, p["etp"]))
     problems = legality.problems(rules, {**p, "ep": p.get("ep", 1)}, prefix="", sep=" ")
     if p["precision"] == "bf16" and not gpu.supports_bf16:
         problems.append(f"bf16 on {gpu.id}, which has no BF16")
@@ -146,7 +149,7 @@ def _stack_problems(sc: Scenario, gpu: GpuSpec, p: dict[str, Any]) -> list[str]:
                                method=p["method"], tp=p["tp"], pp=p["pp"], cp=p["cp"], ep=p["ep"], sp=p["sp"],
                                zero=p["zero"], offload=p["offload"], checkpointing=p["checkpointing"],
                                saved_modules=bool(sc.workload.modules_to_save), algorithm=sc.workload.algorithm,
-                               served=bool(p.get("generation_gpus")))
+                               served=bool(p.get("generation_gpus")), etp=p.get("etp"))
     return [] if bool(runs) else [f"stack {p['stack']} does not run this plan's combination"]
 
 

@@ -97,6 +97,8 @@ def memory_of(req: SearchRequest, c: dict[str, np.ndarray], dp: np.ndarray, ga: 
     bisection's probes): results are kept in ``req.memory_cache``."""
     x = {k: c[k] for k in CLASS_KEYS if k not in ("gpu", "tier", "stack") and (k != "ep" or req.model.moe is not None)}
     x.update(lora_rank=np.full(np.shape(dp), req.rs.workload.lora_rank), dp=dp, grad_accum=ga)
+    if req.rs.layout.etp is not None:  # the experts' own TP, pinned for every class
+        x["etp"] = np.full(np.shape(dp), req.rs.layout.etp)
     # the stack's recipe where memory depends on it
     for key in STACK_RECIPE:
         if req.stack_sets(key) and (key not in GENERATION_RECIPE or req.rs.workload.generates):

@@ -26,7 +26,7 @@ from planner.search.candidates import SearchOutcome
 from planner.search.evaluate import binding_phase, gpu_table, grad_accum_of, memory_of
 from planner.search.lattice import build_lattice
 from planner.search.request import METHOD_LADDER, MIN_RELAXED_SEQ_LEN, SearchRequest
-from planner.search.results import PINNED_LAYOUT_KEYS, PLAN_ONLY_KEYS, stack_recipe_pins
+from planner.search.results import PLAN_ONLY_KEYS, pinned_layout, stack_recipe_pins
 from planner.search.space import build_classes
 
 
@@ -63,7 +63,7 @@ def _walk_estimate(raw: dict[str, Any], layout: dict[str, Any], change: dict[str
     """The estimate of ``layout`` (the closest one, with its stack's recipe) after ``change``."""
     scenario = {k: v for k, v in raw.items() if k not in PLAN_ONLY_KEYS}
     pins = stack_recipe_pins(raw, layout["stack"]) if "stack" in layout else {}
-    scenario = deep_merge(scenario, {"layout": {k: layout[k] for k in PINNED_LAYOUT_KEYS},
+    scenario = deep_merge(scenario, {"layout": pinned_layout(layout),
                                      **({"recipe": pins} if pins else {})})
     scenario["workload"] = {k: v for k, v in scenario.get("workload", {}).items()
                             if k not in ("global_batch", "grad_accum", "allow_relax")}

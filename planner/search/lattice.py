@@ -32,7 +32,7 @@ class Lattice:
     count: np.ndarray
     q_index: np.ndarray | None  # row of ``divisors`` (global batch given), else None
     divisors: np.ndarray | None
-    step: np.ndarray | None = None  # ep per class (None: 1)
+    step: np.ndarray | None = None  # dp's step per class (None: 1): ep, or its folded share
 
     def value(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         if self.divisors is None:
@@ -46,18 +46,23 @@ def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
     if len(cls) == 0:
         return Lattice(np.zeros(0, dtype=np.int64), None, None)
     mp = a["tp"] * a["pp"] * a["cp"]
-    ep = a["ep"]
+    ep, etp = a["ep"], req.rs.layout.etp
+
+    def experts_fit(dp: np.ndarray | int) -> np.ndarray:
+        return np.asarray(legality.ep_dp(dp, ep, tp=a["tp"], cp=a["cp"], etp=etp).legal)
+
+    step = legality.expert_dp_step(a["tp"], a["cp"], ep, etp)  # dp's legal values: its multiples
     dmax = table.limit[a["gpu"]] // mp
     if req.dp_pin is None and req.gpus_pin is not None:
         # A pinned GPU count fixes dp for each layout: gpus / (tp·pp·cp), where that divides.
         dp = req.gpus_pin // mp
-        ok = (req.gpus_pin % mp == 0) & (dp >= 1) & (dp <= dmax) & legality.ep_dp(dp, ep).legal
+        ok = (req.gpus_pin % mp == 0) & (dp >= 1) & (dp <= dmax) & experts_fit(dp)
         if req.global_batch:
             ok &= (req.global_batch // a["micro_batch"]) % np.maximum(dp, 1) == 0
         dp = np.maximum(dp, 1)
         return Lattice(ok.astype(np.int64), np.arange(len(cls)), dp[:, None])
     if req.dp_pin is not None:
-        ok = (req.dp_pin <= dmax) & legality.ep_dp(req.dp_pin, ep).legal
+        ok = (req.dp_pin <= dmax) & experts_fit(req.dp_pin)
         if req.gpus_pin is not None:
             ok &= req.dp_pin * mp == req.gpus_pin
         if req.global_batch:
@@ -65,9 +70,9 @@ def build_lattice(req: SearchRequest, table: GpuTable, cls: Classes) -> Lattice:
         return Lattice(ok.astype(np.int64), np.zeros(len(cls), dtype=np.int64),
                        np.full((1, 1), req.dp_pin, dtype=np.int64))
     if not req.global_batch:
-        return Lattice(np.maximum(dmax // ep, 0), None, None, ep)
+        return Lattice(np.maximum(dmax // step, 0), None, None, step)
     q = req.global_batch // a["micro_batch"]
-    uniq, q_index = unique_rows(np.stack([q, ep], axis=1).astype(np.int64))
+    uniq, q_index = unique_rows(np.stack([q, step], axis=1).astype(np.int64))
     q_index = q_index.ravel()
     divs = [[d for d in range(u_ep, int(u_q) + 1, u_ep) if u_q % d == 0] for u_q, u_ep in uniq]
     width = max(1, max(len(d) for d in divs))

@@ -43,6 +43,9 @@ class Plan(BaseModel):
     pp: int
     cp: int
     ep: int
+    #: The experts' own tensor parallelism (Megatron-Core's MoE parallel folding), as the scenario
+    #: pins it; None: the experts split like the dense layers.
+    etp: int | None = None
     sp: bool
     zero: int
     offload: str
@@ -118,7 +121,7 @@ def _num(x: Any) -> float | None:
 #: Scenario keys that ask for a search; a plan (or any single layout) is estimated without them.
 PLAN_ONLY_KEYS = ("search", "constraints", "objective", "top", "time_limit_s")
 #: The layout decisions a plan fixes.
-PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero", "offload",
+PINNED_LAYOUT_KEYS = ("gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "etp", "sp", "zero", "offload",
                       "checkpointing", "attention")
 #: The recipe a plan reports (:attr:`Plan.recipe`): the loss's implementation, the kernels,
 #: torch.compile, what selective checkpointing reruns, the gradients' dtype and how the optimizer
@@ -154,6 +157,12 @@ def with_stack_recipe(raw: dict[str, Any], stack: str) -> dict[str, Any]:
     return deep_merge(raw, {"recipe": pins}) if pins else raw
 
 
+def pinned_layout(fields: dict[str, Any]) -> dict[str, Any]:
+    """The layout keys a plan (or a layout the search found) pins, those it sets (an expert TP of
+    the experts' own only where the scenario gives one)."""
+    return {k: fields[k] for k in PINNED_LAYOUT_KEYS if fields.get(k) is not None}
+
+
 def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """The user's scenario with every decision of a plan pinned: what `estimate` checks."""
     out = copy.deepcopy(raw)
@@ -162,7 +171,7 @@ def plan_scenario(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     wl = {k: fields[k] for k in ("method", "precision", "optimizer", "seq_len", "micro_batch", "grad_accum")}
     if raw.get("workload", {}).get("global_batch") is None:
         wl["global_batch"] = None
-    lay = {k: fields[k] for k in PINNED_LAYOUT_KEYS}
+    lay = pinned_layout(fields)
     rec = stack_recipe_pins(raw, fields["stack"]) if "stack" in fields else {}
     out = deep_merge(out, {"workload": wl, "layout": lay, **({"recipe": rec} if rec else {})})
     if out["workload"].get("global_batch") is None:
@@ -219,7 +228,7 @@ def assemble(req: SearchRequest, raw: dict[str, Any], outcome: SearchOutcome) ->
         gpu = req.gpus[a["gpu"]]
         tier = req.tiers[a["tier"]]
         fields = {"stack": req.stacks[a["stack"]].id, "gpu": gpu.id, "gpus": int(ev["gpus"]), "dp": int(ev["dp"]),
-                  "grad_accum": int(ev["grad_accum"]), **decode_class(a)}
+                  "grad_accum": int(ev["grad_accum"]), "etp": req.rs.layout.etp, **decode_class(a)}
         pinned = plan_scenario(raw, fields)
         rs_plan = resolve(pinned)
         est = estimate_resolved(rs_plan)

@@ -54,7 +54,8 @@ def first_stack(req: SearchRequest, gpu: GpuSpec, method: Any, **layout: Any) ->
     for i, st in enumerate(req.stacks):
         runs = stack_runs(st, vendor=gpu.vendor, quant_type=req.rs.workload.quant_type, method=method,
                           saved_modules=bool(req.rs.workload.modules_to_save),
-                          algorithm=req.rs.workload.algorithm, served=req.rs.layout.generation_gpus > 0, **layout)
+                          algorithm=req.rs.workload.algorithm, served=req.rs.layout.generation_gpus > 0,
+                          etp=req.rs.layout.etp, **layout)
         chosen = np.where((chosen < 0) & runs, i, chosen)
     return chosen
 
@@ -137,7 +138,9 @@ def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps
     ok = (tp > 0) & (pp > 0) & (cp > 0) & (ep > 0)
     rules = {
         **{legality.reason(v): ~v.legal for v in legality.offload_rules(zero, off)},
-        "tp·pp·cp·ep exceeds the GPU limit": tp * pp * cp * ep > limit,  # dp is a multiple of ep
+        # dp is a multiple of ep (of lcm(ep·etp, cp·tp) / (cp·tp) under MoE parallel folding)
+        "tp·pp·cp·ep exceeds the GPU limit":
+            tp * pp * cp * legality.expert_dp_step(tp, cp, ep, req.rs.layout.etp) > limit,
         "micro-batch does not divide the global batch":
             (req.global_batch % np.maximum(mb, 1) != 0) if req.global_batch else np.zeros(n, dtype=bool),
         "no stack runs this combination": stack < 0,
@@ -184,7 +187,8 @@ def _offer_again(req: SearchRequest, gpu: GpuSpec, part: dict[str, np.ndarray], 
         runs = stack_runs(req.stacks[i], vendor=gpu.vendor, quant_type=req.rs.workload.quant_type,
                           method=part["method"], sp=part["sp"].astype(bool),
                           saved_modules=bool(req.rs.workload.modules_to_save),
-                          algorithm=req.rs.workload.algorithm, served=req.rs.layout.generation_gpus > 0, **layout)
+                          algorithm=req.rs.workload.algorithm, served=req.rs.layout.generation_gpus > 0,
+                          etp=req.rs.layout.etp, **layout)
         alt = np.where((alt < 0) & wanted & runs, i, alt)
     extra = alt >= 0
     if not extra.any():

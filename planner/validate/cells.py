@@ -33,6 +33,27 @@ def expert_degree(text: str) -> int:
     return max((int(a or b) for a, b in EXPERT_PARALLEL.findall(text)), default=1)
 
 
+#: The experts' own tensor-parallel degree a cell states (Megatron-Core's MoE parallel folding):
+#: "ETP=1", "ETP1", "expert tensor parallel 1", "--expert-tensor-parallel-size 1",
+#: "expert_tensor_parallel_degree 1" (torchtitan). "ETP" in capitals only.
+EXPERT_TENSOR_PARALLEL = re.compile(
+    r"(?<![\w-])ETP\s*[=:]?\s*(\d+)\b"
+    r"|(?i:expert[ _-]tensor[ _-](?:model[ _-])?parallel(?:ism)?(?:[ _-](?:size|degree))?\s*[=:(]?\s*(\d+))")
+
+
+def expert_tensor_degree(*texts: str) -> int | None:
+    """The experts' own tensor-parallel degree the first of ``texts`` to state one gives
+    (:data:`EXPERT_TENSOR_PARALLEL`); None where none does (the experts split like the dense
+    layers)."""
+    for text in texts:
+        found = {int(a or b) for a, b in EXPERT_TENSOR_PARALLEL.findall(text)}
+        if len(found) == 1:
+            return found.pop()
+        if found:
+            raise Unmodelable(f"expert tensor parallelism: the row states {sorted(found)}")
+    return None
+
+
 def read_csv(path: str | Path, required: tuple[str, ...]) -> list[dict[str, str]]:
     """The rows of a measured-runs CSV; one line per missing ``required`` column, or no file."""
     path = Path(path)

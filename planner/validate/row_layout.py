@@ -15,6 +15,7 @@ from planner.validate.cells import (
     RowText,
     cell,
     expert_degree,
+    expert_tensor_degree,
     no,
     num,
     version_of,
@@ -129,6 +130,10 @@ def layout(row: dict[str, str]) -> dict[str, Any]:
     ep = int(num(row, "ep") or expert_degree(row.get("zero_or_fsdp", "")))
     if ep > 1:
         lay["ep"] = ep
+        # the experts' own TP where the row states one (MoE parallel folding: "ETP1")
+        etp = num(row, "etp") or expert_tensor_degree(row.get("zero_or_fsdp", ""), row.get("notes", ""))
+        if etp is not None:
+            lay["etp"] = int(etp)
     if lay["tp"] > 1:
         # sequence parallelism (TP also shards the norm and dropout regions): on unless the
         # row says the run had none (torchtitan, NeMo and Megatron-Bridge recipes use it)

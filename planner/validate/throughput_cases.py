@@ -17,7 +17,7 @@ from planner.core.entries import GpuSpec, ModelSpec
 from planner.perf import timing
 from planner.perf.flops import ModelFlops, model_flops
 from planner.validate.before import THROUGHPUT_COLUMN, THROUGHPUT_SCALE, recorded
-from planner.validate.cells import NOT_OFFLOADED, Unmodelable, expert_degree
+from planner.validate.cells import NOT_OFFLOADED, Unmodelable, expert_degree, expert_tensor_degree
 from planner.validate.rows import model_of
 from planner.validate.sharding import zero_stage_of
 
@@ -292,6 +292,8 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "optimizer_bytes": optimizer_bytes_of(row),
              "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
              "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
+    # the experts' own TP where the row states one (MoE parallel folding; 0: split like tp)
+    x["etp"] = (expert_tensor_degree(notes) or 0) if ep > 1 else 0
     if grpo:
         gen = _generation(row, model, seq)
         # trained on the tokens generated (prompt + completion as the row gives them: a mean where

@@ -338,6 +338,10 @@ def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
         f"--global-batch-size {ctx.global_batch}",
         f"--seq-length {wl.seq_len}",
     ]
+    if lay.ep > 1:
+        args.append(f"--expert-model-parallel-size {lay.ep}")
+    if lay.etp is not None:
+        args.append(f"--expert-tensor-parallel-size {lay.etp}")
     vpp = ctx.detail("pp_virtual_stages", 1)
     if lay.pp > 1 and vpp > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {m.layers // (lay.pp * vpp)}")
