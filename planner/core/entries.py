@@ -267,6 +267,8 @@ class StackRecipe(StrictModel):
     logprob_forward: bool = False
     #: The frozen reference model's weights in host memory (``Recipe.reference_offload``).
     reference_offload: bool = False
+    #: Its optimizer offload leaves the gradient buffers on the GPU (``Recipe.offload_keeps_grads``).
+    offload_keeps_grads: bool = False
 
 
 class StackSpec(StrictModel):

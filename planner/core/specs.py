@@ -370,6 +370,12 @@ class Recipe(StrictModel):
     #: the step before casting it into the 16-bit weights (``fp32_partition.to(device)``):
     #: releases 0.14.1 (PR #5301) to 0.16.x; PR #7309 (2025-05-23) casts on the host again.
     zero_offload_gpu_copy: bool = False
+    #: With the optimizer offloaded (``offload: optimizer``) the gradients stay on the GPU:
+    #: Megatron-Core's optimizer CPU offload copies them from its DDP gradient buffers to the host
+    #: for the CPU step and the new parameters back (its cpu_offloading README), the buffers
+    #: themselves living on the GPU through the step. False: they go to the host with the
+    #: optimizer, as ZeRO-Offload and FSDP's CPU offload move them.
+    offload_keeps_grads: bool = False
     #: How ZeRO-3 gathers are freed: 1 for FSDP1 and DeepSpeed ZeRO-3 (``record_stream``: a block
     #: returns to the all-gather stream's pool once the GPU is done with it, which fragments the
     #: caching allocator's segments), 2 for FSDP2 (``fully_shard``: stream-to-stream waits, the
@@ -411,7 +417,8 @@ MOVED_KEYS: dict[type, dict[str, str]] = {
         "fp8_transpose_cache")},
     Layout: {**{k: f"recipe.{k}" for k in (
         "unsharded_grad_accumulation", "full_state_dict", "fsdp_mixed_units", "zero_bucket_elements",
-        "zero_overflow_check_bytes", "zero_offload_gpu_copy", "fsdp_version", "zero_impl", "selective")},
+        "zero_overflow_check_bytes", "zero_offload_gpu_copy", "fsdp_version", "zero_impl", "selective",
+        "offload_keeps_grads")},
         "zero3_impl": "recipe.zero_impl"},
 }
 

@@ -63,10 +63,11 @@ CODES: dict[str, tuple[str, ...]] = {"method": METHODS, "precision": PRECISIONS,
 #: at a time, or all at once with an intermediate), its gradients' dtype, the loss's implementation, the
 #: norm/activation kernels, torch.compile, and whether a colocated GRPO engine sleeps while the
 #: step trains and the trainer's states leave the card while it generates (and, for the time model
-#: only, whether each step scores its completions with one more forward).
+#: only, whether each step scores its completions with one more forward), and whether its
+#: optimizer offload leaves the gradients on the card.
 STACK_RECIPE: tuple[str, ...] = ("fsdp_version", "zero_impl", "unsharded_grad_accumulation",
                                  "optimizer_step", "grad_dtype", "loss", "kernels", "selective", "compile", "generation_sleep", "rollout_offload",
-                                 "logprob_forward", "reference_offload")
+                                 "logprob_forward", "reference_offload", "offload_keeps_grads")
 #: Of those, the ones a stack sets for GRPO plans only (left out of other workloads' rows and
 #: pins): its colocated engine's phases, its old-log-prob forward, and where its reference model
 #: is kept (a scenario's own ``recipe.reference_offload`` holds for DPO too).
@@ -76,7 +77,7 @@ GENERATION_RECIPE: tuple[str, ...] = ("generation_sleep", "rollout_offload", "lo
 CARD_RECIPE: tuple[str, ...] = ("fp8_transpose_cache",)
 #: Array keys whose values are flags.
 FLAGS = frozenset({"sp", "unsharded_grad_accumulation", "compile", "generation_sleep", "rollout_offload",
-                   "logprob_forward", "reference_offload", "fp8_transpose_cache"})
+                   "logprob_forward", "reference_offload", "fp8_transpose_cache", "offload_keeps_grads"})
 
 
 def decode(key: str, value: Any) -> Any:

@@ -405,9 +405,10 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
     ledger.put("weights", place.spread(dense_w, expert_w, "weights"), on_host_w)
     # Offloading the optimizer moves the reduced gradients to the host too (ZeRO-Offload,
-    # FSDP CPUOffload): the GPU holds them only bucket by bucket.
+    # FSDP CPUOffload): the GPU holds them only bucket by bucket; Megatron-Core keeps its
+    # gradient buffers on the GPU (``offload_keeps_grads``).
     ledger.put("gradients", place.spread((n_local - n_exp) * grad_b, n_exp * grad_b, "gradients"),
-               on_host_opt)
+               on_host_opt and not (recipe.offload_keeps_grads and offload == "optimizer"))
     opt = place.spread((n_local - n_exp) * opt_b, n_exp * opt_b, "optimizer")
     ledger.put("optimizer_states", opt * (1 - paged_share), on_host_opt)
     ledger.host += opt * paged_share

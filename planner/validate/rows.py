@@ -306,6 +306,9 @@ MEGATRON_FRAMEWORKS = ("megatron", "nemo", "megatron-deepspeed")
 #: on under bf16 (``accumulate_allreduce_grads_in_fp32``; NeMo's recipes set their own
 #: ``grad_reduce_in_fp32``, Megatron-DeepSpeed steps with DeepSpeed's optimizer).
 MEGATRON_LM_FRAMEWORKS = ("megatron",)
+#: Frameworks whose optimizer offload is Megatron-Core's own (``--optimizer-cpu-offload``, which
+#: keeps the gradient buffers on the GPU); Megatron-DeepSpeed offloads through DeepSpeed.
+MEGATRON_CORE_OPTIMIZER = ("megatron", "nemo")
 #: The flags that reduce Megatron's gradients in 16 bits, wherever a row states them.
 BF16_GRAD_FLAGS = r"grad[-_]reduce[-_]in[-_]bf16|grad_reduce_in_fp32\s*[=:]\s*false"
 #: What a precision cell says of 16-bit gradient buffers under Megatron: those flags (their words
@@ -436,6 +439,8 @@ def _workload(t: RowText, row: dict[str, str]) -> tuple[dict[str, Any], dict[str
     if t.framework in MEGATRON_FRAMEWORKS:
         rec.setdefault("loss", "vocab_parallel")  # Megatron's cross-entropy (cross_entropy_loss_fusion off)
         rec["selective"] = "core_attention"  # recompute_granularity selective: core_attn
+    if t.framework in MEGATRON_CORE_OPTIMIZER:
+        rec["offload_keeps_grads"] = True  # optimizer CPU offload: gradients copied from GPU buffers
     if t.framework in MEGATRON_LM_FRAMEWORKS and wl["precision"] == "mixed" and "fp16" not in t.prec \
             and not re.search(BF16_GRADS, t.prec) and not re.search(BF16_GRAD_FLAGS, cell(row, "notes")):
         # Megatron-LM under bf16 accumulates and reduces gradients in FP32 buffers
