@@ -136,8 +136,6 @@ def test_a_plan_s_memory_is_its_stack_s_recipe():
     allocate the same and need the same at the card's limit; where memory is plentiful FSDP1
     holds more reserved (what nvidia-smi shows). The plan names a stack, and its memory is the
     estimate with that stack's recipe."""
-    from planner.search.checker import check_plan
-
     raw = {"name": "fsdp", "model": "llama-3.1-8b",
            "workload": {"method": "lora", "seq_len": 5120, "micro_batch": 1, "global_batch": 2},
            "layout": {"gpu": "rtx-4090", "gpus": 2, "tp": 1, "zero": 3, "checkpointing": "full"}}
@@ -153,21 +151,25 @@ def test_a_plan_s_memory_is_its_stack_s_recipe():
     assert pinned[1].predicted["device_bytes"] > pinned[2].predicted["device_bytes"]
 
 
+def _first_plan_on(raw: dict, stack: str):
+    """The first plan of ``raw`` (restricted to ``stack``), checked, and the scenario without its
+    name and search (to estimate pinned variants of it)."""
+    got = planner.plan(raw)
+    assert got.plans, got.explanation
+    plan = got.plans[0]
+    assert plan.stack == stack and check_plan(raw, plan) == []
+    return plan, {k: v for k, v in raw.items() if k not in ("name", "search")}
+
+
 def test_a_deepspeed_stack_plans_with_deepspeed_s_zero_3():
     """Restricted to the DeepSpeed stack, a ZeRO-3 plan carries DeepSpeed's gradient partition:
     its memory is the estimate pinned to ``zero_impl: deepspeed``, above FSDP's."""
-    from planner.search.checker import check_plan
-
     raw = {"name": "ds", "model": "llama-3.1-8b",
            "workload": {"method": "full", "seq_len": 2048, "micro_batch": 1, "global_batch": 8},
            "layout": {"gpu": "a100-80gb", "gpus": 8, "zero": 3, "offload": "none",
                       "checkpointing": "full"},
            "search": {"stacks": ["hf-deepspeed"]}}
-    got = planner.plan(raw)
-    assert got.plans, got.explanation
-    plan = got.plans[0]
-    assert plan.stack == "hf-deepspeed" and check_plan(raw, plan) == []
-    body = {k: v for k, v in raw.items() if k not in ("name", "search")}
+    plan, body = _first_plan_on(raw, "hf-deepspeed")
     pinned = {impl: planner.estimate({**body, "layout": {**raw["layout"], "tp": plan.tp, "pp": plan.pp},
                                       "recipe": {"zero_impl": impl}}) for impl in ("fsdp", "deepspeed")}
     assert plan.memory["total_bytes"] == pinned["deepspeed"].total_bytes > pinned["fsdp"].total_bytes
@@ -179,17 +181,12 @@ def test_the_hugging_face_fsdp_stack_accumulates_gradients_unsharded():
     a plan on the hf-fsdp stack carries the whole model's gradients on every GPU, and it is the
     estimate pinned to ``unsharded_grad_accumulation``. Evidence: FastChat's Vicuna-7B command
     on 4 x A100-40GB ran out of memory with 37.33 GiB allocated (data/verdicts.csv V333)."""
-    from planner.search.checker import check_plan
-
     raw = {"name": "hf", "model": "llama-2-7b",
            "workload": {"method": "full", "seq_len": 2048, "micro_batch": 1, "global_batch": 64},
            "layout": {"gpu": "h100", "gpus": 8, "zero": 3, "offload": "none", "checkpointing": "full"},
            "search": {"stacks": ["hf-fsdp"]}}
-    got = planner.plan(raw)
-    assert got.plans, got.explanation
-    plan = got.plans[0]
-    assert plan.stack == "hf-fsdp" and plan.grad_accum > 1 and check_plan(raw, plan) == []
-    body = {k: v for k, v in raw.items() if k not in ("name", "search")}
+    plan, body = _first_plan_on(raw, "hf-fsdp")
+    assert plan.grad_accum > 1
     pinned = {flag: planner.estimate({**body, "workload": {**raw["workload"], "micro_batch": plan.micro_batch},
                                       "recipe": {"unsharded_grad_accumulation": flag}})
               for flag in (False, True)}
@@ -211,11 +208,7 @@ def test_megatron_s_optimizer_offload_keeps_the_gradient_buffers_on_the_gpu():
            "layout": {"gpu": "h100", "gpus": 8, "tp": 8, "sp": True, "zero": 1, "offload": "optimizer",
                       "checkpointing": "full"},
            "search": {"stacks": ["megatron"]}}
-    got = planner.plan(raw)
-    assert got.plans, got.explanation
-    plan = got.plans[0]
-    assert plan.stack == "megatron" and check_plan(raw, plan) == []
-    body = {k: v for k, v in raw.items() if k not in ("name", "search")}
+    plan, body = _first_plan_on(raw, "megatron")
     pinned = {flag: planner.estimate({**body, "recipe": {"grad_dtype": "fp32", "offload_keeps_grads": flag}})
               for flag in (False, True)}
     assert pinned[False].components.get("gradients", 0) == 0
@@ -229,8 +222,6 @@ def test_a_stack_with_fused_kernels_is_timed_with_them():
     (unfused) and by Megatron-Core with Transformer Engine (fused element-wise kernels): a shorter
     step for Megatron; the checker recomputes both times from the plan's stack. Their memory
     differs only by Megatron's FP32 main gradients (``grad_dtype``, source mg-bf16-grads)."""
-    from planner.search.checker import check_plan
-
     raw = {"name": "fused", "model": "llama-3.1-8b",
            "workload": {"method": "full", "seq_len": 4096, "micro_batch": 1, "global_batch": 64, "tokens": 1e9},
            "layout": {"gpu": "h100", "gpus": 4, "tp": 2, "pp": 2, "zero": 0, "checkpointing": "full"},
@@ -278,8 +269,6 @@ def test_a_plan_is_estimated_and_checked_with_its_stack_s_recipe(monkeypatch):
     import planner
     from planner.catalog import stacks as stack_catalog
     from planner.search import request as search_request
-    from planner.search.checker import check_plan
-
     base = stack_catalog.get_stack("hf-fsdp")
     fused = base.model_copy(update={"id": "hf-fsdp-compiled-loss",
                                     "recipe": base.recipe.model_copy(update={"loss": "compiled"})})
