@@ -258,3 +258,23 @@ def test_a_row_that_folds_its_experts_is_modelled_with_its_stated_expert_tp():
     raw = scenario_of(row)
     assert (raw["layout"]["ep"], raw["layout"]["etp"], raw["layout"]["gpus"], raw["layout"]["tp"]) == (8, 1, 8, 4)
     assert planner.estimate(raw).layout["dp"] == 2  # legal: ep·etp = 8 divides dp·tp = 8
+
+
+@pytest.mark.parametrize("zero, zero_degree, tp, ep, etp, expert_ways", [
+    (0, 4, 1, 4, None, 4),   # no ZeRO: the optimizer steps its ep rank's experts whole
+    (1, 4, 1, 4, None, 4),   # ZeRO-1 over dp 4, ep 4: expert-dp 1
+    (1, 8, 2, 4, 1, 16),     # folded: each GPU's experts whole (etp 1), sharded over the 16 / 4 expert-dp ranks
+])
+def test_the_optimizer_steps_only_its_rank_s_share_of_the_experts(zero, zero_degree, tp, ep, etp, expert_ways):
+    """The elements one GPU's optimizer steps (its foreach temporaries scale with them): its ZeRO
+    share of the dense parameters, and of the experts its expert-parallel rank holds, not of
+    every expert."""
+    from planner.core.specs import Recipe, Workload
+    from planner.memory.model_states import model_states
+
+    spec = catalog.get_model("mixtral-8x7b")
+    st = model_states(spec, Workload(method="full"), recipe=Recipe(), tp=tp, pp=1, zero_degree=zero_degree,
+                      zero=zero, offload="none", adapter_bytes=2, ep=ep, etp=etp)
+    n_exp = expert_params(spec) / (etp or tp)
+    dense = st.trainable - n_exp
+    assert st.stepped == pytest.approx(dense / (zero_degree if zero else 1) + n_exp / expert_ways, rel=1e-9)

@@ -49,7 +49,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
     tp, pp = layout.tp, layout.pp
     layer = (counts.attention + counts.mlp) / model.layers / tp
     end = max(counts.embedding, counts.lm_head) / tp
-    partition = st.trainable / _opt_shard(layout)  # a ZeRO rank's share of the trainable elements
+    partition = st.stepped  # a ZeRO rank's share of the trainable elements (its experts' share)
     out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
            "saved_weights": 0.0,
            # DeepSpeed ZeRO-1/2 ``backward`` allocates ``ipg_buffer`` (buf_0, and buf_1 with

@@ -75,6 +75,9 @@ class StateParts:
     host: float
     trainable: float  # trainable parameters on this GPU (after TP/PP, before ZeRO)
     largest_grad: float  # bytes of the largest trainable tensor's gradient
+    #: Trainable elements this GPU's optimizer steps: its ZeRO share of the dense ones and of the
+    #: routed experts its expert-parallel rank holds (sharded over the expert data-parallel group).
+    stepped: float = 0.0
 
 
 def compute_bytes(precision: str) -> int:
@@ -418,7 +421,8 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     ffn = model.ffn if model.moe is None else model.moe.expert_ffn
     (vocab,) = _dims(model, "vocab")
     largest = max(vocab * model.hidden, model.hidden * (ffn or model.hidden)) / place.tp * grad_b
-    return StateParts(ledger.dev, ledger.host, n_local, largest)
+    return StateParts(ledger.dev, ledger.host, n_local, largest,
+                      stepped=place.spread(n_local - n_exp, n_exp, "optimizer"))
 
 
 def fp8_weight_bytes(workload: Workload, recipe: Recipe) -> float | None:
@@ -450,7 +454,7 @@ def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place:
     if frozen_grads and workload.method == "lora":
         e = frozen_weight_bytes(workload)
         ledger.put("gradients", place.linears * e / place.shard("gradients"))
-    return StateParts(ledger.dev, ledger.host, n_lora, largest)
+    return StateParts(ledger.dev, ledger.host, n_lora, largest, stepped=n_lora / place.shard("optimizer"))
 
 
 def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
