@@ -168,7 +168,7 @@ def run_on(workdir: Path, command: str, content: bytes, stem: str, *options: str
 
 KEYS = ["name", "profile", "model", "workload", "layout", "overrides", "search", "constraints", "objective",
         "top", "time_limit_s", "method", "optimizer", "precision", "seq_len", "micro_batch", "grad_accum",
-        "global_batch", "tokens", "lora_rank", "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "sp", "zero",
+        "global_batch", "tokens", "lora_rank", "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "etp", "sp", "zero",
         "offload", "checkpointing", "attention", "reserve", "params_b", "layers", "hidden", "heads",
         "gpu_types", "max_gpus", "fleet", "budget_usd", "deadline_hours", "scenarios", "defaults", "jobs",
         "count", "scenario", "horizon_days", "horizon_hours", "start_date", "deadline_date", "rent",
