@@ -101,7 +101,7 @@ FOLDING = {"profile": "seed", "model": "mixtral-8x7b", "workload": {"method": "f
 
 
 @pytest.mark.parametrize("dp, cp, tp, ep, etp", [
-    (dp, cp, tp, ep, etp) for dp in (1, 2, 4) for cp in (1, 2) for tp in (1, 2, 4) for ep in (2, 4, 8)
+    (dp, cp, tp, ep, etp) for dp in (1, 2, 4) for cp in (1, 2) for tp in (1, 2, 4) for ep in (1, 2, 4, 8)
     for etp in (None, 1, 2)])
 def test_expert_tp_folds_ep_into_dp_cp_tp_one_rule_for_estimate_checker_and_lattice(dp, cp, tp, ep, etp):
     """A pinned layout is legal exactly when ep divides dp (etp unset) or ep·etp divides dp·cp·tp

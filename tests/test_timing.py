@@ -245,6 +245,33 @@ def test_expert_all_to_all_leaves_the_node_only_for_other_nodes_ranks():
         layers * max(sent / 2 * 3 / 16 / H100.intra_bps, sent / 2 * 12 / 16 / H100.inter_bps))
 
 
+@pytest.mark.parametrize("tp, dp, ep, etp", [(2, 4, 8, 1), (2, 4, 4, 0), (1, 8, 8, 0), (2, 4, 4, 2)])
+def test_a_sharded_optimizer_steps_its_share_of_every_parameter(tp, dp, ep, etp):
+    """Under ZeRO-1 (Megatron's distributed optimizer) the stage's dense parameters are sharded
+    over dp·cp and the routed experts over their own data-parallel group (dp·cp·tp / (ep·etp)):
+    either way each of the dp·tp GPUs steps 1/(dp·tp) of the model, whatever ep and etp (the
+    expert share was divided by ep twice)."""
+    from planner.perf.timing import _parameters_on_gpu
+
+    mf = model_flops(catalog.get_model("qwen3-30b-a3b"))
+    x = {**BASE, "method": 0, "zero": 1, "tp": tp, "pp": 1, "cp": 1, "dp": dp, "ep": ep, "etp": etp}
+    shard = float(_parameters_on_gpu(mf, x)[3])
+    assert shard == pytest.approx(mf.params / (tp * dp), rel=1e-9)
+
+
+def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
+    """tp 8, dp 1, ep 2, etp 1: the dense layers have no data-parallel group, but each expert is
+    held by 4 GPUs (dp·cp·tp / (ep·etp)), whose gradients must still be reduced."""
+    from planner.perf.timing import _data_parallel_and_optimizer_s
+
+    mf = model_flops(catalog.get_model("olmoe-1b-7b"))
+    x = {**BASE, "method": 0, "zero": 1, "tp": 8, "pp": 1, "cp": 1, "dp": 1, "ep": 2, "etp": 1,
+         "micro_batch": 1, "grad_accum": 1, "offload": 0}
+    folded = float(_data_parallel_and_optimizer_s(mf, H100, timing.FITTED, x, 0.0, 8)[0])
+    plain = float(_data_parallel_and_optimizer_s(mf, H100, timing.FITTED, {**x, "ep": 1, "etp": 0}, 0.0, 8)[0])
+    assert plain == 0.0 < folded
+
+
 def test_folded_expert_groups_sit_etp_apart():
     """Megatron-Core's MoE parallel folding orders the expert layers' ranks etp, ep, dp (its MoE
     README): at TP 2 with the experts' own TP 1, an EP-8 group is 8 neighbouring GPUs, one node,

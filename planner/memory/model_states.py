@@ -420,7 +420,8 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
                    on_host_opt)
     ffn = model.ffn if model.moe is None else model.moe.expert_ffn
     (vocab,) = _dims(model, "vocab")
-    largest = max(vocab * model.hidden, model.hidden * (ffn or model.hidden)) / place.tp * grad_b
+    ffn_tp = place.tp if model.moe is None or place.etp is None else place.etp  # an expert: etp ways
+    largest = max(vocab * model.hidden / place.tp, model.hidden * (ffn or model.hidden) / ffn_tp) * grad_b
     return StateParts(ledger.dev, ledger.host, n_local, largest,
                       stepped=place.spread(n_local - n_exp, n_exp, "optimizer"))
 

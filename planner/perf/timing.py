@@ -528,19 +528,35 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     return tp_comm, pp_comm, cp_comm, ep_comm
 
 
+def _expert_layout(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The routed experts' tensor parallelism (``etp``, else tp), their parameters on this GPU in
+    tp-way shares (1/ep of them, each split etp ways) and the ranks of their data-parallel group
+    (a stage's dp·cp·tp GPUs regrouped as etp × ep × expert-dp: dp·cp / ep with the experts split
+    like the dense layers)."""
+    tp, ep = x["tp"], np.maximum(x.get("ep", 1), 1)
+    etp = np.asarray(x.get("etp", 0))
+    expert_tp = np.where(etp > 0, etp, tp)
+    local_experts = mf.expert_params * (tp / expert_tp) / ep
+    expert_dp = np.maximum(zero_degree(x["dp"], x["cp"]) * tp / (ep * expert_tp), 1)
+    return expert_tp, local_experts, expert_dp
+
+
 def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """This GPU's parameters (expert parallelism shards the routed experts over ep ranks), the
     trainable ones among them, the bytes of its stored weights (divided by TP and PP) and its
-    shard of the trainable parameters (divided further by the ZeRO degree from stage 1)."""
+    shard of the trainable parameters (divided further by the ZeRO degree from stage 1: the
+    dense ones over dp·cp, the experts over their own data-parallel group)."""
     method, tp, pp, zero = x["method"], x["tp"], x["pp"], x["zero"]
-    # routed experts: 1/ep of them, each split etp ways where the layout gives the experts a TP of
-    # their own (counted here in tp-way shares, as the dense weights)
-    etp = np.asarray(x.get("etp", 0))
-    expert_tp = np.where(etp > 0, tp / np.maximum(etp, 1), 1.0)
-    local = mf.params - mf.expert_params * (1.0 - expert_tp / np.maximum(x.get("ep", 1), 1))
-    trainable = np.where(method == FULL, local, x.get("n_lora", 0.0) + x.get("n_saved", 0.0))
+    _, local_experts, expert_dp = _expert_layout(mf, x)
+    dense = mf.params - mf.expert_params
+    local = dense + local_experts
+    full = method == FULL
+    trainable = np.where(full, local, x.get("n_lora", 0.0) + x.get("n_saved", 0.0))
     weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
-    shard = trainable / (tp * pp * np.where(zero >= 1, np.maximum(zero_degree(x["dp"], x["cp"]), 1), 1))
+    sharded = zero >= 1
+    d = np.where(sharded, np.maximum(zero_degree(x["dp"], x["cp"]), 1), 1)
+    shard = np.where(full, dense / (tp * pp * d) + local_experts / (tp * pp * np.where(sharded, expert_dp, 1)),
+                     trainable / (tp * pp * d))
     return local, trainable, weight_bytes, shard
 
 
@@ -552,11 +568,19 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams,
     d = zero_degree(dp, cp)
     _, trainable, weight_bytes, shard = _parameters_on_gpu(mf, x)
     grad_bytes = trainable * 2.0 / (tp * pp)
+    # The routed experts' gradients reduce over their own data-parallel group, whose ranks sit
+    # ep·etp apart (folded: etp, ep, expert-dp) or tp·cp·ep apart (tp, cp, ep, dp).
+    expert_tp, local_experts, expert_dp = _expert_layout(mf, x)
+    expert_grad = np.where(x["method"] == FULL, local_experts * 2.0 / (tp * pp), 0.0)
+    ep = np.maximum(x.get("ep", 1), 1)
+    expert_stride = np.where(np.asarray(x.get("etp", 0)) > 0, expert_tp * ep, tp * cp * ep)
 
     def dp_collective(n_bytes: Any, factor: float) -> Any:
         return group_collective_s(n_bytes, d, tp, node, perf.intra_bps, perf.inter_bps, factor)
 
-    allreduce = exposed_s(dp_collective(grad_bytes, 2.0), BACKWARD_SHARE * compute)
+    expert_reduce = group_collective_s(expert_grad, expert_dp, expert_stride, node, perf.intra_bps,
+                                       perf.inter_bps, 2.0)
+    allreduce = exposed_s(dp_collective(grad_bytes - expert_grad, 2.0) + expert_reduce, BACKWARD_SHARE * compute)
     per_mb = 2.0 * dp_collective(weight_bytes, 1.0) + dp_collective(grad_bytes, 1.0)
     zero3 = ga * exposed_s(per_mb, compute)
     dp_comm = np.where(zero >= 3, zero3, allreduce)

@@ -270,9 +270,9 @@ def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list
     with its own expert TP, dp·cp·tp); expert TP splits the experts' FFN."""
     if lay.etp is not None and model is not None:
         problems.extend(legality.problems(legality.etp_rules(model, lay.etp), {"etp": lay.etp}))
-    if lay.ep <= 1:
+    if lay.ep <= 1 and lay.etp is None:
         return
-    if model is not None:
+    if model is not None and lay.ep > 1:
         problems.extend(legality.problems([legality.ep_moe(model, lay.ep), legality.ep_experts(model, lay.ep)],
                                        {"ep": lay.ep}))
     problems.extend(legality.problems([legality.ep_dp(dp, lay.ep, tp=lay.tp, cp=lay.cp, etp=lay.etp)],
