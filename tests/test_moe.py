@@ -278,3 +278,23 @@ def test_the_optimizer_steps_only_its_rank_s_share_of_the_experts(zero, zero_deg
     n_exp = expert_params(spec) / (etp or tp)
     dense = st.trainable - n_exp
     assert st.stepped == pytest.approx(dense / (zero_degree if zero else 1) + n_exp / expert_ways, rel=1e-9)
+
+
+@pytest.mark.parametrize("ep, etp", [(1, None), (4, None), (4, 1)])
+def test_an_fsdp_unit_gathers_only_its_rank_s_experts(ep, etp):
+    """FSDP with expert parallelism (torchtitan shards a block's experts over the ep ranks and
+    gathers them over the rest): the unit a GPU gathers holds the layer's dense parameters (tp
+    ways) and its rank's 1/ep of the routed experts (etp ways)."""
+    from planner.core.specs import Layout, Recipe, Workload
+    from planner.memory.buffers import buffer_terms
+    from planner.memory.model_states import model_states
+
+    spec = catalog.get_model("mixtral-8x7b")
+    wl, tp = Workload(method="full"), 2
+    lay = Layout(gpu="h100", gpus=16, dp=8, tp=tp, ep=ep, zero=3, sp=True, **({"etp": etp} if etp else {}))
+    st = model_states(spec, wl, recipe=Recipe(), tp=tp, pp=1, zero_degree=8, zero=3, offload="none",
+                      adapter_bytes=2, ep=ep, etp=etp)
+    unit = buffer_terms(spec, wl, lay, st, recipe=Recipe())["unit"]
+    counts, experts = param_counts(spec), expert_params(spec) / spec.layers
+    dense = (counts.attention + counts.mlp) / spec.layers - experts
+    assert unit == pytest.approx((dense / tp + experts / ((etp or tp) * ep)) * 2, rel=1e-9)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from planner.core.arch import (
     ParamCounts,
     _dims,
+    expert_params,
     hidden_matrices,
     lora_adapters,
     lora_module_shapes,
@@ -47,7 +48,11 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
     e = compute_bytes(wl.precision)
     counts = param_counts(model)
     tp, pp = layout.tp, layout.pp
-    layer = (counts.attention + counts.mlp) / model.layers / tp
+    # a layer's parameters on this GPU: its routed experts 1/ep of them, each split etp ways
+    experts = expert_params(model) / model.layers
+    expert_tp = tp if layout.etp is None else layout.etp
+    layer = ((counts.attention + counts.mlp) / model.layers / tp
+             - (experts / tp - experts / (expert_tp * max(layout.ep, 1))))
     end = max(counts.embedding, counts.lm_head) / tp
     partition = st.stepped  # a ZeRO rank's share of the trainable elements (its experts' share)
     out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
