@@ -11,10 +11,10 @@ from planner.search.results import assemble
 
 
 def assert_search_matches_oracle(raw: dict) -> None:
-    _, e_all, top_all = enumerate_all(build_request(resolve(raw)))
+    _, e_all, top_all = enumerate_all(build_request(resolve(raw, search=True)))
     want = [float(e_all.key[j]) for j in top_all]
     for hints in (True, False):
-        req = build_request(resolve(raw))
+        req = build_request(resolve(raw, search=True))
         outcome = search(req, time_limit_s=60, hints=hints)
         assert [float(outcome.evaluated.key[j]) for j in outcome.picked] == want, f"hints={hints}"
         for plan in assemble(req, raw, outcome):

@@ -190,7 +190,8 @@ def test_expert_tp_validation(change, needle):
 def test_plan_accepts_a_folded_layout_only_on_a_stack_that_folds():
     """tp 2 with ep 8 on 8 GPUs leaves dp 4: legal only with the experts' own TP of 1 (ep·etp = 8
     divides dp·tp = 8). ``plan`` finds it on Megatron (the stack that runs MoE parallel folding),
-    the checker passes it, its pinned scenario carries etp, and without etp nothing is legal."""
+    the checker passes it, its pinned scenario carries etp, and without etp nothing is legal: the
+    search finds no layout (and says why), or, every degree pinned, the scenario is refused."""
     from planner.search.checker import check_plan
 
     raw = {"profile": "seed", "model": "olmoe-1b-7b", "workload": {"method": "full", "seq_len": 4096, "tokens": 1e8},
@@ -203,8 +204,12 @@ def test_plan_accepts_a_folded_layout_only_on_a_stack_that_folds():
         assert p.pinned_scenario["layout"]["etp"] == 1
         assert check_plan(raw, p) == []
     unfolded = {**raw, "layout": {k: v for k, v in raw["layout"].items() if k != "etp"}}
+    refused = planner.plan(unfolded)
+    assert refused.status == "infeasible" and not refused.plans
+    assert any("unless layout.etp folds it" in reason for reason in refused.explanation["rejected"])
+    # pinned whole (dp decided), the same layout is refused before any search, as estimate does
     with pytest.raises(InputError, match="layout.ep: 8 does not divide dp = 4"):
-        planner.plan(unfolded)
+        planner.plan({**unfolded, "layout": {**unfolded["layout"], "pp": 1, "cp": 1}})
 
 
 def test_search_steps_dp_by_the_folded_expert_group():
@@ -298,3 +303,31 @@ def test_an_fsdp_unit_gathers_only_its_rank_s_experts(ep, etp):
     counts, experts = param_counts(spec), expert_params(spec) / spec.layers
     dense = (counts.attention + counts.mlp) / spec.layers - experts
     assert unit == pytest.approx((dense / tp + experts / ((etp or tp) * ep)) * 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("objective, etp", [("cost", 1), ("gpus", 1), ("time", 2), ("cost", None)])
+def test_search_over_expert_layouts_matches_the_enumeration(objective, etp):
+    """CP-SAT against the exhaustive enumeration on a MoE space (tp, ep and ZeRO searched, the
+    experts' TP pinned or not): the same top plans, each passing the independent checker, whose
+    folding rule is counted from dp·cp·tp alone."""
+    from oracle_helpers import assert_search_matches_oracle
+
+    raw = {"profile": "seed", "model": "olmoe-1b-7b",
+           "workload": {"method": "full", "seq_len": 2048, "tokens": 1e8, "global_batch": 32},
+           "layout": {} if etp is None else {"etp": etp},
+           "search": {"gpu_types": ["h100", "a100-80gb"], "max_gpus": 16, "tp": [1, 2, 4], "ep": [1, 2, 4, 8],
+                      "micro_batch": [1, 2], "zero": [0, 1], "offload": ["none"], "checkpointing": ["full"]},
+           "objective": objective, "top": 3}
+    assert_search_matches_oracle(raw)
+
+
+def test_a_plan_that_pins_ep_leaves_dp_to_the_search():
+    """A search scenario pinning ep but not the GPU count: dp is the search's decision, so the
+    scenario is not refused for the default dp of 1 (as an estimate of that single layout is);
+    every plan's dp is a multiple of ep."""
+    raw = {"profile": "seed", "model": "olmoe-1b-7b", "workload": {"method": "full", "seq_len": 2048, "tokens": 1e8},
+           "layout": {"ep": 8}, "search": {"gpu_types": ["h100"], "max_gpus": 16}, "top": 3}
+    with pytest.raises(InputError, match="layout.ep: 8 does not divide dp = 1"):
+        planner.estimate({k: v for k, v in raw.items() if k not in ("search", "top")})
+    plans = planner.plan(raw).plans
+    assert plans and all(p.ep == 8 and p.dp % 8 == 0 for p in plans)

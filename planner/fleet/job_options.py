@@ -86,7 +86,7 @@ def job_request(job: JobRun, gpu_types: list[str] | None, max_gpus: int) -> tupl
     constraints.pop("budget_usd", None)
     raw["constraints"] = constraints
     try:
-        rs = resolve(raw, source=job.source, base_dir=job.base_dir)
+        rs = resolve(raw, source=job.source, base_dir=job.base_dir, search=True)
         if rs.workload.tokens is None:
             raise InputError([f"{job.source}: workload.tokens: required (a job's duration needs its token budget)"])
         return build_request(rs), raw

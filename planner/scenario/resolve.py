@@ -58,12 +58,15 @@ class ResolvedScenario:
 
 
 def resolve(
-    raw: dict[str, Any] | Scenario, *, source: str | None = None, base_dir: Path | None = None
+    raw: dict[str, Any] | Scenario, *, source: str | None = None, base_dir: Path | None = None,
+    search: bool = False,
 ) -> ResolvedScenario:
     """Validate a scenario mapping and resolve it; raises :class:`InputError` listing every problem.
 
     ``source`` prefixes every message (the file, and the index in a list); ``base_dir`` is
     where relative ``config.json`` paths are looked up first (the scenario file's folder).
+    ``search``: the scenario is a search's, whose unpinned degrees are decisions, not the
+    defaults: rules on degrees it leaves free are the search's to apply, layout by layout.
     """
     prefix = f"{source}: " if source else ""
     scenario = _validated(raw, prefix)
@@ -76,7 +79,7 @@ def resolve(
     if model is not None:
         _check_model_split(scenario, model, problems, warnings)
     _check_sequence(wl, lay, model, problems, warnings)
-    _check_experts(lay, model, dp, problems)
+    _check_experts(lay, model, dp, problems, search=search)
     _check_sharding(wl, lay, problems)
     _check_generation(wl, lay, gpus, problems)
     grad_accum = _derive_grad_accum(wl, dp, problems)
@@ -265,9 +268,11 @@ def _check_sequence(wl: Workload, lay: Layout, model: ModelSpec | None, problems
     problems.extend(legality.problems([legality.cp_sequence(wl.seq_len, lay.cp)], {"cp": lay.cp}))
 
 
-def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list[str]) -> None:
+def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list[str], *,
+                   search: bool = False) -> None:
     """Expert parallelism needs a mixture-of-experts model, and divides its experts and dp (or,
-    with its own expert TP, dp·cp·tp); expert TP splits the experts' FFN."""
+    with its own expert TP, dp·cp·tp); expert TP splits the experts' FFN. In a search the
+    degree rule waits for the degrees it reads to be decided, unless the scenario pins them."""
     if lay.etp is not None and model is not None:
         problems.extend(legality.problems(legality.etp_rules(model, lay.etp), {"etp": lay.etp}))
     if lay.ep <= 1 and lay.etp is None:
@@ -275,8 +280,18 @@ def _check_experts(lay: Layout, model: ModelSpec | None, dp: int, problems: list
     if model is not None and lay.ep > 1:
         problems.extend(legality.problems([legality.ep_moe(model, lay.ep), legality.ep_experts(model, lay.ep)],
                                        {"ep": lay.ep}))
+    if search and not _expert_degrees_pinned(lay):
+        return
     problems.extend(legality.problems([legality.ep_dp(dp, lay.ep, tp=lay.tp, cp=lay.cp, etp=lay.etp)],
                                       {"ep": lay.ep}))
+
+
+def _expert_degrees_pinned(lay: Layout) -> bool:
+    """The layout pins every degree the expert-parallel rule reads: dp (or the GPU count with
+    tp, pp and cp), and under MoE parallel folding tp and cp too."""
+    pinned = lay.model_fields_set
+    dp_pinned = "dp" in pinned or ("gpus" in pinned and {"tp", "pp", "cp"} <= pinned)
+    return dp_pinned and (lay.etp is None or {"tp", "cp"} <= pinned)
 
 
 def _check_sharding(wl: Workload, lay: Layout, problems: list[str]) -> None:

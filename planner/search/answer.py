@@ -30,7 +30,7 @@ def plan_raw(
     started = time.perf_counter()  # the time limit counts reading the scenario too
     if base_dir is not None:
         raw = absolute_model_path(raw, base_dir)  # plans are re-checked from elsewhere
-    rs = resolve(raw, source=source, base_dir=base_dir)
+    rs = resolve(raw, source=source, base_dir=base_dir, search=True)
     req = build_request(rs)
     if rs.workload.generates and "generation_gpus" not in rs.scenario.layout.model_fields_set:
         return _best_placement(raw, req, source=source, base_dir=base_dir, explain_infeasible=explain_infeasible,

@@ -139,7 +139,7 @@ def _tier_classes(req: SearchRequest, gi: int, tier: Tier, precisions: list, tps
     rules = {
         **{legality.reason(v): ~v.legal for v in legality.offload_rules(zero, off)},
         # dp is a multiple of ep (of lcm(ep·etp, cp·tp) / (cp·tp) under MoE parallel folding)
-        "tp·pp·cp·ep exceeds the GPU limit":
+        "tp·pp·cp·ep exceeds the GPU limit (ep divides dp, unless layout.etp folds it into cp·tp)":
             tp * pp * cp * legality.expert_dp_step(tp, cp, ep, req.rs.layout.etp) > limit,
         "micro-batch does not divide the global batch":
             (req.global_batch % np.maximum(mb, 1) != 0) if req.global_batch else np.zeros(n, dtype=bool),
