@@ -331,3 +331,20 @@ def test_a_plan_that_pins_ep_leaves_dp_to_the_search():
         planner.estimate({k: v for k, v in raw.items() if k not in ("search", "top")})
     plans = planner.plan(raw).plans
     assert plans and all(p.ep == 8 and p.dp % 8 == 0 for p in plans)
+
+
+@pytest.mark.parametrize("layout, groups", [
+    ({"dp": 4, "tp": 2}, 2),                       # dense: dp, tp
+    ({"dp": 4, "tp": 2, "ep": 4}, 3),              # + ep; experts' dp = 4·2 / (4·2) = 1: none
+    ({"dp": 8, "tp": 2, "ep": 4}, 4),              # + ep, + experts' dp of 2
+    ({"dp": 4, "tp": 2, "ep": 8, "etp": 1}, 3),    # folded: ep 8 over dp·tp = 8, experts' TP 1: no group
+    ({"dp": 8, "tp": 4, "ep": 4, "etp": 2}, 5),    # + ep, + experts' dp of 4, + expert TP of 2
+])
+def test_every_expert_group_is_a_communicator_of_its_own(layout, groups):
+    """NCCL buffers are counted per communicator a GPU joins; expert parallelism adds the ep
+    group, the experts' data-parallel group where it has more than one rank, and an expert TP
+    group where the experts' TP differs from tp (Megatron-Core's parallel_state)."""
+    from planner.core.specs import Layout
+    from planner.memory.detailed import _comm_groups
+
+    assert _comm_groups(Layout(**layout)) == groups

@@ -119,8 +119,18 @@ def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: i
 
 
 def _comm_groups(layout: Layout) -> int:
+    """NCCL communicators a GPU joins: its dp, tp, pp and cp groups of more than one rank, and
+    with expert parallelism the expert layers' own: the ep group (the all-to-alls), the experts'
+    data-parallel group (dp·cp·tp / (ep·etp) ranks, which reduces their gradients) and an expert
+    TP group where the experts' TP differs from tp (Megatron-Core's ``parallel_state`` builds
+    each; DeepSpeed-MoE and torchtitan their ep and expert-dp groups)."""
     dp = cast(int, layout.dp)  # set: detailed_peak and detailed_memory copy the layout with their dp
-    return sum(1 for d in (dp, layout.tp, layout.pp, layout.cp) if d > 1)
+    groups = sum(1 for d in (dp, layout.tp, layout.pp, layout.cp) if d > 1)
+    if layout.ep > 1:
+        expert_tp = layout.tp if layout.etp is None else layout.etp
+        groups += 1 + int(dp * layout.cp * layout.tp // (layout.ep * expert_tp) > 1)
+        groups += int(expert_tp > 1 and expert_tp != layout.tp)
+    return groups
 
 
 @dataclass(frozen=True)
