@@ -1060,6 +1060,29 @@ def test_muon_step_holds_the_newton_schulz_workspace_of_its_largest_matrix():
     assert temp == pytest.approx(4096 * 11008 * 8 + 4096 ** 2 * 4 + adamw_part)
 
 
+def test_muon_beside_lora_steps_the_modules_trained_whole_with_adamw():
+    """LoRA under Muon with the embeddings trained whole (``modules_to_save``): Muon steps the
+    adapter matrices, AdamW the embeddings, and the step holds one square root of the AdamW
+    states beside the Newton–Schulz workspace, the share the model states count as not Muon's
+    (one source: ``StateParts.matrix_share``)."""
+    from planner.core.entries import ModelSpec
+    from planner.memory.buffers import _step_state_bytes, buffer_terms
+    from planner.memory.model_states import model_states
+
+    model = ModelSpec(id="m", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    temps = {}
+    for saved in ((), ("embed_tokens",)):
+        wl = Workload(method="lora", precision="bf16", optimizer="muon", lora_rank=16, modules_to_save=list(saved))
+        st = model_states(model, wl, recipe=Recipe(), tp=1, pp=1, zero_degree=1, zero=0, offload="none",
+                          adapter_bytes=2)
+        temps[saved] = (st, buffer_terms(model, wl, Layout(dp=1), st, recipe=Recipe(optimizer_step="fused"))
+                        ["optimizer_temp"])
+    st, with_saved = temps[("embed_tokens",)]
+    assert st.matrix_share == pytest.approx(1 - 32000 * 4096 / st.trainable)
+    state_bytes = _step_state_bytes(Workload(method="lora", precision="bf16", optimizer="muon"))
+    assert with_saved - temps[()][1] == pytest.approx(32000 * 4096 * state_bytes, rel=1e-6)  # one copy
+
+
 def test_adafactor_step_holds_two_fp32_copies_of_the_largest_tensor():
     """Its per-tensor step keeps ``update`` and the tensor made from it, FP32, of the largest
     stepped tensor (the 32000 × 4096 head here, under mixed precision's FP32 gradients)."""

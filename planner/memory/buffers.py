@@ -11,7 +11,6 @@ of a step.
 from __future__ import annotations
 
 from planner.core.arch import (
-    ParamCounts,
     _dims,
     expert_params,
     hidden_matrices,
@@ -127,7 +126,7 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
             largest = _largest_stepped(model, wl, layout, recipe, per_call, layer, end)
             out["optimizer_temp"] += 2 * largest * state_bytes
     if wl.optimizer == "muon" and layout.offload == "none":
-        out["optimizer_temp"] += _muon_step_bytes(model, wl, layout, counts, partition)
+        out["optimizer_temp"] += _muon_step_bytes(model, wl, layout, st, partition)
     if wl.optimizer == "adafactor" and layout.offload == "none":
         # transformers' Adafactor steps one tensor at a time: ``update = grad**2 + eps`` and the
         # factored (or full) second moment's ``rsqrt`` times the gradient are two FP32 tensors of
@@ -217,19 +216,20 @@ MUON_NS_BYTES_PER_ELEMENT = 4
 MUON_NS_BYTES_PER_GRAM_ELEMENT = 4
 
 
-def _muon_step_bytes(model: ModelSpec, wl: Workload, layout: Layout, counts: ParamCounts,
+def _muon_step_bytes(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
                      partition: float) -> float:
     """Muon's step temporaries on one GPU: the Newton–Schulz workspace of its largest matrix (one
     matrix at a time; distributed Muon gathers each whole matrix on the rank that orthogonalises
-    it; a tensor-parallel rank its own shard), plus the AdamW beside it stepping the embeddings
-    and head as torch's foreach AdamW does (one square root of its states)."""
+    it; a tensor-parallel rank its own shard), plus the AdamW beside it stepping what is not a
+    hidden matrix (embeddings, head, norms; modules trained whole beside LoRA) as torch's foreach
+    AdamW does (one square root of its states): the share the model states count
+    (``StateParts.matrix_share``)."""
     state = _step_state_bytes(wl)
     if wl.method == "full":
         shapes = [(d_in, d_out) for _, d_in, d_out in hidden_matrices(model)]
-        matrix_share = (counts.attention + counts.mlp) / counts.total
     else:
         shapes = [(wl.lora_rank, max(d_in, d_out)) for _, d_in, d_out in adapter_shapes(model, wl)]
-        matrix_share = 1.0
+    matrix_share = st.matrix_share
     workspace = 0.0
     for d_in, d_out in shapes:
         m, wide = sorted((d_in, d_out))

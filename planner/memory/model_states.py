@@ -78,6 +78,9 @@ class StateParts:
     #: Trainable elements this GPU's optimizer steps: its ZeRO share of the dense ones and of the
     #: routed experts its expert-parallel rank holds (sharded over the expert data-parallel group).
     stepped: float = 0.0
+    #: Share of the trainable elements on this GPU that are Muon's hidden matrices (the rest,
+    #: embeddings, head, norms and modules trained whole beside LoRA, AdamW steps).
+    matrix_share: float = 1.0
 
 
 def compute_bytes(precision: str) -> int:
@@ -402,8 +405,8 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     grad_b = 4 if (recipe.grad_dtype == "fp32" or workload.precision == "fp32") else e
     # Muon's hidden matrices: the decoder layers' weights on this GPU (not embeddings, head, norms)
-    opt_b = _optimizer_bytes(model, workload, recipe, place, state_elem, paged,
-                             matrix_share=place.linears / place.n_local)
+    matrix_share = place.linears / place.n_local
+    opt_b = _optimizer_bytes(model, workload, recipe, place, state_elem, paged, matrix_share=matrix_share)
     paged_share = place.n_matrix / n_local if paged else 0.0  # all but norms are ≥ 1e5
     dense_w, expert_w = _weight_bytes(workload, recipe, place, e)
     ledger.put("weights", place.spread(dense_w, expert_w, "weights"), on_host_w)
@@ -423,7 +426,7 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
     ffn_tp = place.tp if model.moe is None or place.etp is None else place.etp  # an expert: etp ways
     largest = max(vocab * model.hidden / place.tp, model.hidden * (ffn or model.hidden) / ffn_tp) * grad_b
     return StateParts(ledger.dev, ledger.host, n_local, largest,
-                      stepped=place.spread(n_local - n_exp, n_exp, "optimizer"))
+                      stepped=place.spread(n_local - n_exp, n_exp, "optimizer"), matrix_share=matrix_share)
 
 
 def fp8_weight_bytes(workload: Workload, recipe: Recipe) -> float | None:
@@ -451,11 +454,12 @@ def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place:
     """LoRA / QLoRA: a frozen base and trainable adapters."""
     ledger = _Ledger()
     _frozen_base(model, workload, recipe, place, ledger, on_host_w=offload == "optimizer+params")
-    n_lora, largest = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
+    n_lora, largest, matrix_share = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
     if frozen_grads and workload.method == "lora":
         e = frozen_weight_bytes(workload)
         ledger.put("gradients", place.linears * e / place.shard("gradients"))
-    return StateParts(ledger.dev, ledger.host, n_lora, largest, stepped=n_lora / place.shard("optimizer"))
+    return StateParts(ledger.dev, ledger.host, n_lora, largest, stepped=n_lora / place.shard("optimizer"),
+                      matrix_share=matrix_share)
 
 
 def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
@@ -487,9 +491,10 @@ def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
 
 
 def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
-              ledger: _Ledger, adapter_bytes: int) -> tuple[float, float]:
+              ledger: _Ledger, adapter_bytes: int) -> tuple[float, float, float]:
     """The trainable adapters' weights, gradients, optimizer states and master copies (paged
-    states on the host). Returns: adapter parameters on this GPU, bytes of the largest gradient."""
+    states on the host). Returns: adapter parameters on this GPU, bytes of the largest gradient,
+    and the share of them that are Muon's matrices (the adapters; not the modules trained whole)."""
     mixed = workload.precision in ("mixed", "fp16")
     paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
     shapes = adapter_shapes(model, workload)
@@ -506,8 +511,8 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     wrapped = mixed and c < 4 and keeps_fp32_main_copy(recipe, place.zero)
     master = 4 if wrapped else 0
     # Muon steps the adapter matrices; the modules trained whole (embeddings, head) take AdamW
-    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if wrapped else c, paged,
-                             matrix_share=1.0 - n_saved / n_lora if n_lora else 1.0)
+    matrix_share = 1.0 - n_saved / n_lora if n_lora else 1.0
+    opt_b = _optimizer_bytes(model, workload, recipe, place, 4 if wrapped else c, paged, matrix_share=matrix_share)
     paged_share = _paged_share(
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
         + [(1, n) for n in saved]
@@ -519,4 +524,4 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     ledger.host += n_lora * opt_b * paged_share / shard("optimizer")
     largest = max([r * max(d_in, d_out) for _, d_in, d_out in shapes]
                   + [n / place.tp for n in saved], default=0) * c
-    return n_lora, largest
+    return n_lora, largest, matrix_share
