@@ -136,6 +136,25 @@ def test_plan_tab_ranks_the_library_plans(page, shots):
     page.screenshot(path=str(shots / "plan.png"), full_page=True)
 
 
+def test_a_moe_plan_shows_its_expert_parallelism(page):
+    """The plan table's degrees carry expert parallelism where a plan has it: a MoE model
+    planned on the page shows each plan's dp·tp·pp with its ep, as the library planned it."""
+    from planner.search.answer import plan_raw
+
+    page.click("#tab-plan")
+    _fill(page, "plan-form", {"model": "olmoe-1b-7b", "method": "full", "seq_len": 4096, "tokens": "1e8",
+                              "objective": "time", "top": 3})
+    page.click("#plan-form button[type=submit]")
+    page.wait_for_selector("#plan-table", timeout=60_000)
+    want = plan_raw({"name": "web", "model": "olmoe-1b-7b", "workload": {"method": "full", "seq_len": 4096,
+                     "tokens": 1e8}, "objective": "time", "top": 3}, source="request")
+    rows = page.locator("#plan-table tbody tr")
+    assert rows.count() == len(want.plans)
+    for i, p in enumerate(want.plans):
+        shown = f"{p.dp}·{p.tp}·{p.pp}" + (f" cp{p.cp}" if p.cp > 1 else "") + (f" ep{p.ep}" if p.ep > 1 else "")
+        assert rows.nth(i).locator("td").nth(3).inner_text() == shown
+
+
 def test_procure_tab_answers_the_example(page, shots):
     page.click("#tab-procure")
     page.click("#procure-form button[type=submit]")

@@ -216,6 +216,14 @@ function renderLadder(out, result) {
   out.append(...parts);
 }
 
+
+// A plan's degrees: dp·tp·pp, and context and expert parallelism where it has them
+// (the experts' own TP where the scenario folds them: "ep8 etp1").
+function layoutText(p) {
+  return `${p.dp}·${p.tp}·${p.pp}` + (p.cp > 1 ? ` cp${p.cp}` : "") + (p.ep > 1 ? ` ep${p.ep}` : "")
+    + (p.etp != null ? ` etp${p.etp}` : "");
+}
+
 function renderPlans(out, result) {
   const plans = result.plans || [];
   const head = el("p", {}, el("span", { class: `verdict ${result.status}`, "data-status": result.status }, result.status), ` ${plans.length} plan(s), objective ${result.objective}`);
@@ -226,7 +234,7 @@ function renderPlans(out, result) {
   }
   const cols = [["#", (p) => p.rank], ["stack", (p) => p.stack],
     ["GPUs", (p) => `${p.gpus}× ${p.gpu}` + (p.generation_gpus ? ` + ${p.generation_gpus} gen` : "")],
-    ["dp·tp·pp", (p) => `${p.dp}·${p.tp}·${p.pp}`], ["ZeRO", (p) => p.zero], ["offload", (p) => p.offload],
+    ["dp·tp·pp", layoutText], ["ZeRO", (p) => p.zero], ["offload", (p) => p.offload],
     ["mb×ga", (p) => `${p.micro_batch}×${p.grad_accum}`], ["ckpt", (p) => p.checkpointing], ["method", (p) => p.method + (p.relaxations.length ? " *" : "")],
     ["memory", (p) => gb(p.memory.total_bytes)], ["headroom", (p) => gb(p.memory.headroom_bytes)], ["verdict", (p) => p.memory.verdict],
     ["time", (p) => `${hours(p.time_s)} (${hours(p.time_s_band?.low)}–${hours(p.time_s_band?.high)})`],
