@@ -348,3 +348,20 @@ def test_every_expert_group_is_a_communicator_of_its_own(layout, groups):
     from planner.memory.detailed import _comm_groups
 
     assert _comm_groups(Layout(**layout)) == groups
+
+
+def test_the_shipped_folding_example_says_what_it_shows():
+    """scenarios/moe-qwen3-30b-megatron-folding.yaml: EP 8 at the experts' TP 1 and EP 4 at TP 2
+    hold the same bytes per GPU (1/8 of the experts' weights each, every state sharded over the 8
+    GPUs), and both fit an 80 GB card; without etp the first is refused."""
+    from conftest import ROOT
+
+    from planner.scenario.files import read_scenario_file
+
+    raws = read_scenario_file(ROOT / "scenarios" / "moe-qwen3-30b-megatron-folding.yaml")
+    folded, split = (planner.estimate(raw) for raw in raws)
+    assert folded.total_bytes == split.total_bytes and folded.fits and split.fits
+    assert folded.components == split.components
+    unfolded = {**raws[0], "layout": {k: v for k, v in raws[0]["layout"].items() if k != "etp"}}
+    with pytest.raises(InputError, match="layout.ep: 8 does not divide dp = 4"):
+        planner.estimate(unfolded)
