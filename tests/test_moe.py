@@ -354,11 +354,12 @@ def test_the_shipped_folding_example_says_what_it_shows():
     """scenarios/moe-qwen3-30b-megatron-folding.yaml: EP 8 at the experts' TP 1 and EP 4 at TP 2
     hold the same bytes per GPU (1/8 of the experts' weights each, every state sharded over the 8
     GPUs), and both fit an 80 GB card; without etp the first is refused."""
-    from conftest import ROOT
+    from pathlib import Path
 
     from planner.scenario.files import read_scenario_file
 
-    raws = read_scenario_file(ROOT / "scenarios" / "moe-qwen3-30b-megatron-folding.yaml")
+    example = Path(__file__).resolve().parents[1] / "scenarios" / "moe-qwen3-30b-megatron-folding.yaml"
+    raws = read_scenario_file(example)
     folded, split = (planner.estimate(raw) for raw in raws)
     assert folded.total_bytes == split.total_bytes and folded.fits and split.fits
     assert folded.components == split.components
