@@ -195,6 +195,11 @@ class Layout(StrictModel):
     generation_tp: Annotated[int, BeforeValidator(parse_count), Field(ge=1, le=MAX_GPUS)] = 1
 
     @property
+    def expert_tp(self) -> int:
+        """The routed experts' tensor parallelism: ``etp`` where set, else tp."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
     def engine_memory_fraction(self) -> float:
         """The engine's share of each GPU it runs on: as set, else TRL's colocated 0.3 or vLLM's 0.9
         on GPUs of its own."""

@@ -49,9 +49,8 @@ def buffer_terms(model: ModelSpec, wl: Workload, layout: Layout, st: StateParts,
     tp, pp = layout.tp, layout.pp
     # a layer's parameters on this GPU: its routed experts 1/ep of them, each split etp ways
     experts = expert_params(model) / model.layers
-    expert_tp = tp if layout.etp is None else layout.etp
     layer = ((counts.attention + counts.mlp) / model.layers / tp
-             - (experts / tp - experts / (expert_tp * max(layout.ep, 1))))
+             - (experts / tp - experts / (layout.expert_tp * max(layout.ep, 1))))
     end = max(counts.embedding, counts.lm_head) / tp
     partition = st.stepped  # a ZeRO rank's share of the trainable elements (its experts' share)
     out = {"gather": 0.0, "unit": 0.0, "ddp": 0.0, "dequant": 0.0, "optimizer_temp": 0.0,
@@ -261,7 +260,7 @@ def _expert_tensor(model: ModelSpec, layout: Layout, recipe: Recipe) -> float:
     moe = model.moe
     if moe is None:
         return 0.0
-    matrix = moe.expert_ffn * model.hidden / (layout.tp if layout.etp is None else layout.etp)
+    matrix = moe.expert_ffn * model.hidden / layout.expert_tp
     if recipe.moe_experts == "loop":
         return matrix
     return moe.experts / layout.ep * (2 if model.gated_mlp else 1) * matrix

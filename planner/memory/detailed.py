@@ -111,11 +111,10 @@ def reference_weight_bytes(model: ModelSpec, wl: Workload, layout: Layout, dp: i
     shard = zero_degree(dp, layout.cp) if layout.zero == 3 else 1
     # its routed experts split as the policy's: over ep ranks, each etp ways where set
     experts = expert_params(model)
-    expert_tp = layout.tp if layout.etp is None else layout.etp
     ways = float(expert_ways(layout.ep, shard, layout.zero == 3, tp=layout.tp, etp=layout.etp))
     e = compute_bytes(wl.precision)
     return ((param_counts(model).total - experts) * e / (layout.tp * layout.pp * shard)
-            + experts * e / (expert_tp * layout.pp * ways))
+            + experts * e / (layout.expert_tp * layout.pp * ways))
 
 
 def _comm_groups(layout: Layout) -> int:
@@ -127,7 +126,7 @@ def _comm_groups(layout: Layout) -> int:
     dp = cast(int, layout.dp)  # set: detailed_peak and detailed_memory copy the layout with their dp
     groups = sum(1 for d in (dp, layout.tp, layout.pp, layout.cp) if d > 1)
     if layout.ep > 1:
-        expert_tp = layout.tp if layout.etp is None else layout.etp
+        expert_tp = layout.expert_tp
         groups += 1 + int(dp * layout.cp * layout.tp // (layout.ep * expert_tp) > 1)
         groups += int(expert_tp > 1 and expert_tp != layout.tp)
     return groups

@@ -291,21 +291,11 @@ class _Placement:
     ep: int
     etp: int | None  # the experts' own tensor parallelism (None: tp)
     layer_share: float  # decoder-layer parameters of this stage, before TP
+    linears: float  # decoder-layer matrices on this GPU (its TP share, the experts' etp share)
     n_matrix: float  # matrices (layers and the stage's end) on this GPU
     n_norm: float
     n_local: float
     n_exp: float  # routed-expert parameters on this GPU, before expert parallelism
-
-    @property
-    def linears(self) -> float:
-        """Decoder-layer matrix parameters on this GPU (its TP share, the experts' etp share)."""
-        return self.layer_share / self.tp + self.n_exp - self.n_exp_tp
-
-    @property
-    def n_exp_tp(self) -> float:
-        """The routed experts' parameters had they been split tp ways (equal to n_exp with no
-        expert TP of their own)."""
-        return self.n_exp if self.etp is None else self.n_exp * self.etp / self.tp
 
     def sharded(self, part: str) -> bool:
         return self.zero >= {"optimizer": 1, "gradients": 2, "weights": 3}[part]
@@ -329,11 +319,12 @@ def _placement(model: ModelSpec, *, tp: int, pp: int, zero_degree: int, zero: in
         end_share = counts.embedding + counts.positions + counts.lm_head
     experts = expert_params(model) * -(-model.layers // pp) / model.layers  # routed experts here
     n_exp = experts / (tp if etp is None else etp)
-    n_matrix = (layer_share + end_share) / tp + (n_exp - experts / tp)  # experts: etp ways
+    own_tp = n_exp - experts / tp  # the experts split etp ways rather than tp (0 with no etp)
+    n_matrix = (layer_share + end_share) / tp + own_tp
     n_norm = counts.norms / pp
     n_local = n_matrix + n_norm
-    return _Placement(counts, tp, pp, zero_degree, zero, ep, etp, layer_share, n_matrix, n_norm,
-                      n_local, n_exp)
+    return _Placement(counts, tp, pp, zero_degree, zero, ep, etp, layer_share, layer_share / tp + own_tp,
+                      n_matrix, n_norm, n_local, n_exp)
 
 
 class _Ledger:

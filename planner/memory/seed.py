@@ -198,7 +198,7 @@ class _Shards:
         """Bytes per GPU of ``per_param`` bytes for each model parameter, sharded from ZeRO stage
         ``stage`` on (0: never)."""
         sharded = (self.zero >= stage) & (stage > 0)
-        shard = np.where(sharded, {0: 1, 1: self.s_o, 2: self.s_g, 3: self.s_w}[stage], 1)
+        shard = {0: 1, 1: self.s_o, 2: self.s_g, 3: self.s_w}[stage]  # 1 where not sharded
         expert_mp = self.mp if self.etp is None else self.pp * self.etp
         return (self.n_dense * per_param / (self.mp * shard)
                 + self.n_exp * per_param / (expert_mp * expert_ways(self.ep, shard, sharded, tp=self.tp,

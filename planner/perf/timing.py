@@ -513,32 +513,33 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     # Expert parallelism: each MoE layer sends every token's hidden state to its top-k experts and
     # back, forward and backward (4 all-to-alls), (ep−1)/ep of it leaving the GPU. Under tensor
     # parallelism (sequence-parallel, as everywhere here) a GPU dispatches its 1/tp of the tokens
-    # (Megatron-Core's all-to-all dispatcher over the TP×EP ranks). The group's ranks are taken to
-    # sit tp·cp apart (ranks ordered tp, cp, ep, dp, pp), or etp apart where the experts have a TP
-    # of their own (``etp``: MoE parallel folding orders the expert layers' ranks etp, ep, dp, pp),
-    # so a node of the card's size holds ``in_node`` of them, whatever ``node`` the other groups
-    # are priced at: the share bound for those crosses the node's link, the share bound for other
-    # nodes the GPU's NIC, both at once (the slower decides), as NCCL's and DeepEP's all-to-alls run.
+    # (Megatron-Core's all-to-all dispatcher over the TP×EP ranks). The group's ranks sit
+    # :func:`_expert_layout`'s stride apart, so a node of the card's size holds ``in_node`` of
+    # them, whatever ``node`` the other groups are priced at: the share bound for those crosses
+    # the node's link, the share bound for other nodes the GPU's NIC, both at once (the slower
+    # decides), as NCCL's and DeepEP's all-to-alls run.
     a2a_bytes = tokens_gpu / tp * mf.hidden * 2.0 * mf.experts_per_token / np.maximum(ep, 1)
-    etp = np.asarray(x.get("etp", 0))
-    stride = np.where(etp > 0, etp, tp * cp)
+    stride = _expert_layout(mf, x)[3]
     in_node = np.minimum(np.maximum(np.floor(perf.gpus_per_node / np.maximum(stride, 1)), 1.0), ep)
     a2a_s = np.maximum(a2a_bytes * (in_node - 1) / perf.intra_bps, a2a_bytes * (ep - in_node) / perf.inter_bps)
     ep_comm = np.where(ep > 1, 4.0 * a2a_s * mf.moe_layers / pp, 0.0)
     return tp_comm, pp_comm, cp_comm, ep_comm
 
 
-def _expert_layout(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any]:
+def _expert_layout(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """The routed experts' tensor parallelism (``etp``, else tp), their parameters on this GPU in
-    tp-way shares (1/ep of them, each split etp ways) and the ranks of their data-parallel group
+    tp-way shares (1/ep of them, each split etp ways), the ranks of their data-parallel group
     (a stage's dp·cp·tp GPUs regrouped as etp × ep × expert-dp: dp·cp / ep with the experts split
-    like the dense layers)."""
+    like the dense layers), and how far apart the ranks of an ep group sit: tp·cp (ranks ordered
+    tp, cp, ep, dp, pp), or etp where the experts have a TP of their own (MoE parallel folding
+    orders the expert layers' ranks etp, ep, dp, pp)."""
     tp, ep = x["tp"], np.maximum(x.get("ep", 1), 1)
     etp = np.asarray(x.get("etp", 0))
     expert_tp = np.where(etp > 0, etp, tp)
     local_experts = mf.expert_params * (tp / expert_tp) / ep
     expert_dp = np.maximum(zero_degree(x["dp"], x["cp"]) * tp / (ep * expert_tp), 1)
-    return expert_tp, local_experts, expert_dp
+    ep_stride = np.where(etp > 0, etp, tp * x["cp"])
+    return expert_tp, local_experts, expert_dp, ep_stride
 
 
 def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
@@ -547,7 +548,7 @@ def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any
     shard of the trainable parameters (divided further by the ZeRO degree from stage 1: the
     dense ones over dp·cp, the experts over their own data-parallel group)."""
     method, tp, pp, zero = x["method"], x["tp"], x["pp"], x["zero"]
-    _, local_experts, expert_dp = _expert_layout(mf, x)
+    _, local_experts, expert_dp, _ = _expert_layout(mf, x)
     dense = mf.params - mf.expert_params
     local = dense + local_experts
     full = method == FULL
@@ -569,11 +570,10 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams,
     _, trainable, weight_bytes, shard = _parameters_on_gpu(mf, x)
     grad_bytes = trainable * 2.0 / (tp * pp)
     # The routed experts' gradients reduce over their own data-parallel group, whose ranks sit
-    # ep·etp apart (folded: etp, ep, expert-dp) or tp·cp·ep apart (tp, cp, ep, dp).
-    expert_tp, local_experts, expert_dp = _expert_layout(mf, x)
+    # one ep group further apart than an ep group's own.
+    _, local_experts, expert_dp, ep_stride = _expert_layout(mf, x)
     expert_grad = np.where(x["method"] == FULL, local_experts * 2.0 / (tp * pp), 0.0)
-    ep = np.maximum(x.get("ep", 1), 1)
-    expert_stride = np.where(np.asarray(x.get("etp", 0)) > 0, expert_tp * ep, tp * cp * ep)
+    expert_stride = ep_stride * np.maximum(x.get("ep", 1), 1)
 
     def dp_collective(n_bytes: Any, factor: float) -> Any:
         return group_collective_s(n_bytes, d, tp, node, perf.intra_bps, perf.inter_bps, factor)
