@@ -86,6 +86,27 @@ def test_procure_returns_a_typed_result_whose_runs_add_up_to_the_total(monkeypat
     assert json.loads(out.output) == json.loads(to_json(t.to_dict()))
 
 
+def test_a_rent_only_answer_keeps_the_fleet_tables_columns(tmp_path):
+    """A portfolio whose cheapest answer buys nothing (one short LoRA run over a 120-day horizon:
+    an hour's rent against a server amortised over months) has an empty fleet, and its fleet table
+    is still the table the reports show, with its columns and no rows, as the schedule has its run."""
+    from planner.report.procurement import FLEET_COLUMNS, tables
+
+    path = tmp_path / "p.yaml"
+    path.write_text("""
+name: tiny
+start_date: 2027-01-04
+horizon_days: 120
+rent: [on_demand]
+jobs: [{name: lora-8b, scenario: {profile: seed, model: llama-3.1-8b, workload: {method: lora, tokens: 1e7}}}]
+""")
+    result = planner.procure(str(path))
+    t = tables(result)
+    assert result.fleet == [] and result.costs.cash_outlay_usd == 0
+    assert list(t.fleet.columns) == FLEET_COLUMNS and t.fleet.empty
+    assert list(t.fleet["gpu"]) == [] and len(t.schedule) == len(result.schedule) == 1
+
+
 def test_an_infeasible_procurement_is_a_result_with_no_runs(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("""

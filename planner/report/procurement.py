@@ -63,7 +63,9 @@ def tables(res: ProcureResult, as_of: dt.date | None = None) -> ProcureTables:
     stale = sorted({f"{r['gpu']} {r['kind']}" for r in price_rows if r["stale"]} | set(stale_units))
     resale_assumption = {"fraction": resale, "after_months": months, "source": own.resale_source}
     summary = _summary(res, costs, resale_assumption, stale)
-    return ProcureTables(summary, pd.DataFrame(fleet_rows), pd.DataFrame(sched_rows),
+    # An answer that buys nothing (renting is cheapest) still has the fleet table's columns.
+    fleet = pd.DataFrame(fleet_rows) if fleet_rows else pd.DataFrame(columns=FLEET_COLUMNS)
+    return ProcureTables(summary, fleet, pd.DataFrame(sched_rows),
                          pd.DataFrame([{"item": k, "usd": v} for k, v in costs.items()]),
                          pd.DataFrame(compare), pd.DataFrame(price_rows), plans)
 
