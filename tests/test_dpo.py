@@ -75,7 +75,8 @@ def test_reference_forward_time():
     tokens = 4 * 2048
     eff = float(timing.microbatch_efficiency(tokens, p.microbatch_half_tokens))
     rate = perf.peak_flops * perf.utilization
-    lin = flops.FORWARD_FLOPS_PER_PARAM * mf.active_params * tokens / rate / eff
+    width = float(flops.gemm_width_efficiency(mf, 1, 1, p.microbatch_half_tokens)[0])
+    lin = flops.FORWARD_FLOPS_PER_PARAM * mf.active_params * tokens / rate / (eff * width)
     att = (float(flops.attention_flops_per_token(mf, seq_len=2048, checkpointing=0)) / 3 * tokens / rate / eff
            / (p.attention_efficiency * perf.portable_attention))
     elem = p.elementwise_vectors / 3 * 2 * mf.hidden * tokens * mf.layers / perf.memory_bps / perf.kernel_speed

@@ -361,3 +361,72 @@ def test_a_muon_plan_is_timed_with_its_orthogonalisation():
     extra = float(step_time_s(MF, perf, **x)) - float(step_time_s(MF, perf, **{k: v for k, v in x.items()
                                                                                if k != "optimizer_flops"}))
     assert extra == pytest.approx(muon_step_flops(rs.model, "full") / (perf.peak_flops * perf.utilization))
+
+
+def test_gemm_width_efficiency_by_hand():
+    """A GEMM loses speed to each narrow weight width as to few tokens, w/(w + d½) with the same
+    d½: Llama 3 8B (hidden 4,096; Q 4,096 and K, V 1,024 each; gated MLP 14,336), the dense
+    layers' harmonic mean weighted by FLOPs, each width the TP split one divided by tp."""
+    d = FITTED.microbatch_half_tokens
+
+    def f(w: float) -> float:
+        return w / (w + d)
+
+    def by_hand(tp: int) -> float:
+        h, qkv, q, ffn = 4096, 6144, 4096, 14336
+        parts = [(h * qkv, f(h) * f(qkv / tp)), (q * h, f(q / tp) * f(h)), (3 * h * ffn, f(h) * f(ffn / tp))]
+        return sum(w for w, _ in parts) / sum(w / e for w, e in parts)
+
+    for tp in (1, 2, 8):
+        dense, expert = timing.gemm_width_efficiency(MF, tp, tp, d)
+        assert float(dense) == pytest.approx(by_hand(tp), rel=1e-12)
+        assert float(expert) == 1.0  # no routed experts
+    assert by_hand(8) < by_hand(1) < 1.0
+    # without the MLP's width (an incomplete architecture) the attention projections decide
+    attention_only = replace(MF, ffn=0)
+    parts = [(4096 * 6144, f(4096) * f(6144 / 8)), (4096 * 4096, f(4096 / 8) * f(4096))]
+    want = sum(w for w, _ in parts) / sum(w / e for w, e in parts)
+    assert float(timing.gemm_width_efficiency(attention_only, 8, 8, d)[0]) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_routed_expert_gemm_sees_its_ep_groups_tokens():
+    """Under expert parallelism each of the ep ranks sends its tokens to the experts they are
+    routed to, so an expert's GEMMs run tokens·top-k·ep/experts rows (each rank's 1/tp share where
+    the experts have a TP of their own): a layout that folds ep·etp onto tp runs them as the
+    unfolded one with the same rows per expert."""
+    mf = model_flops(catalog.get_model("olmoe-1b-7b"))  # 64 experts, top 8
+    x = {**BASE, "seq_len": 4096, "micro_batch": 1, "dp": 8}
+    device = replace(FITTED, launch_s_per_layer=0.0)  # the card's work alone, no host wait
+    base, _ = timing._microbatch_compute_s(mf, H100, device, {**x, "ep": 1})
+    wide, _ = timing._microbatch_compute_s(mf, H100, device, {**x, "ep": 8})
+    # 512 rows per expert at ep 1, 4,096 at ep 8: only the experts' GEMM speed changes
+    d = FITTED.microbatch_half_tokens
+    share = float(timing.expert_active_share(mf))
+    lin = float(timing.executed_flops_per_token(mf, x)[0]) * 4096 / (H100.peak_flops * H100.utilization)
+    width = float(timing.gemm_width_efficiency(mf, 1, 1, d)[1])
+    eff = timing.microbatch_efficiency
+    want = lin * share / width * (1 / float(eff(512, d)) - 1 / float(eff(4096, d)))
+    assert float(base - wide) == pytest.approx(want, rel=1e-9)
+    # at tp 2 with the experts' own TP 1 each rank dispatches its half of the tokens: 2,048 rows
+    # per expert at ep 8 (4,096·8/64·8/2), 1,024 at ep 4
+    a, _ = timing._microbatch_compute_s(mf, H100, device, {**x, "tp": 2, "ep": 8, "etp": 1})
+    b, _ = timing._microbatch_compute_s(mf, H100, device, {**x, "tp": 2, "ep": 4, "etp": 1})
+    lin2 = lin / 2  # a tp share of the micro-batch's linear FLOPs
+    want2 = lin2 * share / width * (1 / float(eff(1024, d)) - 1 / float(eff(2048, d)))
+    assert float(b - a) == pytest.approx(want2, rel=1e-9)
+
+
+def test_a_moe_layer_waits_for_the_host_once_per_pass():
+    """The dropless dispatchers copy the routed tokens' counts to the host in every MoE layer: a
+    micro-batch's compute gains one layer's launches per MoE layer on this stage and pass
+    (MOE_HOST_SYNCS), a dense model none."""
+    mf = model_flops(catalog.get_model("qwen3-30b-a3b"))  # 48 MoE layers
+    for pp, ckpt, passes in ((1, 0, 1.0), (2, 0, 1.0), (1, 2, 4 / 3)):
+        x = {**BASE, "pp": pp, "checkpointing": ckpt, "ep": 8, "dp": 8}
+        with_sync, _ = timing._microbatch_compute_s(mf, H100, FITTED, x)
+        without, _ = timing._microbatch_compute_s(mf, H100, replace(FITTED, launch_s_per_layer=0.0), x)
+        want = timing.MOE_HOST_SYNCS * FITTED.launch_s_per_layer * 48 / pp * passes
+        assert float(with_sync - without) == pytest.approx(want, rel=1e-9)
+    dense, _ = timing._microbatch_compute_s(MF, H100, FITTED, BASE)
+    no_launch, _ = timing._microbatch_compute_s(MF, H100, replace(FITTED, launch_s_per_layer=0.0), BASE)
+    assert float(dense) == float(no_launch)  # the 8B's device work exceeds its launches

@@ -87,6 +87,12 @@ class ModelFlops:
     #: Parameters of the matmuls op-level selective checkpointing recomputes (every second one in
     #: forward order: k, o and up for a gated MLP, k, o and down otherwise), all layers
     op_recompute_params: float = 0.0
+    #: Widths the GEMMs' shapes need (0 where the architecture is unknown): the dense MLP's inner
+    #: width, a routed expert's, the shared experts' together, and 1 for a gated MLP (3 matrices)
+    ffn: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+    gated: int = 1
 
 
 def model_flops(model: ModelSpec) -> ModelFlops:
@@ -101,7 +107,44 @@ def model_flops(model: ModelSpec) -> ModelFlops:
     return ModelFlops(n, active, model.layers, model.hidden, heads * head_dim, kv * head_dim,
                       moe_layers, model.moe.active if model.moe is not None else 0,
                       float(expert_params(model)), model.moe.experts if model.moe is not None else 0, heads,
-                      op_recompute_params(model))
+                      op_recompute_params(model), *_widths(model))
+
+
+def _widths(model: ModelSpec) -> tuple[int, int, int, int]:
+    """The dense MLP's, a routed expert's and the shared experts' inner widths (0 unknown) and
+    whether the MLP is gated."""
+    if not has_full_architecture(model):
+        return 0, 0, 0, 1
+    moe = model.moe
+    shared = moe.shared_ffn * moe.shared_experts if moe is not None and moe.shared_ffn else 0
+    return (model.ffn or 0, moe.expert_ffn if moe is not None else 0, shared, int(bool(model.gated_mlp)))
+
+
+def gemm_width_efficiency(mf: ModelFlops, tp: Any, expert_tp: Any, half: float) -> tuple[Any, Any]:
+    """Speed of the layers' GEMMs relative to large ones from their weights' widths, d/(d + d½)
+    for each of a GEMM's two weight dimensions (the tensor-parallel split one divided by its TP
+    degree): the dense layers' (attention projections with Q, K and V fused, the dense and shared
+    MLPs) as the harmonic mean weighted by FLOPs, and a routed expert's (1 for a dense model).
+    Where the architecture is incomplete the MLP's widths are 0 and the attention projections
+    decide."""
+    def f(d: Any) -> Any:
+        d = np.asarray(d, dtype=float)
+        return np.where(d > 0, d / (d + half), 1.0)
+    h = np.asarray(mf.hidden, dtype=float)
+    mats = np.where(np.asarray(mf.gated) > 0, 3.0, 2.0)
+    qkv = mf.attn_width + 2.0 * mf.kv_width
+    dense_layers = mf.layers - mf.moe_layers
+    parts = [  # (FLOPs per token, 1/speed)
+        (h * qkv * mf.layers, 1.0 / (f(h) * f(qkv / tp))),
+        (h * mf.attn_width * mf.layers, 1.0 / (f(mf.attn_width / tp) * f(h))),
+        (mats * h * mf.ffn * dense_layers, 1.0 / (f(h) * f(mf.ffn / tp))),
+        (mats * h * mf.shared_ffn * mf.moe_layers, 1.0 / (f(h) * f(mf.shared_ffn / tp))),
+    ]
+    weight = sum(w for w, _ in parts)
+    slow = sum(w * s for w, s in parts)
+    dense = np.where((weight > 0) & (h > 0), weight / np.maximum(slow, 1e-30), 1.0)
+    expert = np.where((mf.expert_ffn > 0) & (h > 0), f(h) * f(mf.expert_ffn / np.maximum(expert_tp, 1)), 1.0)
+    return dense, expert
 
 
 #: Share of a dense model's parameters op-level selective checkpointing reruns where its shapes

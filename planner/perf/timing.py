@@ -37,6 +37,7 @@ from planner.perf.flops import (
     ModelFlops,
     attention_flops_per_token,
     expert_active_share,
+    gemm_width_efficiency,
     linear_flops_per_token,
 )
 from planner.perf.hardware import GpuPerf, group_collective_s, ring_allreduce_s
@@ -140,6 +141,17 @@ CPU_ADAM_PARAMS_PER_S = 1.0e9
 #: traffic: kernels slow down while NCCL shares the SMs and memory (Megatron-LM 530B at DP 8 lost
 #: 56.0 → 54.2 % MFU without overlap; catalog-facts §9). Stated, not fitted.
 COMM_OVERLAP_SHARE = 0.8
+#: Host synchronisations per MoE layer pass that expose the layer's kernel launches: 1. The
+#: dropless token dispatchers size their all-to-all and grouped GEMMs from the routed tokens'
+#: counts on the host: Megatron-Core's all-to-all dispatcher copies them to the CPU and
+#: synchronises (``_maybe_dtoh_and_synchronize``; its inference dispatcher exists to keep them on
+#: the GPU "without host synchronization"), DeepEP's normal kernels return them as a Python list
+#: (Primus-Turbo's sync-free MoE replaces that list to "eliminate host synchronization between
+#: DeepEP dispatch and groupedgemm"), NCCL's all_to_all_single takes host split sizes
+#: (torchtitan's expert parallelism), and Transformer Engine's GroupedLinear takes ``m_splits``
+#: as a host list; Hugging Face's MoE blocks loop over the experts hit. Stated, not fitted: a
+#: sync-free stack (CUDA-graphed MoE, torch._grouped_mm with device offsets at ep 1) is faster.
+MOE_HOST_SYNCS = 1.0
 #: Backward's share of a micro-batch's compute (4 of 6 FLOPs per parameter).
 BACKWARD_SHARE = 2.0 / 3.0
 #: Fixed cost of starting a job, billed on every GPU: provisioning and booting the nodes,
@@ -191,7 +203,11 @@ class TimeParams:
     fp8_efficiency: float = 0.6
     #: Tokens per GEMM (a micro-batch's tokens on this GPU; a routed expert's share of them in
     #: MoE layers) at which GEMMs lose half their speed to small shapes: efficiency t/(t + t½).
-    #: Prior 64.
+    #: The same d½ applies to each of a GEMM's weight widths after tensor parallelism splits them
+    #: (:func:`planner.perf.flops.gemm_width_efficiency`): a GEMM's tiles and waves do not care
+    #: which of its three dimensions is narrow. Physical estimate 150–230: cuBLAS runs square
+    #: BF16 GEMMs of side 1,024 at about half and of side 4,096 at about 0.9 of its large-shape
+    #: rate, (d/(d + d½))³; the fit lands at 198 (fit bound 1–4,096). Prior 64.
     microbatch_half_tokens: float = 64.0
     #: MoE layers: memory-bound traffic per token per routed expert copy (permute, the expert's
     #: activation, unpermute and the weighted sum), in hidden vectors. Prior 20; physical range
@@ -241,19 +257,27 @@ PRIOR = TimeParams()
 #: ``moe_route_vectors`` sits at its lower bound (the MoE rows want less routing traffic than a
 #: fused permute moves); ``launch_s_per_layer`` lands at 4 ms, within the 3–4.5 ms the H200
 #: sessions' small models measured once an AdamW stepping one tensor at a time is charged its own
-#: launches (:data:`FOR_LOOP_LAUNCHES_PER_TENSOR`).
+#: launches (:data:`FOR_LOOP_LAUNCHES_PER_TENSOR`). Refitted when the GEMMs' speed came to
+#: depend on their weights' widths (:func:`planner.perf.flops.gemm_width_efficiency`), a routed
+#: expert's GEMMs counted the tokens its whole ep group sends it and a MoE layer's host
+#: synchronisation was charged (:data:`MOE_HOST_SYNCS`): ``elementwise_vectors`` went from 368 to
+#: 273, near the op count's 250 and below the H200 kernel profiles' 440–490 (the narrow GEMMs of
+#: small models now carry part of what it stood for), ``fused_elementwise_share`` from 0.225 to
+#: its lower bound, 0.10 (fusing stacks keep one read and one write of the ten); the others moved
+#: by 6 % or less. On the held-out tables, which no fit reads, the median error went from 16.2 %
+#: to 15.4 %.
 #: Reproduce: ``planner validate --kind throughput data/measured_throughput.csv
 #: data/measured_throughput_h200*.csv data/measured_throughput_published2.csv
 #: data/measured_throughput_fms.csv [--loso]``.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=367.8,
-    fp8_efficiency=0.677,
-    microbatch_half_tokens=208.5,
+    elementwise_vectors=273.0,
+    fp8_efficiency=0.688,
+    microbatch_half_tokens=198.2,
     moe_route_vectors=5.0,
-    fused_elementwise_share=0.225,
-    attention_efficiency=0.930,
-    launch_s_per_layer=0.00396,
+    fused_elementwise_share=0.100,
+    attention_efficiency=0.922,
+    launch_s_per_layer=0.00407,
 )
 
 
@@ -454,17 +478,19 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     fp8_peak = np.where(has_fp8, perf.peak_fp8_flops, perf.peak_flops)
     lin_rate = np.where(fp8 & has_fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util
     # Small GEMMs: a dense layer's GEMMs see the micro-batch's tokens on this GPU; a routed
-    # expert's see its share, tokens · top-k / experts.
+    # expert's see its share of the tokens of its ep group, tokens · top-k · ep / experts.
     eff = microbatch_efficiency(tokens_gpu, p.microbatch_half_tokens)
     expert_share = np.where(mf.experts > 0, expert_active_share(mf), 0.0)
-    # Known gap: under expert parallelism an expert runs the tokens of its whole ep group, ep times
-    # this count. Counting them alone makes the MoE rows with ep > 1 about twice too fast (median
-    # error of the 42 published MoE rows 39 % → 79 %): the small expert GEMMs stand in here for
-    # costs the model does not charge, chiefly the host synchronisation of each MoE layer in the
-    # dropless dispatchers (token counts copied to the CPU to size the all-to-all and grouped GEMMs).
-    expert_tokens = tokens_gpu * mf.experts_per_token / np.maximum(mf.experts, 1)
+    # Each of the ep ranks dispatches its tokens (its 1/tp share where the experts have a TP of
+    # their own, etp < tp) to the experts they are routed to.
+    expert_tp = _expert_layout(mf, x)[0]
+    ep = np.maximum(x.get("ep", 1), 1)
+    expert_tokens = tokens_gpu * mf.experts_per_token / np.maximum(mf.experts, 1) * ep * expert_tp / tp
     eff_expert = microbatch_efficiency(np.maximum(expert_tokens, 1e-9), p.microbatch_half_tokens)
-    lin_eff = (1.0 - expert_share) / eff + expert_share / eff_expert
+    # and narrow weights lose speed as few tokens do, with the same d½ (a GEMM's tiles do not care
+    # which of its dimensions is narrow)
+    width_dense, width_expert = gemm_width_efficiency(mf, tp, expert_tp, p.microbatch_half_tokens)
+    lin_eff = (1.0 - expert_share) / (eff * width_dense) + expert_share / (eff_expert * width_expert)
     # Fused kernels: attention_efficiency of the GEMMs' rate, times the card generation's share for
     # a portable kernel (FlashAttention-2) or for its own (FlashAttention-3, cuDNN).
     native = np.asarray(x.get("native_attention", 0)) > 0
@@ -496,7 +522,12 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     device = t_gemm + (t_elem + t_dequant) / perf.kernel_speed
     # The host's launches: the card waits when they take longer than its work.
     host = p.launch_s_per_layer * mf.layers / pp * forward_passes * fused_share
-    return np.maximum(device, host), t_att
+    # A MoE layer waits for the host: sizing its all-to-all and grouped GEMMs copies the routed
+    # tokens' counts to the CPU (:data:`MOE_HOST_SYNCS`), so the card drains its queue and then runs
+    # the rest of the layer at the pace the host launches it, a layer's unfused launches (router,
+    # permutation, per-expert GEMMs and casts are not fused into the neighbouring kernels).
+    moe_sync = MOE_HOST_SYNCS * p.launch_s_per_layer * mf.moe_layers / pp * forward_passes
+    return np.maximum(device, host) + moe_sync, t_att
 
 
 def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tokens_gpu: Any, t_att: Any,
