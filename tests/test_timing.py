@@ -293,6 +293,31 @@ def test_folded_expert_groups_sit_etp_apart():
     assert ep_s(etp=2) == ep_s() == ep_s(etp=0)
 
 
+def test_experts_with_their_own_tp_run_their_own_tp_collectives():
+    """A layer's TP collectives are half its attention's, half its MLP's; a MoE layer's experts
+    run theirs over their own TP on the tokens dispatched to that group: none at etp 1 (the
+    folded layout's ranks send their sequence shards through the all-to-all), over 2 ranks with
+    half the bytes at tp 4, etp 2, and as the dense MLP's where etp is tp or unset."""
+    from planner.perf.hardware import ring_allreduce_s
+    from planner.perf.timing import _model_parallel_comm_s
+
+    mf = model_flops(catalog.get_model("qwen3-30b-a3b"))  # 48 layers, all MoE
+    tokens = 4096.0
+    act = tokens * mf.hidden * 2.0
+
+    def tp_s(tp, ckpt=0, **extra):
+        x = {"tp": tp, "pp": 1, "cp": 1, "dp": 4, "checkpointing": ckpt, "ep": 8, **extra}
+        return float(_model_parallel_comm_s(mf, H100, x, tokens, 0.0, 8)[0])
+
+    def ring(n_bytes, group):
+        return float(ring_allreduce_s(n_bytes, group, H100.intra_bps))
+
+    assert tp_s(2, etp=1) == pytest.approx(2 * 48 * ring(act, 2))  # the attention's alone
+    assert tp_s(2, ckpt=2, etp=1) == pytest.approx(3 * 48 * ring(act, 2))
+    assert tp_s(4, etp=2) == pytest.approx(2 * 48 * (ring(act, 4) + ring(act / 2, 2)))
+    assert tp_s(2, etp=2) == tp_s(2) == pytest.approx(4 * 48 * ring(act, 2))
+
+
 @pytest.mark.parametrize("gpu, ep", [("l40s", 6), ("l40s", 12), ("h100", 16), ("h100", 6)])
 def test_the_search_bound_never_prices_expert_all_to_all_above_the_step(gpu, ep):
     """The search's lower bound (``intra_only``: every group at the in-node link) must not exceed

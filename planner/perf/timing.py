@@ -537,8 +537,15 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     tp, pp, cp, dp, ckpt = x["tp"], x["pp"], x["cp"], x["dp"], x["checkpointing"]
     act_bytes = tokens_gpu * mf.hidden * 2.0  # one layer's 16-bit activations
     tp_bps = np.where(tp <= node, perf.intra_bps, perf.inter_bps)
-    tp_collectives = np.where(ckpt == 2, 6.0, 4.0) * mf.layers / pp
-    tp_comm = tp_collectives * ring_allreduce_s(act_bytes, tp, tp_bps)
+    # Half of a layer's TP collectives are its attention's, half its MLP's (2 and 2 per micro-batch,
+    # 3 and 3 with full recomputation). A MoE layer's experts run theirs over their own TP
+    # (``etp``) on the tokens dispatched to the group, none at etp 1 (Megatron-Core's folded layout
+    # sends each rank's sequence shard through the all-to-all instead); unset, etp is tp.
+    per_half = np.where(ckpt == 2, 3.0, 2.0)
+    expert_tp = _expert_layout(mf, x)[0]
+    expert_bps = np.where(expert_tp <= node, perf.intra_bps, perf.inter_bps)
+    tp_comm = per_half * ((mf.layers + mf.layers - mf.moe_layers) / pp * ring_allreduce_s(act_bytes, tp, tp_bps)
+                          + mf.moe_layers / pp * ring_allreduce_s(act_bytes * expert_tp / tp, expert_tp, expert_bps))
     pp_bps = np.where(tp * cp * dp * pp <= node, perf.intra_bps, perf.inter_bps)
     pp_comm = np.where(pp > 1, 2.0 * act_bytes / tp / pp_bps, 0.0)
     cp_bps = np.where(tp * cp <= node, perf.intra_bps, perf.inter_bps)
