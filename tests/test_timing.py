@@ -390,16 +390,19 @@ def test_a_muon_plan_is_timed_with_its_orthogonalisation():
 
 def test_gemm_width_efficiency_by_hand():
     """A GEMM loses speed to each narrow weight width as to few tokens, w/(w + d½) with the same
-    d½: Llama 3 8B (hidden 4,096; Q 4,096 and K, V 1,024 each; gated MLP 14,336), the dense
-    layers' harmonic mean weighted by FLOPs, each width the TP split one divided by tp."""
+    d½: Llama 3 8B (hidden 4,096; Q 4,096 and K, V 1,024 each; gated MLP 14,336; vocabulary
+    128,256), the dense layers' harmonic mean weighted by FLOPs, each width the TP split one
+    divided by tp (column-parallel QKV, up, gate and LM head their outputs, O and down their
+    inputs)."""
     d = FITTED.microbatch_half_tokens
 
     def f(w: float) -> float:
         return w / (w + d)
 
     def by_hand(tp: int) -> float:
-        h, qkv, q, ffn = 4096, 6144, 4096, 14336
-        parts = [(h * qkv, f(h) * f(qkv / tp)), (q * h, f(q / tp) * f(h)), (3 * h * ffn, f(h) * f(ffn / tp))]
+        h, qkv, q, ffn, vocab = 4096, 6144, 4096, 14336, 128256
+        parts = [(32 * h * qkv, f(h) * f(qkv / tp)), (32 * q * h, f(q / tp) * f(h)),
+                 (32 * 3 * h * ffn, f(h) * f(ffn / tp)), (h * vocab, f(h) * f(vocab / tp))]
         return sum(w for w, _ in parts) / sum(w / e for w, e in parts)
 
     for tp in (1, 2, 8):
@@ -407,11 +410,35 @@ def test_gemm_width_efficiency_by_hand():
         assert float(dense) == pytest.approx(by_hand(tp), rel=1e-12)
         assert float(expert) == 1.0  # no routed experts
     assert by_hand(8) < by_hand(1) < 1.0
-    # without the MLP's width (an incomplete architecture) the attention projections decide
-    attention_only = replace(MF, ffn=0)
+    # without the MLP's and the vocabulary's widths (an incomplete architecture) the attention
+    # projections decide
+    attention_only = replace(MF, ffn=0, vocab=0)
     parts = [(4096 * 6144, f(4096) * f(6144 / 8)), (4096 * 4096, f(4096 / 8) * f(4096))]
     want = sum(w for w, _ in parts) / sum(w / e for w, e in parts)
     assert float(timing.gemm_width_efficiency(attention_only, 8, 8, d)[0]) == pytest.approx(want, rel=1e-12)
+
+
+def test_gemm_width_efficiency_of_experts_and_stacked_models():
+    """A routed expert's GEMMs (hidden 2,048 by 768 in Qwen3-30B-A3B) lose speed to the expert
+    width over the experts' own TP; models stacked as the validation stacks them (a dense model, a
+    MoE model, one without its MLP's widths) get each its own factors."""
+    from dataclasses import fields
+
+    from planner.perf.flops import ModelFlops
+
+    d = FITTED.microbatch_half_tokens
+    moe = model_flops(catalog.get_model("qwen3-30b-a3b"))
+    for expert_tp in (1, 2, 8):
+        got = float(timing.gemm_width_efficiency(moe, 8, expert_tp, d)[1])
+        assert got == pytest.approx(2048 / (2048 + d) * (768 / expert_tp) / (768 / expert_tp + d), rel=1e-12)
+    models = [MF, moe, replace(MF, ffn=0, vocab=0)]
+    stacked = ModelFlops(*(np.array([getattr(m, f.name) for m in models], dtype=float) for f in fields(ModelFlops)))
+    tp, etp = np.array([1, 8, 2]), np.array([1, 1, 2])
+    dense, expert = timing.gemm_width_efficiency(stacked, tp, etp, d)
+    for i, m in enumerate(models):
+        one = timing.gemm_width_efficiency(m, int(tp[i]), int(etp[i]), d)
+        assert dense[i] == pytest.approx(float(one[0]), rel=1e-12) and expert[i] == pytest.approx(float(one[1]), rel=1e-12)
+    assert expert[0] == 1.0 and np.all((dense > 0) & (dense < 1))
 
 
 def test_a_routed_expert_gemm_sees_its_ep_groups_tokens():
@@ -432,6 +459,13 @@ def test_a_routed_expert_gemm_sees_its_ep_groups_tokens():
     eff = timing.microbatch_efficiency
     want = lin * share / width * (1 / float(eff(512, d)) - 1 / float(eff(4096, d)))
     assert float(base - wide) == pytest.approx(want, rel=1e-9)
+    # at tp 2 without an expert TP of their own the experts are split like the dense layers and
+    # see the whole micro-batch's routed tokens of the ep group: 4,096 rows at ep 8, 2,048 at ep 4
+    c, _ = timing._microbatch_compute_s(mf, H100, device, {**x, "tp": 2, "ep": 8})
+    e, _ = timing._microbatch_compute_s(mf, H100, device, {**x, "tp": 2, "ep": 4})
+    width2 = float(timing.gemm_width_efficiency(mf, 2, 2, d)[1])
+    want3 = lin / 2 * share / width2 * (1 / float(eff(2048, d)) - 1 / float(eff(4096, d)))
+    assert float(e - c) == pytest.approx(want3, rel=1e-9)
     # at tp 2 with the experts' own TP 1 each rank dispatches its half of the tokens: 2,048 rows
     # per expert at ep 8 (4,096·8/64·8/2), 1,024 at ep 4
     a, _ = timing._microbatch_compute_s(mf, H100, device, {**x, "tp": 2, "ep": 8, "etp": 1})
@@ -441,10 +475,11 @@ def test_a_routed_expert_gemm_sees_its_ep_groups_tokens():
     assert float(b - a) == pytest.approx(want2, rel=1e-9)
 
 
-def test_a_moe_layer_waits_for_the_host_once_per_pass():
-    """The dropless dispatchers copy the routed tokens' counts to the host in every MoE layer: a
-    micro-batch's compute gains one layer's launches per MoE layer on this stage and pass
-    (MOE_HOST_SYNCS), a dense model none."""
+def test_a_moe_layers_launches_are_not_hidden():
+    """The dropless dispatchers copy the routed tokens' counts to the host in every MoE layer, so
+    the card waits for the host's launches: a micro-batch's compute gains one layer's launches per
+    MoE layer on this stage and pass (MOE_HOST_SYNCS; the recomputed forward a third of a pass),
+    a dense model none; where the host binds already the card waits for it alone."""
     mf = model_flops(catalog.get_model("qwen3-30b-a3b"))  # 48 MoE layers
     for pp, ckpt, passes in ((1, 0, 1.0), (2, 0, 1.0), (1, 2, 4 / 3)):
         x = {**BASE, "pp": pp, "checkpointing": ckpt, "ep": 8, "dp": 8}
@@ -455,3 +490,11 @@ def test_a_moe_layer_waits_for_the_host_once_per_pass():
     dense, _ = timing._microbatch_compute_s(MF, H100, FITTED, BASE)
     no_launch, _ = timing._microbatch_compute_s(MF, H100, replace(FITTED, launch_s_per_layer=0.0), BASE)
     assert float(dense) == float(no_launch)  # the 8B's device work exceeds its launches
+    # a tiny micro-batch through 48 layers, 4 of them MoE: the host's launches of every layer bind
+    # and include the MoE layers' (no second charge)
+    few = replace(mf, moe_layers=4)
+    x = {**BASE, "seq_len": 16, "micro_batch": 1, "ep": 8, "dp": 8}
+    bound, _ = timing._microbatch_compute_s(few, H100, FITTED, x)
+    device, _ = timing._microbatch_compute_s(few, H100, replace(FITTED, launch_s_per_layer=0.0), x)
+    assert float(device) + FITTED.launch_s_per_layer * 4 < FITTED.launch_s_per_layer * 48
+    assert float(bound) == pytest.approx(FITTED.launch_s_per_layer * 48, rel=1e-9)

@@ -93,6 +93,7 @@ class ModelFlops:
     expert_ffn: int = 0
     shared_ffn: int = 0
     gated: int = 1
+    vocab: int = 0
 
 
 def model_flops(model: ModelSpec) -> ModelFlops:
@@ -110,21 +111,23 @@ def model_flops(model: ModelSpec) -> ModelFlops:
                       op_recompute_params(model), *_widths(model))
 
 
-def _widths(model: ModelSpec) -> tuple[int, int, int, int]:
-    """The dense MLP's, a routed expert's and the shared experts' inner widths (0 unknown) and
-    whether the MLP is gated."""
+def _widths(model: ModelSpec) -> tuple[int, int, int, int, int]:
+    """The dense MLP's, a routed expert's and the shared experts' inner widths, whether the MLP
+    is gated, and the vocabulary (0 where unknown)."""
     if not has_full_architecture(model):
-        return 0, 0, 0, 1
+        return 0, 0, 0, 1, 0
     moe = model.moe
     shared = moe.shared_ffn * moe.shared_experts if moe is not None and moe.shared_ffn else 0
-    return (model.ffn or 0, moe.expert_ffn if moe is not None else 0, shared, int(bool(model.gated_mlp)))
+    return (model.ffn or 0, moe.expert_ffn if moe is not None else 0, shared, int(bool(model.gated_mlp)),
+            model.vocab or 0)
 
 
 def gemm_width_efficiency(mf: ModelFlops, tp: Any, expert_tp: Any, half: float) -> tuple[Any, Any]:
     """Speed of the layers' GEMMs relative to large ones from their weights' widths, d/(d + d½)
     for each of a GEMM's two weight dimensions (the tensor-parallel split one divided by its TP
     degree): the dense layers' (attention projections with Q, K and V fused, the dense and shared
-    MLPs) as the harmonic mean weighted by FLOPs, and a routed expert's (1 for a dense model).
+    MLPs, the LM head split over the vocabulary) as the harmonic mean weighted by FLOPs, and a
+    routed expert's (1 for a dense model).
     Where the architecture is incomplete the MLP's widths are 0 and the attention projections
     decide."""
     def f(d: Any) -> Any:
@@ -139,6 +142,7 @@ def gemm_width_efficiency(mf: ModelFlops, tp: Any, expert_tp: Any, half: float) 
         (h * mf.attn_width * mf.layers, 1.0 / (f(mf.attn_width / tp) * f(h))),
         (mats * h * mf.ffn * dense_layers, 1.0 / (f(h) * f(mf.ffn / tp))),
         (mats * h * mf.shared_ffn * mf.moe_layers, 1.0 / (f(h) * f(mf.shared_ffn / tp))),
+        (h * mf.vocab, 1.0 / (f(h) * f(mf.vocab / tp))),
     ]
     weight = sum(w for w, _ in parts)
     slow = sum(w * s for w, s in parts)

@@ -293,7 +293,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
              "attention": int(gpu.supports_flash_attn2 and row["source"].strip() not in PRE_FLASH_SOURCES)}
     # the experts' own TP where the row states one (MoE parallel folding; 0: split like tp)
-    x["etp"] = (expert_tensor_degree(notes) or 0) if ep > 1 else 0
+    x["etp"] = expert_tensor_degree(notes) or 0
     if grpo:
         gen = _generation(row, model, seq)
         # trained on the tokens generated (prompt + completion as the row gives them: a mean where
