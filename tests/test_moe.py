@@ -366,3 +366,67 @@ def test_the_shipped_folding_example_says_what_it_shows():
     unfolded = {**raws[0], "layout": {k: v for k, v in raws[0]["layout"].items() if k != "etp"}}
     with pytest.raises(InputError, match="layout.ep: 8 does not divide dp = 4"):
         planner.estimate(unfolded)
+
+
+def test_lora_adapts_every_routed_expert_where_the_experts_are_linear_modules():
+    """PEFT's MLP targets adapt each expert's gate, up and down where the experts are linear
+    modules (transformers' Qwen3-MoE and Qwen-MoE), the shared experts as one MLP, and nothing on
+    the MoE layers where the experts are fused parameters (transformers' GPT-OSS): Qwen3-30B-A3B's
+    48 layers of 128 experts 2,048 × 768 (its config.json), Qwen1.5-MoE-A2.7B's 24 layers of 60
+    experts 2,048 × 1,408 and a shared MLP of 5,632."""
+    from planner.core.arch import active_lora_params, exact_lora_params, lora_adapter_groups
+
+    every = ("q", "k", "v", "o", "gate", "up", "down")
+    qwen3 = catalog.get_model("qwen3-30b-a3b")
+    dense, experts = lora_adapter_groups(qwen3, every)
+    assert sorted(experts) == sorted([(48 * 128, 2048, 768)] * 2 + [(48 * 128, 768, 2048)])
+    assert all(d_in != 6144 and d_out != 6144 for _, d_in, d_out in dense)  # no dense MLP exists
+    n_exp = 48 * 128 * 3 * 8 * (2048 + 768)
+    n_attn = sum(n * 8 * (d_in + d_out) for n, d_in, d_out in dense)
+    assert exact_lora_params(qwen3, 8, every) == n_attn + n_exp
+    assert active_lora_params(qwen3, 8, every) == pytest.approx(n_attn + n_exp * 8 / 128)
+
+    qwen15 = catalog.get_model("qwen1.5-moe-a2.7b")
+    dense, experts = lora_adapter_groups(qwen15, ("gate", "up", "down"))
+    assert sorted(experts) == sorted([(24 * 60, 2048, 1408)] * 2 + [(24 * 60, 1408, 2048)])
+    assert sorted(dense) == sorted([(24, 2048, 5632)] * 2 + [(24, 5632, 2048)])
+
+    gpt_oss = catalog.get_model("gpt-oss-20b")
+    dense, experts = lora_adapter_groups(gpt_oss, every)
+    assert experts == [] and len(dense) == 4  # q, k, v, o only
+
+
+def test_expert_adapters_split_over_ep_ranks_as_the_experts_do():
+    """A MoE LoRA run's routed-expert adapters (weights, gradients, AdamW states: 4 + 4 + 8 B per
+    FP32 parameter) sit 1/ep on each rank; the attention adapters stay whole on every rank."""
+    def adapters(ep):
+        raw = {"model": "qwen3-30b-a3b",
+               "workload": {"method": "lora", "lora_rank": 8, "lora_targets": ["all"], "seq_len": 1024,
+                            "micro_batch": 1, "adapter_dtype": "fp32"},
+               "layout": {"gpus": 4, "dp": 4, "ep": ep, "checkpointing": "full"}}
+        return planner.estimate(raw).components["adapter_states"]
+
+    n_exp = 48 * 128 * 3 * 8 * (2048 + 768)
+    assert adapters(1) - adapters(4) == pytest.approx(n_exp * 16 * (1 - 1 / 4), rel=1e-9)
+    assert adapters(2) - adapters(4) == pytest.approx(n_exp * 16 * (1 / 2 - 1 / 4), rel=1e-9)
+
+
+def test_a_token_passes_through_its_active_experts_adapters_only():
+    """The time model's adapter FLOPs and side-path traffic count the adapters a token passes
+    through (its 8 of 128 experts' in Qwen3-30B-A3B); the optimizer steps all of them."""
+    from planner.core.arch import active_lora_params, exact_lora_params
+    from planner.perf.arguments import step_arguments
+    from planner.perf.timing import adapter_bytes_per_token
+    from planner.scenario.resolve import resolve
+
+    raw = {"model": "qwen3-30b-a3b", "workload": {"method": "lora", "lora_rank": 8, "lora_targets": ["all"],
+                                                   "seq_len": 2048, "micro_batch": 1},
+           "layout": {"gpu": "h100", "gpus": 8}}
+    rs = resolve(raw)
+    x = step_arguments(rs, method=1, checkpointing=2, offload=0, zero=0, seq_len=2048, micro_batch=1,
+                       grad_accum=1, tp=1, pp=1, cp=1, ep=1, dp=8, attention=1, fused=0)
+    every = rs.workload.lora_target_set
+    active = active_lora_params(rs.model, 8, every)
+    assert float(x["n_lora"]) == exact_lora_params(rs.model, 8, every) > 10 * active
+    assert float(x["n_lora_active"]) == pytest.approx(active)
+    assert x["adapter_bytes"] == pytest.approx(adapter_bytes_per_token(active, 8, rs.workload.adapter_dtype))

@@ -249,26 +249,59 @@ def op_policy_rerun_params(spec: ModelSpec) -> float:
 
 
 def lora_adapters(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS) -> list[tuple[int, int, int]]:
-    """(count, d_in, d_out) of each adapted linear layer. With ``fused_qkv`` the targeted q/k/v
-    projections are one linear (d_out = the sum of their widths, as PEFT adapts Qwen's c_attn);
-    ``lm_head`` adapts the output layer once."""
+    """(count, d_in, d_out) of each adapted linear layer: :func:`lora_adapter_groups`' dense
+    adapters and its routed experts' together."""
+    dense, experts = lora_adapter_groups(spec, targets)
+    return dense + experts
+
+
+def lora_adapter_groups(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS
+                        ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """(count, d_in, d_out) of each adapted linear layer, the routed experts' apart (what expert
+    parallelism shards). With ``fused_qkv`` the targeted q/k/v projections are one linear
+    (d_out = the sum of their widths, as PEFT adapts Qwen's c_attn); ``lm_head`` adapts the
+    output layer once. The MLP's targets adapt the dense layers' MLP and, on MoE layers, every
+    routed expert's (its ``expert_ffn`` wide) and the shared experts' (one MLP as wide as all of
+    them), where the experts are linear modules (``MoESpec.linear_experts``); a MoE layer whose
+    experts are fused parameters gets none."""
     shapes = lora_module_shapes(spec)
     per_layer = [t for t in targets if t in shapes]
-    out = []
+    dense: list[tuple[int, int, int]] = []
     qkv = [t for t in per_layer if t in ("q", "k", "v")]
     if spec.fused_qkv and qkv:
-        out.append((spec.layers, spec.hidden, sum(shapes[t][1] for t in qkv)))
+        dense.append((spec.layers, spec.hidden, sum(shapes[t][1] for t in qkv)))
         per_layer = [t for t in per_layer if t not in qkv]
-    out += [(spec.layers, *shapes[t]) for t in per_layer]
+    mlp = [t for t in per_layer if t in ("gate", "up", "down")]
+    dense += [(spec.layers, *shapes[t]) for t in per_layer if t not in mlp]
+    moe, moe_layers = spec.moe, moe_layer_count(spec)
+    dense += [(spec.layers - moe_layers, *shapes[t]) for t in mlp if spec.layers > moe_layers]
+    experts: list[tuple[int, int, int]] = []
+    if moe is not None and moe_layers and moe.linear_experts:
+        h = spec.hidden
+
+        def widths(t: str, f: int) -> tuple[int, int]:
+            return (f, h) if t == "down" else (h, f)
+        experts = [(moe_layers * moe.experts, *widths(t, moe.expert_ffn)) for t in mlp]
+        if moe.shared_ffn and moe.shared_experts:
+            dense += [(moe_layers, *widths(t, moe.shared_ffn * moe.shared_experts)) for t in mlp]
     if "lm_head" in targets:
         (vocab,) = _dims(spec, "vocab")
-        out.append((1, spec.hidden, vocab))
-    return out
+        dense.append((1, spec.hidden, vocab))
+    return dense, experts
 
 
 def exact_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> int:
-    """Σ r·(d_in + d_out) over the adapted linear layers (dense models; see :func:`lora_adapters`)."""
+    """Σ r·(d_in + d_out) over the adapted linear layers (see :func:`lora_adapters`)."""
     return sum(n * rank * (d_in + d_out) for n, d_in, d_out in lora_adapters(spec, targets))
+
+
+def active_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> float:
+    """The adapter parameters a token passes through: the dense adapters, and of the routed
+    experts' only its ``active`` experts' (active / experts of them)."""
+    dense, experts = lora_adapter_groups(spec, targets)
+    n_dense = sum(n * rank * (d_in + d_out) for n, d_in, d_out in dense)
+    n_experts = sum(n * rank * (d_in + d_out) for n, d_in, d_out in experts)
+    return float(n_dense + (n_experts * spec.moe.active / spec.moe.experts if spec.moe is not None else 0))
 
 
 def expert_params(spec: ModelSpec) -> int:

@@ -119,6 +119,11 @@ class MoESpec(StrictModel):
     shared_ffn: NonNegCount = 0
     first_dense_layers: NonNegCount = 0
     moe_every: Count = 1
+    #: Whether each routed expert is built of linear modules (gate, up, down), which LoRA's MLP
+    #: targets adapt one by one: PEFT in transformers' Mixtral, Qwen-MoE, DeepSeek and OLMoE
+    #: blocks, and Megatron-Core's per-expert LoRA. False where the implementation stores the
+    #: experts as fused 3-D parameters (transformers' GPT-OSS), which module targets never reach.
+    linear_experts: bool = True
 
 
 class MLASpec(StrictModel):

@@ -28,7 +28,7 @@ from planner.core.arch import (
     _attention_dims,
     _dims,
     expert_params,
-    lora_adapters,
+    lora_adapter_groups,
     lora_module_shapes,
     param_counts,
 )
@@ -258,8 +258,15 @@ def keeps_fp32_main_copy(recipe: Recipe, zero: int) -> bool:
 
 def adapter_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int, int]]:
     """(count, d_in, d_out) of each adapted linear layer in the whole model."""
+    dense, experts = adapter_groups(model, workload)
+    return dense + experts
+
+
+def adapter_groups(model: ModelSpec, workload: Workload
+                   ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """:func:`adapter_shapes`, the routed experts' apart (:func:`lora_adapter_groups`)."""
     targets = workload.lora_target_set + (("lm_head",) if "lm_head" in workload.lora_targets else ())
-    return lora_adapters(model, targets)
+    return lora_adapter_groups(model, targets)
 
 
 def saved_module_params(model: ModelSpec, modules: Sequence[str]) -> dict[str, int]:
@@ -445,12 +452,11 @@ def _adapter_states(model: ModelSpec, workload: Workload, recipe: Recipe, place:
     """LoRA / QLoRA: a frozen base and trainable adapters."""
     ledger = _Ledger()
     _frozen_base(model, workload, recipe, place, ledger, on_host_w=offload == "optimizer+params")
-    n_lora, largest, matrix_share = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
+    n_lora, largest, matrix_share, stepped = _adapters(model, workload, recipe, place, ledger, adapter_bytes)
     if frozen_grads and workload.method == "lora":
         e = frozen_weight_bytes(workload)
         ledger.put("gradients", place.linears * e / place.shard("gradients"))
-    return StateParts(ledger.dev, ledger.host, n_lora, largest, stepped=n_lora / place.shard("optimizer"),
-                      matrix_share=matrix_share)
+    return StateParts(ledger.dev, ledger.host, n_lora, largest, stepped=stepped, matrix_share=matrix_share)
 
 
 def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
@@ -482,19 +488,26 @@ def _frozen_base(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
 
 
 def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Placement,
-              ledger: _Ledger, adapter_bytes: int) -> tuple[float, float, float]:
+              ledger: _Ledger, adapter_bytes: int) -> tuple[float, float, float, float]:
     """The trainable adapters' weights, gradients, optimizer states and master copies (paged
-    states on the host). Returns: adapter parameters on this GPU, bytes of the largest gradient,
-    and the share of them that are Muon's matrices (the adapters; not the modules trained whole)."""
+    states on the host); the routed experts' adapters divided as the experts' own states are.
+    Returns: adapter parameters on this GPU, bytes of the largest gradient, the share of them
+    that are Muon's matrices (the adapters; not the modules trained whole), and the parameters
+    this GPU's optimizer steps."""
     mixed = workload.precision in ("mixed", "fp16")
     paged = recipe.optimizer_paged or workload.optimizer == "paged_adamw8bit"
-    shapes = adapter_shapes(model, workload)
+    dense_shapes, expert_shapes = adapter_groups(model, workload)
+    shapes = dense_shapes + expert_shapes
     r = workload.lora_rank
-    n_lora = sum(n * r * (d_in + d_out) for n, d_in, d_out in shapes) / (place.tp * place.pp)
+    n_dense = sum(n * r * (d_in + d_out) for n, d_in, d_out in dense_shapes) / (place.tp * place.pp)
+    # the routed experts' adapters split as the experts are (their own TP), then over ep ranks
+    expert_tp = place.tp if place.etp is None else place.etp
+    n_exp = sum(n * r * (d_in + d_out) for n, d_in, d_out in expert_shapes) / (expert_tp * place.pp)
     trains_saved = workload.method in ("lora", "qlora")
     saved = list(saved_module_params(model, workload.modules_to_save).values()) if trains_saved else []
     n_saved = (sum(saved) if place.pp == 1 else max(saved, default=0)) / place.tp
-    n_lora += n_saved
+    n_dense += n_saved
+    n_lora = n_dense + n_exp / max(place.ep, 1)  # on this GPU, before ZeRO
     c = adapter_bytes
     # 16-bit adapters under autocast get an FP32 master and FP32 states only where a
     # mixed-precision optimizer wrapper keeps them (DeepSpeed, Megatron's FP32 main copy);
@@ -508,11 +521,12 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
         [(n, r * d_in) for n, d_in, _ in shapes] + [(n, r * d_out) for n, _, d_out in shapes]
         + [(1, n) for n in saved]
     ) if paged else 0.0
-    shard = place.shard
-    per = (c / shard("weights") + c / shard("gradients")
-           + (opt_b * (1 - paged_share) + master) / shard("optimizer"))
-    ledger.put("adapter_states", n_lora * per)
-    ledger.host += n_lora * opt_b * paged_share / shard("optimizer")
+    def spread(per_param: float, part: str) -> float:
+        return float(place.spread(n_dense * per_param, n_exp * per_param, part))
+
+    ledger.put("adapter_states", spread(c, "weights") + spread(c, "gradients")
+               + spread(opt_b * (1 - paged_share) + master, "optimizer"))
+    ledger.host += spread(opt_b * paged_share, "optimizer")
     largest = max([r * max(d_in, d_out) for _, d_in, d_out in shapes]
                   + [n / place.tp for n in saved], default=0) * c
-    return n_lora, largest, matrix_share
+    return n_lora, largest, matrix_share, spread(1.0, "optimizer")

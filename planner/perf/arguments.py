@@ -24,14 +24,17 @@ if TYPE_CHECKING:
     from planner.scenario.resolve import ResolvedScenario
 
 
-def n_lora_of(rs: ResolvedScenario) -> float:
-    """Trainable adapter parameters: the override, the exact count (detailed profile), or L·18·r·H."""
-    from planner.core.arch import exact_lora_params, seed_lora_params
+def n_lora_of(rs: ResolvedScenario, active: bool = False) -> float:
+    """Trainable adapter parameters: the override, the exact count (detailed profile), or L·18·r·H.
+    ``active``: those a token passes through (a MoE model's routed experts: its active ones)."""
+    from planner.core.arch import active_lora_params, exact_lora_params, seed_lora_params
 
     wl, ov = rs.workload, rs.overrides
     if ov.lora_params is not None:
         return float(ov.lora_params)
-    if rs.profile != "seed" and has_full_architecture(rs.model) and rs.model.moe is None:
+    if rs.profile != "seed" and has_full_architecture(rs.model):
+        if active:
+            return active_lora_params(rs.model, wl.lora_rank, wl.lora_target_set)
         return float(exact_lora_params(rs.model, wl.lora_rank, wl.lora_target_set))
     return float(seed_lora_params(rs.model, wl.lora_rank))
 
@@ -113,14 +116,16 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
     name or its code; the workload's where None), for Muon's Newton–Schulz FLOPs. ``intra_only``
     prices every group at the in-node link."""
     wl, lay = rs.workload, rs.layout
-    n_lora = n_lora_of(rs)
+    n_lora, n_active = n_lora_of(rs), n_lora_of(rs, active=True)
+    full = np.asarray(method) == FULL
     x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
              micro_batch=micro_batch * wl.sequences_per_sample, grad_accum=grad_accum, tp=tp, pp=pp,
-             cp=cp, ep=ep, dp=dp, n_lora=np.where(np.asarray(method) == FULL, 0.0, n_lora),
+             cp=cp, ep=ep, dp=dp, n_lora=np.where(full, 0.0, n_lora), n_lora_active=np.where(full, 0.0, n_active),
              **saved_modules_of(rs),
-             # LoRA's side-path memory traffic per token, from the adapted width (n_lora / rank) and
-             # the adapters' dtype (the time model charges it to LoRA and QLoRA columns only)
-             adapter_bytes=adapter_bytes_per_token(n_lora, wl.lora_rank, wl.adapter_dtype),
+             # LoRA's side-path memory traffic per token, from the adapted width a token passes
+             # through (n_lora / rank) and the adapters' dtype (the time model charges it to LoRA
+             # and QLoRA columns only)
+             adapter_bytes=adapter_bytes_per_token(n_active, wl.lora_rank, wl.adapter_dtype),
              attention=attention, native_attention=native_attention, selective_op=selective_op,
              fp8=int(bool(wl.fp8)), fused=fused,
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)

@@ -207,7 +207,7 @@ class TimeParams:
     #: (:func:`planner.perf.flops.gemm_width_efficiency`): a GEMM's tiles and waves do not care
     #: which of its three dimensions is narrow. Physical estimate 150–270: cuBLAS runs square
     #: BF16 GEMMs of side 1,024 at about half and of side 4,096 at about 0.9 of its large-shape
-    #: rate, (d/(d + d½))³ (d½ ≈ 266 and 146); the fit lands at 197 (fit bound 1–4,096). Prior 64.
+    #: rate, (d/(d + d½))³ (d½ ≈ 266 and 146); the fit lands at 205 (fit bound 1–4,096). Prior 64.
     microbatch_half_tokens: float = 64.0
     #: MoE layers: memory-bound traffic per token per routed expert copy (permute, the expert's
     #: activation, unpermute and the weighted sum), in hidden vectors. Prior 20; physical range
@@ -259,9 +259,10 @@ PRIOR = TimeParams()
 #: sessions' small models measured once an AdamW stepping one tensor at a time is charged its own
 #: launches (:data:`FOR_LOOP_LAUNCHES_PER_TENSOR`). Refitted when the GEMMs' speed came to
 #: depend on their weights' widths (:func:`planner.perf.flops.gemm_width_efficiency`), a routed
-#: expert's GEMMs counted the tokens its whole ep group sends it and a MoE layer's host
-#: synchronisation was charged (:data:`MOE_HOST_SYNCS`): ``elementwise_vectors`` went from 368 to
-#: 274, near the op count's 250 and below the H200 kernel profiles' 440–490 (the narrow GEMMs of
+#: expert's GEMMs counted the tokens its whole ep group sends it, a MoE layer's host
+#: synchronisation was charged (:data:`MOE_HOST_SYNCS`) and a MoE model's LoRA its experts'
+#: adapters: ``elementwise_vectors`` went from 368 to
+#: 272, near the op count's 250 and below the H200 kernel profiles' 440–490 (the narrow GEMMs of
 #: small models now carry part of what it stood for), ``fused_elementwise_share`` from 0.225 to
 #: its lower bound, 0.10 (fusing stacks keep one read and one write of the ten); the others moved
 #: by 6 % or less. On the held-out tables, which no fit reads, the median error went from 16.2 %
@@ -271,12 +272,12 @@ PRIOR = TimeParams()
 #: data/measured_throughput_fms.csv [--loso]``.
 FITTED = TimeParams(
     gemm_hfu=0.70,
-    elementwise_vectors=274.2,
-    fp8_efficiency=0.688,
-    microbatch_half_tokens=196.8,
+    elementwise_vectors=272.3,
+    fp8_efficiency=0.690,
+    microbatch_half_tokens=205.4,
     moe_route_vectors=5.0,
-    fused_elementwise_share=0.101,
-    attention_efficiency=0.919,
+    fused_elementwise_share=0.100,
+    attention_efficiency=0.920,
     launch_s_per_layer=0.00409,
 )
 
@@ -298,7 +299,9 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
 
     Arguments: ``method``, ``checkpointing``, ``offload``, ``zero`` (codes as in
     planner.memory.seed), ``seq_len``, ``micro_batch``, ``grad_accum``, ``tp``, ``pp``, ``cp``, ``dp``,
-    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora``; optional ``etp`` (the
+    ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora`` (trainable adapter
+    parameters; ``n_lora_active``, optional, those a token passes through: a MoE model's active
+    experts' only); optional ``etp`` (the
     experts' own tensor parallelism; 0 or unset: tp), ``n_saved`` and
     ``saved_head`` (parameters of the modules a LoRA run trains in full, and of its LM head among
     them: gradients to reduce, optimizer work, a weight-gradient GEMM), ``weight_bytes``
@@ -443,7 +446,7 @@ def executed_flops_per_token(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, An
     ref = np.asarray(x.get("reference_forward", 0), dtype=float)
     op = x.get("selective_op", 0)
     op_selective = (ckpt == 1) & (np.asarray(op) > 0)  # op-level selective checkpointing
-    lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=x.get("n_lora", 0.0),
+    lin = (linear_flops_per_token(mf, method=method, checkpointing=ckpt, n_lora=x.get("n_lora_active", x.get("n_lora", 0.0)),
                                   saved_head=x.get("saved_head", 0.0), selective_op=op)
            + ref * FORWARD_FLOPS_PER_PARAM * mf.active_params)
     att = (attention_flops_per_token(mf, seq_len=seq, checkpointing=ckpt, selective_op=op)
