@@ -395,6 +395,17 @@ def test_lora_adapts_every_routed_expert_where_the_experts_are_linear_modules():
     dense, experts = lora_adapter_groups(gpt_oss, every)
     assert experts == [] and len(dense) == 4  # q, k, v, o only
 
+    # DeepSeek-V2-Lite: one dense layer (MLP 10,944), then 26 MoE layers of 64 experts of 1,408
+    # and two shared experts as one MLP of 2,816
+    lite = catalog.get_model("deepseek-v2-lite")
+    dense, experts = lora_adapter_groups(lite, ("gate", "up", "down"))
+    assert sorted(dense) == sorted([(1, 2048, 10944)] * 2 + [(1, 10944, 2048)]
+                                   + [(26, 2048, 2816)] * 2 + [(26, 2816, 2048)])
+    assert sorted(experts) == sorted([(26 * 64, 2048, 1408)] * 2 + [(26 * 64, 1408, 2048)])
+    # a model of MoE layers alone needs no dense MLP width
+    no_ffn = qwen3.model_copy(update={"ffn": None})
+    assert lora_adapter_groups(no_ffn, every)[1] == lora_adapter_groups(qwen3, every)[1]
+
 
 def test_expert_adapters_split_over_ep_ranks_as_the_experts_do():
     """A MoE LoRA run's routed-expert adapters (weights, gradients, AdamW states: 4 + 4 + 8 B per
@@ -409,6 +420,33 @@ def test_expert_adapters_split_over_ep_ranks_as_the_experts_do():
     n_exp = 48 * 128 * 3 * 8 * (2048 + 768)
     assert adapters(1) - adapters(4) == pytest.approx(n_exp * 16 * (1 - 1 / 4), rel=1e-9)
     assert adapters(2) - adapters(4) == pytest.approx(n_exp * 16 * (1 / 2 - 1 / 4), rel=1e-9)
+
+
+def test_expert_adapters_follow_the_experts_own_tp_and_zero_sharding():
+    """Under MoE parallel folding each expert's adapters split etp ways as the expert does; with
+    ZeRO-1 their optimizer states spread over the experts' data-parallel group too, and the
+    optimizer steps this GPU's share of them: at tp 2, etp 1, ep 2 on 4 GPUs the dense adapters
+    are halved by tp and their states by the ZeRO degree 2, the experts' states by ep·expert-dp
+    = dp·tp / etp = 4."""
+    from planner.core.arch import exact_lora_params, expert_lora_params
+    from planner.memory.model_states import model_states
+    from planner.scenario.resolve import resolve
+
+    raw = {"model": "qwen3-30b-a3b",
+           "workload": {"method": "lora", "lora_rank": 8, "lora_targets": ["all"], "seq_len": 1024,
+                        "micro_batch": 1, "adapter_dtype": "fp32"},
+           "layout": {"gpus": 4, "dp": 2, "tp": 2, "ep": 2, "etp": 1, "zero": 1, "checkpointing": "full"}}
+    rs = resolve(raw)
+    every = rs.workload.lora_target_set
+    n_exp = expert_lora_params(rs.model, 8, every)
+    n_dense = exact_lora_params(rs.model, 8, every) - n_exp
+    parts = model_states(rs.model, rs.workload, recipe=rs.recipe, tp=2, pp=1, zero_degree=2, zero=1,
+                         offload="none", adapter_bytes=4, ep=2, etp=1)
+    # weights and gradients 4 + 4 B where they sit (dense: 1/tp; experts: 1/(etp·ep)), AdamW's
+    # 8 B over the sharded group (dense: 1/(tp·ZeRO degree); experts: 1/(etp·ep·expert-dp))
+    want = n_dense / 2 * (4 + 4 + 8 / 2) + n_exp / 2 * (4 + 4) + n_exp * 8 / 4
+    assert parts.device["adapter_states"] == pytest.approx(want, rel=1e-9)
+    assert parts.stepped == pytest.approx(n_dense / 2 / 2 + n_exp / 4, rel=1e-9)
 
 
 def test_a_token_passes_through_its_active_experts_adapters_only():
@@ -430,3 +468,35 @@ def test_a_token_passes_through_its_active_experts_adapters_only():
     assert float(x["n_lora"]) == exact_lora_params(rs.model, 8, every) > 10 * active
     assert float(x["n_lora_active"]) == pytest.approx(active)
     assert x["adapter_bytes"] == pytest.approx(adapter_bytes_per_token(active, 8, rs.workload.adapter_dtype))
+
+
+def test_the_time_model_counts_the_adapters_a_token_passes_through():
+    """Adapter FLOPs follow ``n_lora_active`` (the active experts'), not the trainable count;
+    the optimizer steps every adapter on the rank: the routed experts' 1/ep of them."""
+    from planner.perf import flops, timing
+
+    mf = flops.model_flops(catalog.get_model("qwen3-30b-a3b"))
+    x = {"method": 1, "checkpointing": 0, "seq_len": 2048}
+    lin_all = timing.executed_flops_per_token(mf, {**x, "n_lora": 4e8})[0]
+    lin_active = timing.executed_flops_per_token(mf, {**x, "n_lora": 4e8, "n_lora_active": 4e7})[0]
+    assert float(lin_all - lin_active) == pytest.approx(flops.FULL_FLOPS_PER_PARAM * (4e8 - 4e7))
+    base = {"method": 1, "tp": 1, "pp": 1, "zero": 0, "dp": 8, "cp": 1, "n_lora": 4e8, "n_lora_experts": 3.6e8}
+    for ep in (1, 8):
+        trainable = timing._parameters_on_gpu(mf, {**base, "ep": ep})[1]
+        assert float(trainable) == pytest.approx(4e7 + 3.6e8 / ep)
+
+
+def test_fused_experts_keep_no_adapter_activations():
+    """GPT-OSS's experts are fused parameters that module targets never reach: LoRA on every
+    linear keeps what LoRA on the attention keeps (its router is not an adapted target), with and
+    without FP32 adapters under autocast; on Qwen3-30B-A3B, whose experts are linear modules, the
+    MLP targets keep their adapters' inputs and casts."""
+    def activations(model, targets, dtype="fp32"):
+        raw = {"model": model, "workload": {"method": "lora", "lora_targets": targets, "seq_len": 2048,
+                                            "micro_batch": 1, "adapter_dtype": dtype, "precision": "mixed"},
+               "layout": {"gpu": "h100", "gpus": 1, "checkpointing": "none"}}
+        return planner.estimate(raw).components["activations"]
+
+    for dtype in ("fp32", "compute"):
+        assert activations("gpt-oss-20b", ["all"], dtype) == activations("gpt-oss-20b", ["q", "k", "v", "o"], dtype)
+    assert activations("qwen3-30b-a3b", ["all"]) > activations("qwen3-30b-a3b", ["q", "k", "v", "o"])

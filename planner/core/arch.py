@@ -177,11 +177,17 @@ def seed_lora_params(spec: ModelSpec, rank: int) -> int:
     return spec.layers * 18 * rank * spec.hidden
 
 
+def attention_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(d_in, d_out) of the attention's q, k, v and o projections."""
+    h, (a, kv, d) = spec.hidden, _attention_dims(spec)
+    return {"q": (h, a * d), "k": (h, kv * d), "v": (h, kv * d), "o": (a * d, h)}
+
+
 def lora_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     """(d_in, d_out) of each linear layer LoRA can adapt, in one dense layer."""
     (ffn,) = _dims(spec, "ffn")
-    h, (a, kv, d) = spec.hidden, _attention_dims(spec)
-    shapes = {"q": (h, a * d), "k": (h, kv * d), "v": (h, kv * d), "o": (a * d, h)}
+    shapes = attention_module_shapes(spec)
+    h = spec.hidden
     shapes["up"] = (h, ffn)
     shapes["down"] = (ffn, h)
     if spec.gated_mlp:
@@ -263,17 +269,19 @@ def lora_adapter_groups(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS
     output layer once. The MLP's targets adapt the dense layers' MLP and, on MoE layers, every
     routed expert's (its ``expert_ffn`` wide) and the shared experts' (one MLP as wide as all of
     them), where the experts are linear modules (``MoESpec.linear_experts``); a MoE layer whose
-    experts are fused parameters gets none."""
-    shapes = lora_module_shapes(spec)
-    per_layer = [t for t in targets if t in shapes]
+    experts are fused parameters gets none on its routed experts."""
+    moe, moe_layers = spec.moe, moe_layer_count(spec)
+    mlp_names = ("gate", "up", "down") if spec.gated_mlp else ("up", "down")
+    mlp = [t for t in targets if t in mlp_names]
+    # the dense MLP's widths only where dense layers exist (a model of MoE layers alone needs none)
+    shapes = lora_module_shapes(spec) if spec.layers > moe_layers else attention_module_shapes(spec)
+    per_layer = [t for t in targets if t in ("q", "k", "v", "o")]
     dense: list[tuple[int, int, int]] = []
     qkv = [t for t in per_layer if t in ("q", "k", "v")]
     if spec.fused_qkv and qkv:
         dense.append((spec.layers, spec.hidden, sum(shapes[t][1] for t in qkv)))
         per_layer = [t for t in per_layer if t not in qkv]
-    mlp = [t for t in per_layer if t in ("gate", "up", "down")]
-    dense += [(spec.layers, *shapes[t]) for t in per_layer if t not in mlp]
-    moe, moe_layers = spec.moe, moe_layer_count(spec)
+    dense += [(spec.layers, *shapes[t]) for t in per_layer]
     dense += [(spec.layers - moe_layers, *shapes[t]) for t in mlp if spec.layers > moe_layers]
     experts: list[tuple[int, int, int]] = []
     if moe is not None and moe_layers and moe.linear_experts:
@@ -295,12 +303,16 @@ def exact_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LOR
     return sum(n * rank * (d_in + d_out) for n, d_in, d_out in lora_adapters(spec, targets))
 
 
+def expert_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> int:
+    """The routed experts' adapter parameters (what expert parallelism divides)."""
+    return sum(n * rank * (d_in + d_out) for n, d_in, d_out in lora_adapter_groups(spec, targets)[1])
+
+
 def active_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> float:
     """The adapter parameters a token passes through: the dense adapters, and of the routed
     experts' only its ``active`` experts' (active / experts of them)."""
-    dense, experts = lora_adapter_groups(spec, targets)
-    n_dense = sum(n * rank * (d_in + d_out) for n, d_in, d_out in dense)
-    n_experts = sum(n * rank * (d_in + d_out) for n, d_in, d_out in experts)
+    n_experts = expert_lora_params(spec, rank, targets)
+    n_dense = exact_lora_params(spec, rank, targets) - n_experts
     return float(n_dense + (n_experts * spec.moe.active / spec.moe.experts if spec.moe is not None else 0))
 
 

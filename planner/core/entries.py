@@ -123,6 +123,7 @@ class MoESpec(StrictModel):
     #: targets adapt one by one: PEFT in transformers' Mixtral, Qwen-MoE, DeepSeek and OLMoE
     #: blocks, and Megatron-Core's per-expert LoRA. False where the implementation stores the
     #: experts as fused 3-D parameters (transformers' GPT-OSS), which module targets never reach.
+    #: transformers 5 fuses every MoE family's experts so; a run on it sets this false.
     linear_experts: bool = True
 
 

@@ -21,7 +21,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.core.arch import _attention_dims, _dims, lora_module_shapes, op_policy_matmuls
+from planner.core.arch import (
+    _attention_dims,
+    _dims,
+    attention_module_shapes,
+    lora_module_shapes,
+    op_policy_matmuls,
+)
 from planner.core.entries import ModelSpec
 from planner.core.memo import by_spec
 from planner.memory.attention import (
@@ -39,6 +45,8 @@ from planner.memory.inventory import (
     LayerRecipe,
 )
 
+#: The MLP's adapter targets.
+MLP_TARGETS = frozenset({"gate", "up", "down"})
 #: Linears that fuse several adapter targets into one (one LoRA adapter for all of them): a fused
 #: QKV projection, and Megatron's ``linear_fc1`` (gate and up) under Transformer Engine.
 FUSED_MODULES = {"qkv": {"q", "k", "v"}, "fc1": {"gate", "up"}}
@@ -315,8 +323,17 @@ def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -
     """Under autocast each FP32 adapter weight is cast to the compute dtype, and F.linear saves
     that copy for its input's gradient: r·d_out·e for lora_B, r·d_in·e for lora_A when the
     module's input needs a gradient (not q, k, v in layer 0 of LoRA); no token factor. With
-    ``fused_qkv`` q, k and v are one adapted linear (as :func:`planner.core.arch.lora_adapters`)."""
-    shapes = lora_module_shapes(model)
+    ``fused_qkv`` q, k and v are one adapted linear (as :func:`planner.core.arch.lora_adapters`).
+    A MoE layer's MLP adapters are every expert's that runs (all of them, as
+    :func:`_base_weight_casts` counts) and the shared experts'; none on experts stored as fused
+    parameters."""
+    moe = model.moe
+    shapes = attention_module_shapes(model) if moe is not None else lora_module_shapes(model)
+    if moe is not None:  # per MLP module: r·(h + f) for each expert that runs and the shared MLP
+        routed = moe.experts * (model.hidden + moe.expert_ffn) if moe.linear_experts else 0
+        shared = model.hidden + moe.shared_ffn * moe.shared_experts if moe.shared_ffn and moe.shared_experts else 0
+        for m in (MLP_TARGETS & rec.lora_targets) - ({"gate"} if not model.gated_mlp else set()):
+            inv.add(f"{m}.lora_weight_casts", rec.lora_rank * (routed + shared) * rec.e)
     adapted = [m for m in shapes if m in rec.lora_targets]
     qkv = [m for m in adapted if m in ("q", "k", "v")]
     groups = [[m] for m in adapted if m not in qkv]
@@ -373,7 +390,9 @@ def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens
     if rec.moe_loop:
         inv.add("moe.combined", routed * rec.e * model.hidden)
     sub = Inventory()
-    _mlp(sub, model, moe.expert_ffn, rg_in, rec, routed, prefix="experts")
+    # experts stored as fused parameters carry no adapters (``MoESpec.linear_experts``)
+    expert_rec = rec if moe.linear_experts else replace(rec, lora_targets=rec.lora_targets - MLP_TARGETS)
+    _mlp(sub, model, moe.expert_ffn, rg_in, expert_rec, routed, prefix="experts")
     if moe.shared_experts and moe.shared_ffn:
         _mlp(sub, model, moe.shared_ffn * moe.shared_experts, rg_in, rec, tokens, prefix="shared")
     for k, v in sub.split.items():

@@ -24,16 +24,20 @@ if TYPE_CHECKING:
     from planner.scenario.resolve import ResolvedScenario
 
 
-def n_lora_of(rs: ResolvedScenario, active: bool = False) -> float:
+def n_lora_of(rs: ResolvedScenario, part: str = "all") -> float:
     """Trainable adapter parameters: the override, the exact count (detailed profile), or L·18·r·H.
-    ``active``: those a token passes through (a MoE model's routed experts: its active ones)."""
-    from planner.core.arch import active_lora_params, exact_lora_params, seed_lora_params
+    ``part``: ``active``, those a token passes through (of a MoE model's routed experts, its
+    active ones); ``experts``, the routed experts' (0 where the count is not exact)."""
+    from planner.core.arch import active_lora_params, exact_lora_params, expert_lora_params, seed_lora_params
 
     wl, ov = rs.workload, rs.overrides
+    exact = ov.lora_params is None and rs.profile != "seed" and has_full_architecture(rs.model)
+    if part == "experts":
+        return float(expert_lora_params(rs.model, wl.lora_rank, wl.lora_target_set)) if exact else 0.0
     if ov.lora_params is not None:
         return float(ov.lora_params)
-    if rs.profile != "seed" and has_full_architecture(rs.model):
-        if active:
+    if exact:
+        if part == "active":
             return active_lora_params(rs.model, wl.lora_rank, wl.lora_target_set)
         return float(exact_lora_params(rs.model, wl.lora_rank, wl.lora_target_set))
     return float(seed_lora_params(rs.model, wl.lora_rank))
@@ -116,11 +120,12 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
     name or its code; the workload's where None), for Muon's Newton–Schulz FLOPs. ``intra_only``
     prices every group at the in-node link."""
     wl, lay = rs.workload, rs.layout
-    n_lora, n_active = n_lora_of(rs), n_lora_of(rs, active=True)
+    n_lora, n_active, n_experts = n_lora_of(rs), n_lora_of(rs, "active"), n_lora_of(rs, "experts")
     full = np.asarray(method) == FULL
     x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
              micro_batch=micro_batch * wl.sequences_per_sample, grad_accum=grad_accum, tp=tp, pp=pp,
              cp=cp, ep=ep, dp=dp, n_lora=np.where(full, 0.0, n_lora), n_lora_active=np.where(full, 0.0, n_active),
+             n_lora_experts=np.where(full, 0.0, n_experts),
              **saved_modules_of(rs),
              # LoRA's side-path memory traffic per token, from the adapted width a token passes
              # through (n_lora / rank) and the adapters' dtype (the time model charges it to LoRA

@@ -300,8 +300,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     Arguments: ``method``, ``checkpointing``, ``offload``, ``zero`` (codes as in
     planner.memory.seed), ``seq_len``, ``micro_batch``, ``grad_accum``, ``tp``, ``pp``, ``cp``, ``dp``,
     ``ep`` (expert parallelism: all-to-all per MoE layer), ``n_lora`` (trainable adapter
-    parameters; ``n_lora_active``, optional, those a token passes through: a MoE model's active
-    experts' only); optional ``etp`` (the
+    parameters; optional ``n_lora_active``, those a token passes through: a MoE model's active
+    experts' only, and ``n_lora_experts``, the routed experts' that ep divides); optional ``etp`` (the
     experts' own tensor parallelism; 0 or unset: tp), ``n_saved`` and
     ``saved_head`` (parameters of the modules a LoRA run trains in full, and of its LM head among
     them: gradients to reduce, optimizer work, a weight-gradient GEMM), ``weight_bytes``
@@ -600,7 +600,12 @@ def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any
     dense = mf.params - mf.expert_params
     local = dense + local_experts
     full = method == FULL
-    trainable = np.where(full, local, x.get("n_lora", 0.0) + x.get("n_saved", 0.0))
+    # the routed experts' adapters (``n_lora_experts`` of ``n_lora``) sit 1/ep on a rank, split
+    # as the experts are
+    expert_tp = _expert_layout(mf, x)[0]
+    n_lora, n_lora_experts = x.get("n_lora", 0.0), x.get("n_lora_experts", 0.0)
+    adapters = n_lora - n_lora_experts + n_lora_experts * tp / (expert_tp * np.maximum(x.get("ep", 1), 1))
+    trainable = np.where(full, local, adapters + x.get("n_saved", 0.0))
     weight_bytes = local * x.get("weight_bytes", stored_weight_bytes(method)) / (tp * pp)
     sharded = zero >= 1
     d = np.where(sharded, np.maximum(zero_degree(x["dp"], x["cp"]), 1), 1)

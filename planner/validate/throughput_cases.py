@@ -16,6 +16,7 @@ from planner.core.arch import (
     LORA_TARGETS,
     active_lora_params,
     exact_lora_params,
+    expert_lora_params,
     has_full_architecture,
     seed_lora_params,
 )
@@ -213,14 +214,18 @@ def optimizer_host_s_of(row: dict[str, str], model: ModelSpec, method: str, targ
     return tensors * timing.FOR_LOOP_LAUNCHES_PER_TENSOR * timing.HOST_S_PER_LAUNCH
 
 
-def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int, active: bool = False) -> float:
+def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int, part: str = "all") -> float:
     """Adapter parameters: exact over the modules the notes name ("LoRA rank 16 on q,v", "on all
-    linear") for a model the catalog describes in full, else L·18·r·H. ``active``: those a token
-    passes through (a MoE model's active experts' only)."""
+    linear") for a model the catalog describes in full, else L·18·r·H. ``part``: ``active``,
+    those a token passes through (a MoE model's active experts' only); ``experts``, the routed
+    experts' (0 where the count is not exact)."""
     targets = named_lora_targets(row)
-    if targets is None or not has_full_architecture(model):
+    exact = targets is not None and has_full_architecture(model)
+    if part == "experts":
+        return float(expert_lora_params(model, rank, targets)) if exact and targets is not None else 0.0
+    if not exact or targets is None:
         return float(seed_lora_params(model, rank))
-    if active:
+    if part == "active":
         return active_lora_params(model, rank, targets)
     return float(exact_lora_params(model, rank, targets))
 
@@ -290,11 +295,12 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
     code = {"full": 0, "lora": 1, "qlora": 2}[method]
     rank = int(lenient_num(row, "lora_rank", DEFAULT_LORA_RANK))
     n_lora = 0.0 if code == 0 else lora_params_of(row, model, rank)
-    n_active = 0.0 if code == 0 else lora_params_of(row, model, rank, active=True)
+    n_active = 0.0 if code == 0 else lora_params_of(row, model, rank, "active")
+    n_experts = 0.0 if code == 0 else lora_params_of(row, model, rank, "experts")
     fp8 = "fp8" in re.sub(NOT_FP8, "", row.get("precision", "").lower())
     x = {"method": code, "checkpointing": checkpointing_of(row.get("checkpointing", "")), "offload": offload,
              "zero": zero, "seq_len": seq, "micro_batch": mb, "grad_accum": ga, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep,
-             "n_lora": n_lora, "n_lora_active": n_active, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
+             "n_lora": n_lora, "n_lora_active": n_active, "n_lora_experts": n_experts, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
              "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
              "fused": int(_fused(row)), "native_attention": int(_native_attention(row)),
              "selective_op": int(_selective_op(row)),
