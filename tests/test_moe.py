@@ -500,3 +500,20 @@ def test_fused_experts_keep_no_adapter_activations():
     for dtype in ("fp32", "compute"):
         assert activations("gpt-oss-20b", ["all"], dtype) == activations("gpt-oss-20b", ["q", "k", "v", "o"], dtype)
     assert activations("qwen3-30b-a3b", ["all"]) > activations("qwen3-30b-a3b", ["q", "k", "v", "o"])
+
+
+def test_the_seed_profile_says_what_its_lora_rule_leaves_out_of_a_moe_model():
+    """The documents' N_lora = L·18·r·H knows one MLP per layer; on Qwen3-30B-A3B at rank 16 the
+    adapters on its 48 × 128 routed experts (3 · 16 · (2,048 + 768) each) are named as left out,
+    and no such note is made for a dense model."""
+    def notes(model):
+        raw = {"profile": "seed", "model": model, "workload": {"method": "lora", "lora_rank": 16,
+                                                                "lora_targets": ["all"], "seq_len": 2048,
+                                                                "micro_batch": 1},
+               "layout": {"gpu": "h100", "gpus": 1}}
+        return [n for n in planner.estimate(raw).assumptions if "routed expert" in n]
+
+    want = (f"the rule counts one MLP per layer: the adapters on every routed expert, "
+            f"{48 * 128 * 3 * 16 * (2048 + 768):,} parameters, are left out (the detailed profile counts them)")
+    assert notes("qwen3-30b-a3b") == [want]
+    assert notes("llama-3-8b") == []

@@ -149,7 +149,7 @@ def test_8b_full_ft_time_anchor():
     """catalog-facts §9: Llama-3-8B full FT on 1B tokens, 8× H100 at 40 % MFU: ≈ 4.2 h by 6N alone,
     ≈ 4.5 h with the attention term at sequence 2048. The fitted time model (its own utilisation
     is hardware-FLOPs utilisation of the tensor-core work, not MFU) lands near that anchor: 3.8 h,
-    0.84 of it (47 % MFU), inside 0.8–1.3 of it."""
+    0.84 of it (45 % MFU by 6N alone), inside 0.8–1.3 of it."""
     raw = {"profile": "seed", "model": "llama-3-8b",
            "workload": {"method": "full", "seq_len": 2048, "tokens": 1e9, "global_batch": 256},
            "layout": {"gpu": "h100", "gpus": 8, "tp": 1, "pp": 1, "zero": 3, "checkpointing": "none"},

@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from planner.core.arch import expert_params, seed_lora_params, total_params
+from planner.core.arch import (
+    expert_lora_params,
+    expert_params,
+    has_full_architecture,
+    seed_lora_params,
+    total_params,
+)
 from planner.core.codes import FULL, INFERENCE, LORA, QLORA
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Overrides, Workload
@@ -311,6 +317,11 @@ def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides:
     elif workload.method in ("lora", "qlora"):
         if overrides.lora_params is None:
             notes.append(f"N_lora = L·18·r·H = {seed_lora_params(model, workload.lora_rank):,}")
+            experts = (expert_lora_params(model, workload.lora_rank, workload.lora_target_set)
+                       if model.moe is not None and has_full_architecture(model) else 0)
+            if experts:  # the rule knows one MLP per layer; MoE adapters sit on every routed expert
+                notes.append(f"the rule counts one MLP per layer: the adapters on every routed expert, "
+                             f"{experts:,} parameters, are left out (the detailed profile counts them)")
         if overrides.lora_bytes_per_param is not None:
             notes.append(f"adapter states {overrides.lora_bytes_per_param:g} bytes/param (override)")
         else:
