@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import planner
@@ -517,3 +519,28 @@ def test_the_seed_profile_says_what_its_lora_rule_leaves_out_of_a_moe_model():
             f"{48 * 128 * 3 * 16 * (2048 + 768):,} parameters, are left out (the detailed profile counts them)")
     assert notes("qwen3-30b-a3b") == [want]
     assert notes("llama-3-8b") == []
+
+
+def test_expert_all_to_all_overlap_is_a_recipe_key_that_plans_time_and_export():
+    """``recipe.ep_overlap`` reaches the time model's arguments and the Megatron export
+    (``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``); rows read it where their
+    preset's overlap is stated."""
+    from planner.launch.exporters import export_resolved
+    from planner.perf.arguments import step_arguments
+    from planner.scenario.resolve import resolve
+    from planner.validate import throughput as T
+    from planner.validate.throughput_cases import case_of
+
+    raw = {"profile": "seed", "model": "olmoe-1b-7b", "workload": {"method": "full", "seq_len": 4096},
+           "layout": {"gpu": "h100", "gpus": 8, "ep": 8, "zero": 1}, "recipe": {"ep_overlap": True}}
+    rs = resolve(raw)
+    x = step_arguments(rs, method=0, checkpointing=0, offload=0, zero=1, seq_len=4096, micro_batch=1,
+                       grad_accum=1, tp=1, pp=1, cp=1, ep=8, dp=8, attention=1, fused=0)
+    assert x["ep_overlap"] == 1
+    args = export_resolved(rs).files["megatron_args.txt"].splitlines()
+    assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
+    plain = export_resolved(resolve({**raw, "recipe": {}})).files["megatron_args.txt"].splitlines()
+    assert "--overlap-moe-expert-parallel-comm" not in plain
+    rows = {r["id"]: r for r in T.read_rows(Path(__file__).resolve().parents[1] / "data" / "measured_throughput_published4.csv")}
+    assert case_of(rows["5213"]).x["ep_overlap"] == 1  # 26.04.01 preset: moe_a2a_overlap=True
+    assert case_of(rows["5247"]).x["ep_overlap"] == 0  # 25.09: off

@@ -498,3 +498,21 @@ def test_a_moe_layers_launches_are_not_hidden():
     device, _ = timing._microbatch_compute_s(few, H100, replace(FITTED, launch_s_per_layer=0.0), x)
     assert float(device) + FITTED.launch_s_per_layer * 4 < FITTED.launch_s_per_layer * 48
     assert float(bound) == pytest.approx(FITTED.launch_s_per_layer * 48, rel=1e-9)
+
+
+def test_overlapped_expert_all_to_alls_hide_behind_the_micro_batch_compute():
+    """``recipe.ep_overlap`` (Megatron-Core's batch-level EP overlap): a micro-batch's all-to-alls
+    run during another's compute, exposed only beyond COMM_OVERLAP_SHARE of it; without it they
+    add in full. A layout without expert parallelism is untouched."""
+    from planner.perf.timing import _microbatch_compute_s, _model_parallel_comm_s
+
+    mf = model_flops(catalog.get_model("qwen3-30b-a3b"))
+    perf = replace(H100, gpus_per_node=8)
+    x = {**BASE, "ep": 16, "dp": 16, "grad_accum": 1}
+    compute, t_att = _microbatch_compute_s(mf, perf, FITTED, x)
+    a2a = _model_parallel_comm_s(mf, perf, x, x["micro_batch"] * x["seq_len"], t_att, 8)[3]
+    plain = float(step_time_s(mf, perf, **x))
+    hidden = float(step_time_s(mf, perf, **x, ep_overlap=1))
+    assert float(a2a) > 0
+    assert plain - hidden == pytest.approx(float(a2a) - max(float(a2a) - COMM_OVERLAP_SHARE * float(compute), 0.0))
+    assert float(step_time_s(MF, H100, **BASE, ep_overlap=1)) == float(step_time_s(MF, H100, **BASE))

@@ -381,6 +381,12 @@ class Recipe(StrictModel):
     #: themselves living on the GPU through the step. False: they go to the host with the
     #: optimizer, as ZeRO-Offload and FSDP's CPU offload move them.
     offload_keeps_grads: bool = False
+    #: Expert parallelism's all-to-alls overlapped with another micro-batch's compute:
+    #: Megatron-Core's batch-level overlap (``--overlap-moe-expert-parallel-comm`` with
+    #: ``--delay-wgrad-compute``, MCore 0.14; off by default), as Megatron-Bridge's performance
+    #: presets enable it (``moe_a2a_overlap``). The time model hides the all-to-alls behind the
+    #: micro-batch's compute up to ``COMM_OVERLAP_SHARE`` of it. Time only.
+    ep_overlap: bool = False
     #: How ZeRO-3 gathers are freed: 1 for FSDP1 and DeepSpeed ZeRO-3 (``record_stream``: a block
     #: returns to the all-gather stream's pool once the GPU is done with it, which fragments the
     #: caching allocator's segments), 2 for FSDP2 (``fully_shard``: stream-to-stream waits, the
@@ -423,7 +429,7 @@ MOVED_KEYS: dict[type, dict[str, str]] = {
     Layout: {**{k: f"recipe.{k}" for k in (
         "unsharded_grad_accumulation", "full_state_dict", "fsdp_mixed_units", "zero_bucket_elements",
         "zero_overflow_check_bytes", "zero_offload_gpu_copy", "fsdp_version", "zero_impl", "selective",
-        "offload_keeps_grads")},
+        "offload_keeps_grads", "ep_overlap")},
         "zero3_impl": "recipe.zero_impl"},
 }
 

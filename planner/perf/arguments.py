@@ -132,7 +132,7 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              # and QLoRA columns only)
              adapter_bytes=adapter_bytes_per_token(n_active, wl.lora_rank, wl.adapter_dtype),
              attention=attention, native_attention=native_attention, selective_op=selective_op,
-             fp8=int(bool(wl.fp8)), fused=fused,
+             fp8=int(bool(wl.fp8)), fused=fused, ep_overlap=int(rs.recipe.ep_overlap),
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
     if lay.etp is not None:  # the experts' own tensor parallelism (MoE parallel folding)
         x["etp"] = lay.etp

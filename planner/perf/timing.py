@@ -348,6 +348,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     tokens_gpu = x["micro_batch"] * x["seq_len"] / x["cp"]  # tokens of one micro-batch this GPU processes
     compute, t_att = _microbatch_compute_s(mf, perf, p, x)
     tp_comm, pp_comm, cp_comm, ep_comm = _model_parallel_comm_s(mf, perf, x, tokens_gpu, t_att, node)
+    # an overlapping stack (``ep_overlap``) runs one micro-batch's all-to-alls during another's compute
+    ep_comm = np.where(np.asarray(x.get("ep_overlap", 0)) > 0, exposed_s(ep_comm, compute), ep_comm)
     t_microbatch = compute + tp_comm + pp_comm + cp_comm + ep_comm
     pipeline = (x["grad_accum"] + (x["pp"] - 1) / np.maximum(x.get("vp", 1), 1)) * t_microbatch
     dp_comm, optimizer, offload_opt, offload_params = _data_parallel_and_optimizer_s(mf, perf, p, x, compute, node)

@@ -161,6 +161,15 @@ def _selective_op(row: dict[str, str]) -> bool:
     return any(re.search(w, _stack_text(row)) for w in OP_SELECTIVE_WORDS)
 
 
+#: Words by which a row says its expert-parallel all-to-alls overlapped another micro-batch's
+#: compute (Megatron-Core's batch-level overlap; DeepSeek's DualPipe).
+EP_OVERLAP_WORDS = ("overlap_moe_expert_parallel_comm", "ep a2a overlap", "dualpipe")
+
+
+def _ep_overlap(row: dict[str, str]) -> bool:
+    return any(w in _text(row) for w in EP_OVERLAP_WORDS)
+
+
 def _native_attention(row: dict[str, str]) -> bool:
     return any(re.search(w, _stack_text(row)) for w in NATIVE_ATTENTION_WORDS)
 
@@ -303,6 +312,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "n_lora": n_lora, "n_lora_active": n_active, "n_lora_experts": n_experts, "weight_bytes": 0.5 if code == 2 else 2.0, "vp": _virtual_stages(row, model),
              "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
              "fused": int(_fused(row)), "native_attention": int(_native_attention(row)),
+             "ep_overlap": int(_ep_overlap(row)),
              "selective_op": int(_selective_op(row)),
              "adapter_bytes": 0.0 if code == 0 else timing.adapter_bytes_per_token(n_active, rank, adapter_dtype_of(row)),
              "optimizer_bytes": optimizer_bytes_of(row),

@@ -342,6 +342,8 @@ def megatron_args(ctx: Ctx, out: Bundle) -> list[str] | None:
         args.append(f"--expert-model-parallel-size {lay.ep}")
     if lay.etp is not None:
         args.append(f"--expert-tensor-parallel-size {lay.etp}")
+    if lay.ep > 1 and ctx.rs.recipe.ep_overlap:
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     vpp = ctx.detail("pp_virtual_stages", 1)
     if lay.pp > 1 and vpp > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {m.layers // (lay.pp * vpp)}")
