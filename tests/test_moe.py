@@ -376,7 +376,7 @@ def test_lora_adapts_every_routed_expert_where_the_experts_are_linear_modules():
     the MoE layers where the experts are fused parameters (transformers' GPT-OSS): Qwen3-30B-A3B's
     48 layers of 128 experts 2,048 × 768 (its config.json), Qwen1.5-MoE-A2.7B's 24 layers of 60
     experts 2,048 × 1,408 and a shared MLP of 5,632."""
-    from planner.core.arch import active_lora_params, exact_lora_params, lora_adapter_groups
+    from planner.core.arch import exact_lora_params, lora_adapter_groups, lora_param_counts
 
     every = ("q", "k", "v", "o", "gate", "up", "down")
     qwen3 = catalog.get_model("qwen3-30b-a3b")
@@ -386,7 +386,7 @@ def test_lora_adapts_every_routed_expert_where_the_experts_are_linear_modules():
     n_exp = 48 * 128 * 3 * 8 * (2048 + 768)
     n_attn = sum(n * 8 * (d_in + d_out) for n, d_in, d_out in dense)
     assert exact_lora_params(qwen3, 8, every) == n_attn + n_exp
-    assert active_lora_params(qwen3, 8, every) == pytest.approx(n_attn + n_exp * 8 / 128)
+    assert lora_param_counts(qwen3, 8, every).active == pytest.approx(n_attn + n_exp * 8 / 128)
 
     qwen15 = catalog.get_model("qwen1.5-moe-a2.7b")
     dense, experts = lora_adapter_groups(qwen15, ("gate", "up", "down"))
@@ -430,7 +430,7 @@ def test_expert_adapters_follow_the_experts_own_tp_and_zero_sharding():
     optimizer steps this GPU's share of them: at tp 2, etp 1, ep 2 on 4 GPUs the dense adapters
     are halved by tp and their states by the ZeRO degree 2, the experts' states by ep·expert-dp
     = dp·tp / etp = 4."""
-    from planner.core.arch import exact_lora_params, expert_lora_params
+    from planner.core.arch import exact_lora_params, lora_param_counts
     from planner.memory.model_states import model_states
     from planner.scenario.resolve import resolve
 
@@ -440,7 +440,7 @@ def test_expert_adapters_follow_the_experts_own_tp_and_zero_sharding():
            "layout": {"gpus": 4, "dp": 2, "tp": 2, "ep": 2, "etp": 1, "zero": 1, "checkpointing": "full"}}
     rs = resolve(raw)
     every = rs.workload.lora_target_set
-    n_exp = expert_lora_params(rs.model, 8, every)
+    n_exp = lora_param_counts(rs.model, 8, every).experts
     n_dense = exact_lora_params(rs.model, 8, every) - n_exp
     parts = model_states(rs.model, rs.workload, recipe=rs.recipe, tp=2, pp=1, zero_degree=2, zero=1,
                          offload="none", adapter_bytes=4, ep=2, etp=1)
@@ -454,7 +454,7 @@ def test_expert_adapters_follow_the_experts_own_tp_and_zero_sharding():
 def test_a_token_passes_through_its_active_experts_adapters_only():
     """The time model's adapter FLOPs and side-path traffic count the adapters a token passes
     through (its 8 of 128 experts' in Qwen3-30B-A3B); the optimizer steps all of them."""
-    from planner.core.arch import active_lora_params, exact_lora_params
+    from planner.core.arch import exact_lora_params, lora_param_counts
     from planner.perf.arguments import step_arguments
     from planner.perf.timing import adapter_bytes_per_token
     from planner.scenario.resolve import resolve
@@ -466,7 +466,7 @@ def test_a_token_passes_through_its_active_experts_adapters_only():
     x = step_arguments(rs, method=1, checkpointing=2, offload=0, zero=0, seq_len=2048, micro_batch=1,
                        grad_accum=1, tp=1, pp=1, cp=1, ep=1, dp=8, attention=1, fused=0)
     every = rs.workload.lora_target_set
-    active = active_lora_params(rs.model, 8, every)
+    active = lora_param_counts(rs.model, 8, every).active
     assert float(x["n_lora"]) == exact_lora_params(rs.model, 8, every) > 10 * active
     assert float(x["n_lora_active"]) == pytest.approx(active)
     assert x["adapter_bytes"] == pytest.approx(adapter_bytes_per_token(active, 8, rs.workload.adapter_dtype))

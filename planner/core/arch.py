@@ -303,17 +303,22 @@ def exact_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LOR
     return sum(n * rank * (d_in + d_out) for n, d_in, d_out in lora_adapters(spec, targets))
 
 
-def expert_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> int:
-    """The routed experts' adapter parameters (what expert parallelism divides)."""
-    return sum(n * rank * (d_in + d_out) for n, d_in, d_out in lora_adapter_groups(spec, targets)[1])
+@dataclass(frozen=True)
+class LoraCounts:
+    """Adapter parameters of a model (:func:`lora_param_counts`)."""
+
+    total: int  # every adapter: what the optimizer steps
+    active: float  # those a token passes through: of the routed experts', its active ones'
+    experts: int  # the routed experts' (what expert parallelism divides)
 
 
-def active_lora_params(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> float:
-    """The adapter parameters a token passes through: the dense adapters, and of the routed
-    experts' only its ``active`` experts' (active / experts of them)."""
-    n_experts = expert_lora_params(spec, rank, targets)
-    n_dense = exact_lora_params(spec, rank, targets) - n_experts
-    return float(n_dense + (n_experts * spec.moe.active / spec.moe.experts if spec.moe is not None else 0))
+def lora_param_counts(spec: ModelSpec, rank: int, targets: tuple[str, ...] = LORA_TARGETS) -> LoraCounts:
+    """Σ r·(d_in + d_out) over :func:`lora_adapter_groups`' adapters, all of them, those a token
+    passes through, and the routed experts'."""
+    dense, experts = (sum(n * rank * (d_in + d_out) for n, d_in, d_out in group)
+                      for group in lora_adapter_groups(spec, targets))
+    share = spec.moe.active / spec.moe.experts if spec.moe is not None else 0.0
+    return LoraCounts(dense + experts, dense + experts * share, experts)
 
 
 def expert_params(spec: ModelSpec) -> int:

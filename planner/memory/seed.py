@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from planner.core.arch import (
-    expert_lora_params,
     expert_params,
     has_full_architecture,
+    lora_param_counts,
     seed_lora_params,
     total_params,
 )
@@ -317,7 +317,7 @@ def _seed_notes(model: ModelSpec, workload: Workload, layout: Layout, overrides:
     elif workload.method in ("lora", "qlora"):
         if overrides.lora_params is None:
             notes.append(f"N_lora = L·18·r·H = {seed_lora_params(model, workload.lora_rank):,}")
-            experts = (expert_lora_params(model, workload.lora_rank, workload.lora_target_set)
+            experts = (lora_param_counts(model, workload.lora_rank, workload.lora_target_set).experts
                        if model.moe is not None and has_full_architecture(model) else 0)
             if experts:  # the rule knows one MLP per layer; MoE adapters sit on every routed expert
                 notes.append(f"the rule counts one MLP per layer: the adapters on every routed expert, "

@@ -24,23 +24,20 @@ if TYPE_CHECKING:
     from planner.scenario.resolve import ResolvedScenario
 
 
-def n_lora_of(rs: ResolvedScenario, part: str = "all") -> float:
-    """Trainable adapter parameters: the override, the exact count (detailed profile), or L·18·r·H.
-    ``part``: ``active``, those a token passes through (of a MoE model's routed experts, its
-    active ones); ``experts``, the routed experts' (0 where the count is not exact)."""
-    from planner.core.arch import active_lora_params, exact_lora_params, expert_lora_params, seed_lora_params
+def n_lora_of(rs: ResolvedScenario) -> tuple[float, float, float]:
+    """Trainable adapter parameters, those a token passes through (of a MoE model's routed
+    experts, its active ones') and the routed experts' (0 where the count is not exact): the
+    override, the exact counts (detailed profile), or L·18·r·H."""
+    from planner.core.arch import lora_param_counts, seed_lora_params
 
     wl, ov = rs.workload, rs.overrides
-    exact = ov.lora_params is None and rs.profile != "seed" and has_full_architecture(rs.model)
-    if part == "experts":
-        return float(expert_lora_params(rs.model, wl.lora_rank, wl.lora_target_set)) if exact else 0.0
     if ov.lora_params is not None:
-        return float(ov.lora_params)
-    if exact:
-        if part == "active":
-            return active_lora_params(rs.model, wl.lora_rank, wl.lora_target_set)
-        return float(exact_lora_params(rs.model, wl.lora_rank, wl.lora_target_set))
-    return float(seed_lora_params(rs.model, wl.lora_rank))
+        return float(ov.lora_params), float(ov.lora_params), 0.0
+    if rs.profile != "seed" and has_full_architecture(rs.model):
+        c = lora_param_counts(rs.model, wl.lora_rank, wl.lora_target_set)
+        return float(c.total), float(c.active), float(c.experts)
+    rule = float(seed_lora_params(rs.model, wl.lora_rank))
+    return rule, rule, 0.0
 
 
 def saved_modules_of(rs: ResolvedScenario) -> dict[str, float]:
@@ -120,7 +117,7 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
     name or its code; the workload's where None), for Muon's Newton–Schulz FLOPs. ``intra_only``
     prices every group at the in-node link."""
     wl, lay = rs.workload, rs.layout
-    n_lora, n_active, n_experts = n_lora_of(rs), n_lora_of(rs, "active"), n_lora_of(rs, "experts")
+    n_lora, n_active, n_experts = n_lora_of(rs)
     full = np.asarray(method) == FULL
     x = dict(method=method, checkpointing=checkpointing, offload=offload, zero=zero, seq_len=seq_len,
              micro_batch=micro_batch * wl.sequences_per_sample, grad_accum=grad_accum, tp=tp, pp=pp,

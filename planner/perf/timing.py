@@ -549,9 +549,10 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     # (``etp``) on the tokens dispatched to the group, none at etp 1 (Megatron-Core's folded layout
     # sends each rank's sequence shard through the all-to-all instead); unset, etp is tp.
     per_half = np.where(ckpt == 2, 3.0, 2.0)
-    expert_tp = _expert_layout(mf, x)[0]
+    expert_tp, _, _, stride = _expert_layout(mf, x)
     expert_bps = np.where(expert_tp <= node, perf.intra_bps, perf.inter_bps)
-    tp_comm = per_half * ((mf.layers + mf.layers - mf.moe_layers) / pp * ring_allreduce_s(act_bytes, tp, tp_bps)
+    halves_at_tp = mf.layers + (mf.layers - mf.moe_layers)  # every attention, the dense layers' MLPs
+    tp_comm = per_half * (halves_at_tp / pp * ring_allreduce_s(act_bytes, tp, tp_bps)
                           + mf.moe_layers / pp * ring_allreduce_s(act_bytes * expert_tp / tp, expert_tp, expert_bps))
     pp_bps = np.where(tp * cp * dp * pp <= node, perf.intra_bps, perf.inter_bps)
     pp_comm = np.where(pp > 1, 2.0 * act_bytes / tp / pp_bps, 0.0)
@@ -569,7 +570,6 @@ def _model_parallel_comm_s(mf: ModelFlops, perf: GpuPerf, x: dict[str, Any], tok
     # the node's link, the share bound for other nodes the GPU's NIC, both at once (the slower
     # decides), as NCCL's and DeepEP's all-to-alls run.
     a2a_bytes = tokens_gpu / tp * mf.hidden * 2.0 * mf.experts_per_token / np.maximum(ep, 1)
-    stride = _expert_layout(mf, x)[3]
     in_node = np.minimum(np.maximum(np.floor(perf.gpus_per_node / np.maximum(stride, 1)), 1.0), ep)
     a2a_s = np.maximum(a2a_bytes * (in_node - 1) / perf.intra_bps, a2a_bytes * (ep - in_node) / perf.inter_bps)
     ep_comm = np.where(ep > 1, 4.0 * a2a_s * mf.moe_layers / pp, 0.0)
@@ -598,13 +598,12 @@ def _parameters_on_gpu(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any, Any
     shard of the trainable parameters (divided further by the ZeRO degree from stage 1: the
     dense ones over dp·cp, the experts over their own data-parallel group)."""
     method, tp, pp, zero = x["method"], x["tp"], x["pp"], x["zero"]
-    _, local_experts, expert_dp, _ = _expert_layout(mf, x)
+    expert_tp, local_experts, expert_dp, _ = _expert_layout(mf, x)
     dense = mf.params - mf.expert_params
     local = dense + local_experts
     full = method == FULL
     # the routed experts' adapters (``n_lora_experts`` of ``n_lora``) sit 1/ep on a rank, split
     # as the experts are
-    expert_tp = _expert_layout(mf, x)[0]
     n_lora, n_lora_experts = x.get("n_lora", 0.0), x.get("n_lora_experts", 0.0)
     adapters = n_lora - n_lora_experts + n_lora_experts * tp / (expert_tp * np.maximum(x.get("ep", 1), 1))
     trainable = np.where(full, local, adapters + x.get("n_saved", 0.0))

@@ -14,10 +14,8 @@ from typing import Any
 from planner import catalog
 from planner.core.arch import (
     LORA_TARGETS,
-    active_lora_params,
-    exact_lora_params,
-    expert_lora_params,
     has_full_architecture,
+    lora_param_counts,
     seed_lora_params,
 )
 from planner.core.entries import GpuSpec, ModelSpec
@@ -223,20 +221,17 @@ def optimizer_host_s_of(row: dict[str, str], model: ModelSpec, method: str, targ
     return tensors * timing.FOR_LOOP_LAUNCHES_PER_TENSOR * timing.HOST_S_PER_LAUNCH
 
 
-def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int, part: str = "all") -> float:
-    """Adapter parameters: exact over the modules the notes name ("LoRA rank 16 on q,v", "on all
-    linear") for a model the catalog describes in full, else L·18·r·H. ``part``: ``active``,
-    those a token passes through (a MoE model's active experts' only); ``experts``, the routed
-    experts' (0 where the count is not exact)."""
+def lora_params_of(row: dict[str, str], model: ModelSpec, rank: int) -> tuple[float, float, float]:
+    """Adapter parameters, those a token passes through (a MoE model's active experts' only) and
+    the routed experts' (0 where the count is not exact): exact over the modules the notes name
+    ("LoRA rank 16 on q,v", "on all linear") for a model the catalog describes in full, else
+    L·18·r·H."""
     targets = named_lora_targets(row)
-    exact = targets is not None and has_full_architecture(model)
-    if part == "experts":
-        return float(expert_lora_params(model, rank, targets)) if exact and targets is not None else 0.0
-    if not exact or targets is None:
-        return float(seed_lora_params(model, rank))
-    if part == "active":
-        return active_lora_params(model, rank, targets)
-    return float(exact_lora_params(model, rank, targets))
+    if targets is None or not has_full_architecture(model):
+        rule = float(seed_lora_params(model, rank))
+        return rule, rule, 0.0
+    c = lora_param_counts(model, rank, targets)
+    return float(c.total), float(c.active), float(c.experts)
 
 
 #: The generation arguments of a row that generates nothing (every row carries the same keys, so
@@ -303,9 +298,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
         zero = 3
     code = {"full": 0, "lora": 1, "qlora": 2}[method]
     rank = int(lenient_num(row, "lora_rank", DEFAULT_LORA_RANK))
-    n_lora = 0.0 if code == 0 else lora_params_of(row, model, rank)
-    n_active = 0.0 if code == 0 else lora_params_of(row, model, rank, "active")
-    n_experts = 0.0 if code == 0 else lora_params_of(row, model, rank, "experts")
+    n_lora, n_active, n_experts = (0.0, 0.0, 0.0) if code == 0 else lora_params_of(row, model, rank)
     fp8 = "fp8" in re.sub(NOT_FP8, "", row.get("precision", "").lower())
     x = {"method": code, "checkpointing": checkpointing_of(row.get("checkpointing", "")), "offload": offload,
              "zero": zero, "seq_len": seq, "micro_batch": mb, "grad_accum": ga, "tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep,
