@@ -544,3 +544,29 @@ def test_expert_all_to_all_overlap_is_a_recipe_key_that_plans_time_and_export():
     rows = {r["id"]: r for r in T.read_rows(Path(__file__).resolve().parents[1] / "data" / "measured_throughput_published4.csv")}
     assert case_of(rows["5213"]).x["ep_overlap"] == 1  # 26.04.01 preset: moe_a2a_overlap=True
     assert case_of(rows["5247"]).x["ep_overlap"] == 0  # 25.09: off
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_two_shared_experts_cost_what_one_twice_as_wide_costs(method):
+    """DeepSeek's shared experts run on every token side by side, one MLP as wide as all of them
+    (``MoESpec.shared_width``): Qwen1.5-MoE-A2.7B's one shared expert of 5,632 and two of 2,816
+    give the same parameters, adapters, FLOPs and memory, and a shared width of 0 drops them."""
+    from planner.core.arch import lora_param_counts
+    from planner.perf.flops import model_flops
+
+    one = catalog.get_model("qwen1.5-moe-a2.7b")
+    assert one.moe is not None and one.moe.shared_width == 5632
+    two = one.model_copy(update={"moe": one.moe.model_copy(update={"shared_experts": 2, "shared_ffn": 2816})})
+    none = one.model_copy(update={"moe": one.moe.model_copy(update={"shared_experts": 0})})
+    assert param_counts(two) == param_counts(one)
+    assert param_counts(one).total - param_counts(none).total == 24 * 3 * 2048 * 5632
+    assert model_flops(two) == model_flops(one)  # the time model's inputs
+    every = ("q", "k", "v", "o", "gate", "up", "down")
+    assert lora_param_counts(two, 8, every) == lora_param_counts(one, 8, every)
+    scenario = {"profile": "detailed", "layout": {"gpu": "h100", "gpus": 8, "dp": 8, "zero": 3},
+                "workload": {"method": method, "seq_len": 2048, "micro_batch": 1,
+                             **({"lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+                                if method == "lora" else {})}}
+    a = planner.estimate({**scenario, "model": one.model_dump(exclude_none=True)})
+    b = planner.estimate({**scenario, "model": two.model_dump(exclude_none=True)})
+    assert a.components == b.components and a.total_bytes == b.total_bytes

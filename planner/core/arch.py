@@ -128,7 +128,7 @@ def _mlp_params(spec: ModelSpec) -> tuple[int, int]:
     if moe_layers:
         assert moe is not None  # MoE layers exist only with a MoE spec
         expert = dense_mlp_params(spec, moe.expert_ffn)
-        shared = moe.shared_experts * dense_mlp_params(spec, moe.shared_ffn) if moe.shared_ffn else 0
+        shared = dense_mlp_params(spec, moe.shared_width) if moe.shared_width else 0
         router = spec.hidden * moe.experts
         total += moe_layers * (router + moe.experts * expert + shared)
         active += moe_layers * (router + moe.active * expert + shared)
@@ -213,8 +213,7 @@ def hidden_matrices(spec: ModelSpec) -> list[tuple[int, int, int]]:
         h, mats = spec.hidden, len(mlp_names)
         out += [(moe_layers * moe.experts, h, moe.expert_ffn)] * (mats - 1)
         out.append((moe_layers * moe.experts, moe.expert_ffn, h))
-        if moe.shared_ffn and moe.shared_experts:
-            f = moe.shared_ffn * moe.shared_experts
+        if f := moe.shared_width:
             out += [(moe_layers, h, f)] * (mats - 1) + [(moe_layers, f, h)]
     return out
 
@@ -232,7 +231,7 @@ def op_policy_matmuls(spec: ModelSpec, moe_layer: bool) -> list[tuple[str, int, 
     attn.append(("o", *shapes["o"]))
     moe = spec.moe
     if moe_layer and moe is not None:
-        f = moe.shared_ffn * moe.shared_experts
+        f = moe.shared_width
         mlp = [("gate", spec.hidden, f), ("up", spec.hidden, f), ("down", f, spec.hidden)] if f else []
     else:
         mlp = [(m, *shapes[m]) for m in (("gate", "up", "down") if spec.gated_mlp else ("up", "down"))]
@@ -290,8 +289,8 @@ def lora_adapter_groups(spec: ModelSpec, targets: tuple[str, ...] = LORA_TARGETS
         def widths(t: str, f: int) -> tuple[int, int]:
             return (f, h) if t == "down" else (h, f)
         experts = [(moe_layers * moe.experts, *widths(t, moe.expert_ffn)) for t in mlp]
-        if moe.shared_ffn and moe.shared_experts:
-            dense += [(moe_layers, *widths(t, moe.shared_ffn * moe.shared_experts)) for t in mlp]
+        if moe.shared_width:
+            dense += [(moe_layers, *widths(t, moe.shared_width)) for t in mlp]
     if "lm_head" in targets:
         (vocab,) = _dims(spec, "vocab")
         dense.append((1, spec.hidden, vocab))

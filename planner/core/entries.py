@@ -126,6 +126,12 @@ class MoESpec(StrictModel):
     #: transformers 5 fuses every MoE family's experts so; a run on it sets this false.
     linear_experts: bool = True
 
+    @property
+    def shared_width(self) -> int:
+        """The shared experts' combined inner width: they run on every token side by side, one
+        MLP this wide (0 without shared experts). Every count, FLOP and byte of theirs reads it."""
+        return self.shared_ffn * self.shared_experts
+
 
 class MLASpec(StrictModel):
     """Multi-head latent attention (DeepSeek-V2/V3)."""

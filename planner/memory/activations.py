@@ -331,7 +331,7 @@ def _autocast_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe) -
     shapes = attention_module_shapes(model) if moe is not None else lora_module_shapes(model)
     if moe is not None:  # per MLP module: r·(h + f) for each expert that runs and the shared MLP
         routed = moe.experts * (model.hidden + moe.expert_ffn) if moe.linear_experts else 0
-        shared = model.hidden + moe.shared_ffn * moe.shared_experts if moe.shared_ffn and moe.shared_experts else 0
+        shared = model.hidden + moe.shared_width if moe.shared_width else 0
         for m in (MLP_TARGETS & rec.lora_targets) - ({"gate"} if not model.gated_mlp else set()):
             inv.add(f"{m}.lora_weight_casts", rec.lora_rank * (routed + shared) * rec.e)
     adapted = [m for m in shapes if m in rec.lora_targets]
@@ -368,7 +368,7 @@ def _base_weight_casts(inv: Inventory, model: ModelSpec, rec: LayerRecipe, h1_rg
     if moe is None:
         mlp = sum(shapes[m][0] * shapes[m][1] for m in mlp_modules)
     else:  # every routed expert and the shared ones, (d_in·d_out per module scaled to their width)
-        width = moe.expert_ffn * moe.experts + moe.shared_ffn * moe.shared_experts
+        width = moe.expert_ffn * moe.experts + moe.shared_width
         mlp = len(mlp_modules) * model.hidden * width
     inv.add("base.mlp_weight_casts", mlp * rec.e)
 
@@ -393,8 +393,8 @@ def _moe(inv: Inventory, model: ModelSpec, rg_in: bool, rec: LayerRecipe, tokens
     # experts stored as fused parameters carry no adapters (``MoESpec.linear_experts``)
     expert_rec = rec if moe.linear_experts else replace(rec, lora_targets=rec.lora_targets - MLP_TARGETS)
     _mlp(sub, model, moe.expert_ffn, rg_in, expert_rec, routed, prefix="experts")
-    if moe.shared_experts and moe.shared_ffn:
-        _mlp(sub, model, moe.shared_ffn * moe.shared_experts, rg_in, rec, tokens, prefix="shared")
+    if moe.shared_width:
+        _mlp(sub, model, moe.shared_width, rg_in, rec, tokens, prefix="shared")
     for k, v in sub.split.items():
         inv.add(k, v)
     for k, v in sub.whole.items():
@@ -434,7 +434,7 @@ def _moe_backward_ffn(model: ModelSpec, rec: LayerRecipe) -> float:
     assert moe is not None  # called for a MoE model only (:func:`backward_temporaries`)
     if not rec.moe_loop:
         return moe.expert_ffn * moe.active
-    return max(moe.expert_ffn * moe.active / moe.experts, moe.shared_ffn * moe.shared_experts)
+    return max(moe.expert_ffn * moe.active / moe.experts, moe.shared_width)
 
 
 def _mlp_block_split_saved(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> float:

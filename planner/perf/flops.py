@@ -117,7 +117,7 @@ def _widths(model: ModelSpec) -> tuple[int, int, int, int, int]:
     if not has_full_architecture(model):
         return 0, 0, 0, 1, 0
     moe = model.moe
-    shared = moe.shared_ffn * moe.shared_experts if moe is not None and moe.shared_ffn else 0
+    shared = moe.shared_width if moe is not None else 0
     return (model.ffn or 0, moe.expert_ffn if moe is not None else 0, shared, int(bool(model.gated_mlp)),
             model.vocab or 0)
 
