@@ -1060,6 +1060,42 @@ def test_muon_step_holds_the_newton_schulz_workspace_of_its_largest_matrix():
     assert temp == pytest.approx(4096 * 11008 * 8 + 4096 ** 2 * 4 + adamw_part)
 
 
+def test_muon_workspace_splits_a_routed_expert_over_the_experts_own_tp():
+    """A routed expert's matrix is split over the experts' tensor parallelism (``etp``), the rest
+    over tp: Mixtral's 4096 × 14336 expert weights whole at tp 2 with etp 1 (4096·14336·8 +
+    4096²·4 bytes of Newton–Schulz workspace, the largest matrix), halved along 14336 at etp 2."""
+    from dataclasses import replace
+
+    from planner import catalog
+    from planner.memory.buffers import buffer_terms
+    from planner.memory.model_states import model_states
+
+    model = catalog.get_model("mixtral-8x7b")
+    wl = Workload(method="full", precision="mixed", optimizer="muon")
+    temps = {}
+    for etp in (1, 2):
+        layout = Layout(dp=4, tp=2, ep=4, etp=etp)
+        st = model_states(model, wl, recipe=Recipe(), tp=2, pp=1, zero_degree=1, zero=0, offload="none",
+                          adapter_bytes=2, ep=4, etp=etp)
+        st = replace(st, matrix_share=1.0)  # the workspace alone, no AdamW beside it
+        temps[etp] = buffer_terms(model, wl, layout, st, recipe=Recipe(optimizer_step="fused"))["optimizer_temp"]
+    for etp in (1, 2):
+        assert temps[etp] == pytest.approx(4096 * 14336 / etp * 8 + 4096 ** 2 * 4)
+
+
+def test_the_largest_expert_adapter_is_split_over_the_experts_own_tp():
+    """LoRA on Mixtral's experts: the largest adapter tensor a GPU steps is rank × 14336 of a
+    routed expert's down projection, whole at etp 1 and halved at etp 2 (tp 2 both times)."""
+    from planner import catalog
+    from planner.memory.buffers import _largest_trainable
+
+    model = catalog.get_model("mixtral-8x7b")
+    wl = Workload(method="lora", lora_rank=16, lora_targets=["q", "k", "v", "o", "gate", "up", "down"])
+    for etp in (1, 2):
+        layer, _ = _largest_trainable(model, wl, Layout(dp=4, tp=2, ep=4, etp=etp), Recipe())
+        assert layer == 16 * 14336 / etp
+
+
 def test_muon_beside_lora_steps_the_modules_trained_whole_with_adamw():
     """LoRA under Muon with the embeddings trained whole (``modules_to_save``): Muon steps the
     adapter matrices, AdamW the embeddings, and the step holds one square root of the AdamW

@@ -195,12 +195,12 @@ def lora_module_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def hidden_matrices(spec: ModelSpec) -> list[tuple[int, int, int]]:
+def hidden_matrices(spec: ModelSpec, *, routed: bool = True) -> list[tuple[int, int, int]]:
     """(count, d_in, d_out) of every weight matrix in the decoder layers of the whole model: each
     layer's attention projections, the dense MLP's on dense layers, and on MoE layers each routed
-    expert's and the shared experts' (one MLP as wide as all of them, as HF's DeepSeek and
-    Qwen-MoE build it). Embeddings, head, norms and routers are not among them (Muon steps these
-    matrices; AdamW the rest)."""
+    expert's (:func:`routed_expert_matrices`; left out with ``routed`` false) and the shared
+    experts' (one MLP as wide as all of them, as HF's DeepSeek and Qwen-MoE build it). Embeddings,
+    head, norms and routers are not among them (Muon steps these matrices; AdamW the rest)."""
     shapes = lora_module_shapes(spec)
     mlp_names = ("gate", "up", "down") if spec.gated_mlp else ("up", "down")
     moe = spec.moe
@@ -209,13 +209,23 @@ def hidden_matrices(spec: ModelSpec) -> list[tuple[int, int, int]]:
     out = [(spec.layers, *shapes[k]) for k in ("q", "k", "v", "o")]
     if dense_layers:
         out += [(dense_layers, *shapes[k]) for k in mlp_names]
-    if moe is not None and moe_layers:
+    if routed:
+        out += routed_expert_matrices(spec)
+    if moe is not None and moe_layers and (f := moe.shared_width):
         h, mats = spec.hidden, len(mlp_names)
-        out += [(moe_layers * moe.experts, h, moe.expert_ffn)] * (mats - 1)
-        out.append((moe_layers * moe.experts, moe.expert_ffn, h))
-        if f := moe.shared_width:
-            out += [(moe_layers, h, f)] * (mats - 1) + [(moe_layers, f, h)]
+        out += [(moe_layers, h, f)] * (mats - 1) + [(moe_layers, f, h)]
     return out
+
+
+def routed_expert_matrices(spec: ModelSpec) -> list[tuple[int, int, int]]:
+    """(count, d_in, d_out) of the routed experts' weight matrices in the whole model: gate and
+    up (h × expert_ffn; up alone without a gated MLP) and down, one of each per expert per MoE
+    layer. None in a dense model."""
+    moe, moe_layers = spec.moe, moe_layer_count(spec)
+    if moe is None or not moe_layers:
+        return []
+    h, n = spec.hidden, moe_layers * moe.experts
+    return [(n, h, moe.expert_ffn)] * (2 if spec.gated_mlp else 1) + [(n, moe.expert_ffn, h)]
 
 
 def op_policy_matmuls(spec: ModelSpec, moe_layer: bool) -> list[tuple[str, int, int]]:

@@ -17,13 +17,14 @@ from planner.core.arch import (
     lora_adapters,
     lora_module_shapes,
     param_counts,
+    routed_expert_matrices,
 )
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Recipe, Workload
 from planner.core.units import zero_degree
 from planner.memory.model_states import (
     StateParts,
-    adapter_shapes,
+    adapter_groups,
     compute_bytes,
     int8_base,
     quantized_linear_bytes,
@@ -149,7 +150,8 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout,
     complete during the last layer's backward, and of the input embedding's (complete at the end
     of backward). Full training: a layer matrix (q, k and v as one where the model fuses them; a
     MoE layer's fused expert weight) or the LM head unless tied to the embeddings. Adapters: the
-    largest LoRA matrix (rank × the wider side of the adapted layer) or a module trained whole
+    largest LoRA matrix (rank × the wider side of the adapted layer, a routed expert's split over the
+    experts' own TP) or a module trained whole
     (``modules_to_save``); the embedding only where trained whole."""
     tp = layout.tp
     if wl.method == "full":
@@ -161,7 +163,9 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout,
         head = 0 if model.tied_embeddings else vocab * model.hidden / tp
         return max(matrix, head), vocab * model.hidden / tp
     saved = saved_module_params(model, wl.modules_to_save)
-    adapter = wl.lora_rank * max(max(d_in, d_out) for _n, d_in, d_out in adapter_shapes(model, wl)) / tp
+    dense, experts = adapter_groups(model, wl)
+    adapter = wl.lora_rank * max([max(d_in, d_out) / tp for _n, d_in, d_out in dense]
+                                 + [max(d_in, d_out) / layout.expert_tp for _n, d_in, d_out in experts])
     return max(adapter, saved.get("lm_head", 0) / tp), saved.get("embed_tokens", 0) / tp
 
 
@@ -219,20 +223,25 @@ def _muon_step_bytes(model: ModelSpec, wl: Workload, layout: Layout, st: StatePa
                      partition: float) -> float:
     """Muon's step temporaries on one GPU: the Newton–Schulz workspace of its largest matrix (one
     matrix at a time; distributed Muon gathers each whole matrix on the rank that orthogonalises
-    it; a tensor-parallel rank its own shard), plus the AdamW beside it stepping what is not a
+    it; a tensor-parallel rank its own shard, a routed expert's split over the experts' own TP), plus the AdamW beside it stepping what is not a
     hidden matrix (embeddings, head, norms; modules trained whole beside LoRA) as torch's foreach
     AdamW does (one square root of its states): the share the model states count
     (``StateParts.matrix_share``)."""
     state = _step_state_bytes(wl)
     if wl.method == "full":
-        shapes = [(d_in, d_out) for _, d_in, d_out in hidden_matrices(model)]
+        dense, experts = hidden_matrices(model, routed=False), routed_expert_matrices(model)
+        shapes = [(d_in, d_out, layout.tp) for _, d_in, d_out in dense]
     else:
-        shapes = [(wl.lora_rank, max(d_in, d_out)) for _, d_in, d_out in adapter_shapes(model, wl)]
+        dense, experts = adapter_groups(model, wl)
+        shapes = [(wl.lora_rank, max(d_in, d_out), layout.tp) for _, d_in, d_out in dense]
+        experts = [(c, wl.lora_rank, max(d_in, d_out)) for c, d_in, d_out in experts]
+    # A routed expert's matrices are split over the experts' own tensor parallelism.
+    shapes += [(d_in, d_out, layout.expert_tp) for _, d_in, d_out in experts]
     matrix_share = st.matrix_share
     workspace = 0.0
-    for d_in, d_out in shapes:
+    for d_in, d_out, split in shapes:
         m, wide = sorted((d_in, d_out))
-        n = wide / layout.tp  # a tensor-parallel shard
+        n = wide / split  # a tensor-parallel shard
         workspace = max(workspace, (state + MUON_NS_BYTES_PER_ELEMENT) * m * n
                         + MUON_NS_BYTES_PER_GRAM_ELEMENT * m * m)
     return workspace + (1.0 - matrix_share) * partition * state
