@@ -1084,8 +1084,8 @@ def test_muon_workspace_splits_a_routed_expert_over_the_experts_own_tp():
 
 
 def test_the_largest_expert_adapter_is_split_over_the_experts_own_tp():
-    """LoRA on Mixtral's experts: the largest adapter tensor a GPU steps is rank × 14336 of a
-    routed expert's down projection, whole at etp 1 and halved at etp 2 (tp 2 both times)."""
+    """LoRA on Mixtral's experts: the largest adapter tensor a GPU steps is rank × 14336 (a routed
+    expert's projection, 14336 its wider side), whole at etp 1 and halved at etp 2 (tp 2 both)."""
     from planner import catalog
     from planner.memory.buffers import _largest_trainable
 

@@ -150,9 +150,9 @@ def _largest_trainable(model: ModelSpec, wl: Workload, layout: Layout,
     complete during the last layer's backward, and of the input embedding's (complete at the end
     of backward). Full training: a layer matrix (q, k and v as one where the model fuses them; a
     MoE layer's fused expert weight) or the LM head unless tied to the embeddings. Adapters: the
-    largest LoRA matrix (rank × the wider side of the adapted layer, a routed expert's split over the
-    experts' own TP) or a module trained whole
-    (``modules_to_save``); the embedding only where trained whole."""
+    largest LoRA matrix (rank × the wider side of the adapted layer, a routed expert's split over
+    the experts' own TP) or a module trained whole (``modules_to_save``); the embedding only where
+    trained whole."""
     tp = layout.tp
     if wl.method == "full":
         (vocab,) = _dims(model, "vocab")
@@ -223,20 +223,20 @@ def _muon_step_bytes(model: ModelSpec, wl: Workload, layout: Layout, st: StatePa
                      partition: float) -> float:
     """Muon's step temporaries on one GPU: the Newton–Schulz workspace of its largest matrix (one
     matrix at a time; distributed Muon gathers each whole matrix on the rank that orthogonalises
-    it; a tensor-parallel rank its own shard, a routed expert's split over the experts' own TP), plus the AdamW beside it stepping what is not a
-    hidden matrix (embeddings, head, norms; modules trained whole beside LoRA) as torch's foreach
-    AdamW does (one square root of its states): the share the model states count
-    (``StateParts.matrix_share``)."""
+    it; a tensor-parallel rank its own shard, a routed expert's over the experts' own TP), plus
+    the AdamW beside it stepping what is not a hidden matrix (embeddings, head, norms; modules
+    trained whole beside LoRA) as torch's foreach AdamW does (one square root of its states): the
+    share the model states count (``StateParts.matrix_share``)."""
     state = _step_state_bytes(wl)
+    r, tp, etp = wl.lora_rank, layout.tp, layout.expert_tp
+    # (d_in, d_out, ways a rank's shard of it is split): a routed expert's by the experts' own TP
     if wl.method == "full":
-        dense, experts = hidden_matrices(model, routed=False), routed_expert_matrices(model)
-        shapes = [(d_in, d_out, layout.tp) for _, d_in, d_out in dense]
+        shapes = ([(d_in, d_out, tp) for _, d_in, d_out in hidden_matrices(model, routed=False)]
+                  + [(d_in, d_out, etp) for _, d_in, d_out in routed_expert_matrices(model)])
     else:
         dense, experts = adapter_groups(model, wl)
-        shapes = [(wl.lora_rank, max(d_in, d_out), layout.tp) for _, d_in, d_out in dense]
-        experts = [(c, wl.lora_rank, max(d_in, d_out)) for c, d_in, d_out in experts]
-    # A routed expert's matrices are split over the experts' own tensor parallelism.
-    shapes += [(d_in, d_out, layout.expert_tp) for _, d_in, d_out in experts]
+        shapes = ([(r, max(d_in, d_out), tp) for _, d_in, d_out in dense]
+                  + [(r, max(d_in, d_out), etp) for _, d_in, d_out in experts])
     matrix_share = st.matrix_share
     workspace = 0.0
     for d_in, d_out, split in shapes:

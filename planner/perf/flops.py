@@ -91,7 +91,7 @@ class ModelFlops:
     #: width, a routed expert's, the shared experts' together, and 1 for a gated MLP (3 matrices)
     ffn: int = 0
     expert_ffn: int = 0
-    shared_ffn: int = 0
+    shared_width: int = 0
     gated: int = 1
     vocab: int = 0
 
@@ -141,7 +141,7 @@ def gemm_width_efficiency(mf: ModelFlops, tp: Any, expert_tp: Any, half: float) 
         (h * qkv * mf.layers, 1.0 / (f(h) * f(qkv / tp))),
         (h * mf.attn_width * mf.layers, 1.0 / (f(mf.attn_width / tp) * f(h))),
         (mats * h * mf.ffn * dense_layers, 1.0 / (f(h) * f(mf.ffn / tp))),
-        (mats * h * mf.shared_ffn * mf.moe_layers, 1.0 / (f(h) * f(mf.shared_ffn / tp))),
+        (mats * h * mf.shared_width * mf.moe_layers, 1.0 / (f(h) * f(mf.shared_width / tp))),
         (h * mf.vocab, 1.0 / (f(h) * f(mf.vocab / tp))),
     ]
     weight = sum(w for w, _ in parts)
