@@ -365,6 +365,30 @@ def test_muon_step_time_adds_its_newton_schulz_gemms_split_by_sharded_optimizers
     assert step(tp=2, optimizer_flops=flops) - step(tp=2) == pytest.approx(flops / 2 / rate, rel=1e-6)
 
 
+def test_muon_orthogonalises_a_rank_s_share_of_the_routed_experts():
+    """A rank holds 1/ep of the routed experts (each split over the experts' own TP): under DDP it
+    orthogonalises the dense matrices (its tp shards) and its experts only; a sharded optimizer
+    splits the experts over their own data-parallel group, which comes to the same 1/(tp·dp·cp)
+    share as the dense matrices. Mixtral 8x7B on 8 GPUs, ep 8: the experts' Newton–Schulz FLOPs
+    counted once per 8 ranks without ZeRO."""
+    from planner.perf.flops import muon_expert_flops, muon_step_flops
+
+    spec = catalog.get_model("mixtral-8x7b")
+    mf = model_flops(spec)
+    total, experts = muon_step_flops(spec, "full"), muon_expert_flops(spec, "full")
+    assert 0.9 * total < experts < total  # the experts hold most of Mixtral's hidden matrices
+    rate = H100.peak_flops * H100.utilization
+
+    def extra(**x):
+        args = {**BASE, "dp": 8, "ep": 8, **x}
+        with_muon = step_time_s(mf, H100, **args, optimizer_flops=total, optimizer_expert_flops=experts)
+        return float(with_muon) - float(step_time_s(mf, H100, **args))
+
+    assert extra(zero=0) == pytest.approx((total - experts + experts / 8) / rate, rel=1e-6)
+    assert extra(zero=1) == pytest.approx(total / 8 / rate, rel=1e-6)
+    assert extra(zero=0, ep=1) == pytest.approx(total / rate, rel=1e-6)  # DDP without ep: all of it
+
+
 def test_a_muon_plan_is_timed_with_its_orthogonalisation():
     """``planner estimate`` of one plan and the search's columns time Muon through the same
     arguments: an 8B full fine-tune with Muon takes longer per step than with SGD, by the

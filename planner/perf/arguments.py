@@ -78,21 +78,26 @@ def generation_arguments(model: ModelSpec, wl: Workload, lay: Layout, recipe: Re
 
 def muon_flops_of(rs: ResolvedScenario, method: Any, optimizer: Any = None) -> Any:
     """Newton–Schulz FLOPs of one optimizer step over the whole model where the plan's optimizer
-    is Muon (:func:`planner.perf.flops.muon_step_flops`; 0 for other optimizers), by method code;
-    None where no plan runs Muon."""
+    is Muon (:func:`planner.perf.flops.muon_step_flops`; 0 for other optimizers), by method code,
+    and the routed experts' part of them (:func:`planner.perf.flops.muon_expert_flops`); None
+    where no plan runs Muon."""
     from planner.core.codes import OPTIMIZERS
-    from planner.memory.model_states import adapter_shapes
-    from planner.perf.flops import muon_step_flops
+    from planner.memory.model_states import adapter_groups, adapter_shapes
+    from planner.perf.flops import muon_expert_flops, muon_step_flops
 
     wl = rs.workload
     opt = np.asarray(wl.optimizer if optimizer is None else optimizer)
     is_muon = (opt == "muon") if opt.dtype.kind in "UO" else (opt == OPTIMIZERS.index("muon"))
     if not np.any(is_muon):
         return None
-    full = muon_step_flops(rs.model, "full")
-    adapters = (muon_step_flops(rs.model, "lora", wl.lora_rank, adapter_shapes(rs.model, wl))
-                if has_full_architecture(rs.model) else 0.0)
-    return np.where(is_muon, np.where(np.asarray(method) == FULL, full, adapters), 0.0)
+    full, full_experts = muon_step_flops(rs.model, "full"), muon_expert_flops(rs.model, "full")
+    adapters = adapter_experts = 0.0
+    if has_full_architecture(rs.model):
+        adapters = muon_step_flops(rs.model, "lora", wl.lora_rank, adapter_shapes(rs.model, wl))
+        adapter_experts = muon_expert_flops(rs.model, "lora", wl.lora_rank, adapter_groups(rs.model, wl)[1])
+    full_run = np.asarray(method) == FULL
+    return (np.where(is_muon, np.where(full_run, full, adapters), 0.0),
+            np.where(is_muon, np.where(full_run, full_experts, adapter_experts), 0.0))
 
 
 def selective_is_op(selective: Any) -> Any:
@@ -135,7 +140,7 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
         x["etp"] = lay.etp
     muon = muon_flops_of(rs, method, optimizer)
     if muon is not None:
-        x["optimizer_flops"] = muon
+        x["optimizer_flops"], x["optimizer_expert_flops"] = muon
     forwards = int(forwards_beside_training(wl, rs.recipe.logprob_forward))
     if forwards:
         x["reference_forward"] = forwards

@@ -19,6 +19,7 @@ from planner.core.arch import (
     moe_layer_count,
     op_policy_rerun_params,
     param_counts,
+    routed_expert_matrices,
     total_params,
 )
 from planner.core.codes import FULL
@@ -67,6 +68,19 @@ def muon_step_flops(model: ModelSpec, method: str, lora_rank: int = 0,
     if not has_full_architecture(model):
         return 0.0
     return float(sum(c * newton_schulz_flops(d_in, d_out) for c, d_in, d_out in hidden_matrices(model)))
+
+
+def muon_expert_flops(model: ModelSpec, method: str, lora_rank: int = 0,
+                      expert_adapters: list[tuple[int, int, int]] | None = None) -> float:
+    """The routed experts' part of :func:`muon_step_flops`: their weight matrices in a full run
+    (:func:`planner.core.arch.routed_expert_matrices`), their adapters' otherwise
+    (``expert_adapters``). These are split as the experts are (over ep and the experts' own TP),
+    the rest over tp. 0 for a dense model."""
+    if method != "full":
+        return muon_step_flops(model, "lora", lora_rank, expert_adapters or [])
+    if not has_full_architecture(model):
+        return 0.0
+    return float(sum(c * newton_schulz_flops(d_in, d_out) for c, d_in, d_out in routed_expert_matrices(model)))
 
 
 @dataclass(frozen=True)

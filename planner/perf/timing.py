@@ -317,7 +317,8 @@ def step_time_s(mf: ModelFlops, perf: GpuPerf, params: TimeParams | None = None,
     sequences, two per pair), ``adapter_bytes`` (LoRA's side-path traffic per token, :func:`adapter_bytes_per_token`;
     default 0), ``optimizer_bytes`` (per trainable parameter, :func:`optimizer_bytes_per_param`;
     default :data:`OPTIMIZER_BYTES_PER_PARAM`), ``optimizer_flops`` (Muon's Newton–Schulz FLOPs
-    per step over the whole model, :func:`planner.perf.flops.muon_step_flops`; default none).
+    per step over the whole model, :func:`planner.perf.flops.muon_step_flops`; default none) and
+    ``optimizer_expert_flops`` (the routed experts' part of them; default 0).
 
     step = (m + (pp − 1)/vp) · t_microbatch   (1F1B, interleaved over vp virtual stages: the
                                               bubble is (pp − 1)/vp micro-batch slots;
@@ -645,8 +646,15 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams,
         # Muon's Newton–Schulz GEMMs: a rank orthogonalises its stage's matrices (its
         # tensor-parallel shards); sharded optimizers split the matrices over the data-parallel
         # ranks (DeepSpeed's and Megatron-Core's Muon, nanochat's DistMuon), DDP repeats them all.
+        # A rank holds 1/ep of the routed experts, each split over their own TP, and a sharded
+        # optimizer splits them over their own data-parallel group.
         owners = np.where(zero >= 1, np.maximum(d, 1), 1)
-        optimizer = optimizer + x["optimizer_flops"] / (tp * pp * owners) / (perf.peak_flops * _utilization(perf, p))
+        expert_tp, _, expert_dp, _ = _expert_layout(mf, x)
+        expert_owners = np.where(zero >= 1, expert_dp, 1)
+        experts = x.get("optimizer_expert_flops", 0.0)
+        per_gpu = ((x["optimizer_flops"] - experts) / (tp * pp * owners)
+                   + experts / (pp * np.maximum(x.get("ep", 1), 1) * expert_tp * expert_owners))
+        optimizer = optimizer + per_gpu / (perf.peak_flops * _utilization(perf, p))
     # An AdamW stepping one tensor at a time waits on its launches where they outlast the traffic.
     optimizer = np.maximum(optimizer, 0.0 if x.get("intra_only") else x.get("optimizer_host_s", 0.0))
     offload_opt = np.where(offload >= 1, shard * 4.0 / (PCIE_HOST_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S, 0.0)
