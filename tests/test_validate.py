@@ -551,7 +551,7 @@ def test_every_estimate_states_its_error_on_runs_it_had_never_seen():
     note = unseen_error_note("lora")
     assert note is not None and "91 published LoRA runs on one GPU" in note and "low by a median 8%" in note
     several = unseen_error_note("full", 8)
-    assert several is not None and "342 published full-training runs on several GPUs" in several
+    assert several is not None and "366 published full-training runs on several GPUs" in several
     assert "median error 17%" in several
     qlora = unseen_error_note("qlora")
     assert qlora is not None and "high by a median 3%" in qlora
