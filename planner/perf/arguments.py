@@ -100,6 +100,17 @@ def muon_flops_of(rs: ResolvedScenario, method: Any, optimizer: Any = None) -> A
             np.where(is_muon, np.where(full_run, full_experts, adapter_experts), 0.0))
 
 
+def kernel_vectors_of(rs: ResolvedScenario, kernels: str) -> float:
+    """Hidden vectors per token and layer that a recipe's ``kernels`` save from the eager
+    element-wise traffic (:data:`planner.perf.timing.KERNEL_FUSIONS`; 0 for the standard modules
+    and for Transformer Engine, which the ``fused`` share prices)."""
+    from planner.perf.flops import model_flops
+    from planner.perf.timing import KERNEL_FUSIONS, fused_kernel_vectors
+
+    ops = KERNEL_FUSIONS.get(kernels)
+    return fused_kernel_vectors(model_flops(rs.model), *ops) if ops else 0.0
+
+
 def selective_is_op(selective: Any) -> Any:
     """Whether selective checkpointing is op-level (torchtitan's policy: every second matmul
     rerun) rather than Megatron's core-attention recomputation, by ``Recipe.selective`` (a name
@@ -113,14 +124,16 @@ def selective_is_op(selective: Any) -> Any:
 def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, offload: Any, zero: Any,
                    seq_len: Any, micro_batch: Any, grad_accum: Any, tp: Any, pp: Any, cp: Any, ep: Any,
                    dp: Any, attention: Any, fused: Any, native_attention: Any = 0, selective_op: Any = 0,
-                   optimizer: Any = None, intra_only: bool = False) -> dict[str, Any]:
+                   optimizer: Any = None, intra_only: bool = False, kernel_vectors: Any = None) -> dict[str, Any]:
     """The keyword arguments of :func:`planner.perf.timing.step_time_s` for plans of scenario
     ``rs`` (categorical values as codes; ``micro_batch`` counts the workload's samples, a DPO
     pair being two sequences). ``native_attention``: the stack runs the card generation's own
     fused attention kernels (its recipe's ``native_attention``). ``selective_op``: its selective
     checkpointing is op-level (:func:`selective_is_op`). ``optimizer``: the plan's optimizer (a
     name or its code; the workload's where None), for Muon's Newton–Schulz FLOPs. ``intra_only``
-    prices every group at the in-node link."""
+    prices every group at the in-node link. ``kernel_vectors``: the element-wise traffic its fused
+    norm, rotary and SwiGLU kernels save (:func:`kernel_vectors_of`; the scenario recipe's where
+    None)."""
     wl, lay = rs.workload, rs.layout
     n_lora, n_active, n_experts = n_lora_of(rs)
     full = np.asarray(method) == FULL
@@ -138,6 +151,7 @@ def step_arguments(rs: ResolvedScenario, *, method: Any, checkpointing: Any, off
              vp=lay.pp_virtual_stages if lay.pp_schedule == "interleaved" else 1)
     if lay.etp is not None:  # the experts' own tensor parallelism (MoE parallel folding)
         x["etp"] = lay.etp
+    x["kernel_vectors"] = kernel_vectors_of(rs, rs.recipe.kernels) if kernel_vectors is None else kernel_vectors
     muon = muon_flops_of(rs, method, optimizer)
     if muon is not None:
         x["optimizer_flops"], x["optimizer_expert_flops"] = muon

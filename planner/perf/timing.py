@@ -152,6 +152,46 @@ COMM_OVERLAP_SHARE = 0.8
 #: as a host list; Hugging Face's MoE blocks loop over the experts hit. Stated, not fitted: a
 #: sync-free stack (CUDA-graphed MoE, torch._grouped_mm with device offsets at ep 1) is faster.
 MOE_HOST_SYNCS = 1.0
+#: Element-wise traffic that hand-written fused kernels (Liger, Unsloth, fms-acceleration's
+#: fused ops and kernels, flash-attn's fused RMSNorm and rotary, xformers' SwiGLU) take out of an
+#: eager layer, in hidden vectors per token and layer, forward and backward, counted from the
+#: eager ops each replaces (transformers' Llama modules, 16-bit activations, a vector = hidden
+#: 16-bit elements, an FP32 one two) against the fused kernel's one read and one write. Stated
+#: from the op count, not fitted. Two RMSNorms: the FP32 upcast, pow, mean, scale, cast back and
+#: weight multiply read and write 18 vectors forward and about 31 backward (autograd through the
+#: same ops and the two gradient paths' sum), a fused kernel 2 and 3.5: 87 saved per layer.
+FUSED_NORM_SAVED_VECTORS = 87.0
+#: Rotary embedding by concatenation (``rotate_half``: negate, concatenate; two products and a
+#: sum): 10 vectors forward and 8 backward per width of q and k, a fused kernel 2 and 2: 14 saved
+#: per hidden width of q and k together (17.5 for Llama 3 8B's q of 4096 and k of 1024).
+FUSED_ROPE_SAVED_VECTORS = 14.0
+#: A gated MLP's SwiGLU: SiLU and the product read and write 5 inner-width vectors forward and 9
+#: backward, a fused kernel (the gate and up read, one output; backward recomputing the SiLU) 3
+#: and 5: 6 saved per hidden width of the MLP's inner width (21 for Llama 3 8B's 14,336).
+FUSED_SWIGLU_SAVED_VECTORS = 6.0
+#: Which of those kernels a stack's ``Recipe.kernels`` names: torchtitan's and Liger's fused
+#: RMSNorm (coded ``fused_rmsnorm``; Liger's rotary and SwiGLU kernels are not credited there),
+#: Unsloth's norm, rotary and SwiGLU kernels. Transformer Engine fuses everything
+#: (``fused_elementwise_share``).
+KERNEL_FUSIONS: dict[str, tuple[bool, bool, bool]] = {
+    "fused_rmsnorm": (True, False, False), "unsloth": (True, True, True)}
+
+
+def fused_kernel_vectors(mf: ModelFlops, norm: bool, rope: bool, swiglu: bool) -> float:
+    """Hidden vectors per token and layer that fused norm, rotary and SwiGLU kernels save
+    (:data:`FUSED_NORM_SAVED_VECTORS` and the others), for this model's q, k and MLP widths."""
+    h = float(mf.hidden)
+    saved = FUSED_NORM_SAVED_VECTORS if norm else 0.0
+    if h <= 0:  # no architecture: the norms' count alone
+        return saved
+    if rope:
+        saved += FUSED_ROPE_SAVED_VECTORS * (mf.attn_width + mf.kv_width) / h
+    if swiglu and mf.gated:
+        inner = mf.ffn or mf.expert_ffn * mf.experts_per_token
+        saved += FUSED_SWIGLU_SAVED_VECTORS * inner / h
+    return saved
+
+
 #: Backward's share of a micro-batch's compute (4 of 6 FLOPs per parameter).
 BACKWARD_SHARE = 2.0 / 3.0
 #: Fixed cost of starting a job, billed on every GPU: provisioning and booting the nodes,
@@ -509,9 +549,15 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # full checkpointing reruns the forward's element-wise work; so does op-level selective
     # checkpointing, which saves only matmul and attention outputs
     forward_passes: Any = np.where((ckpt == 2) | op_selective, 4.0 / 3.0, 1.0) + ref * FORWARD_SHARE
-    fused_share = np.where(np.asarray(x.get("fused", 0)) > 0, p.fused_elementwise_share, 1.0)
-    vectors = p.elementwise_vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
-    vectors = vectors * forward_passes * fused_share
+    fused = np.asarray(x.get("fused", 0)) > 0
+    # Hand-written fused kernels (norm, rotary, SwiGLU) take their ops' traffic and launches out
+    # of an eager stack's (``kernel_vectors``); a fusing stack keeps its own share of all of it.
+    kernel_kept = np.clip(1.0 - np.asarray(x.get("kernel_vectors", 0.0)) / p.elementwise_vectors,
+                          p.fused_elementwise_share, 1.0)
+    fused_share = np.where(fused, p.fused_elementwise_share, kernel_kept)
+    vectors = p.elementwise_vectors * fused_share
+    vectors = (vectors + p.moe_route_vectors * mf.experts_per_token * mf.moe_layers / mf.layers
+               * np.where(fused, p.fused_elementwise_share, 1.0)) * forward_passes
     t_elem = vectors * 2.0 * mf.hidden * tokens_gpu * mf.layers / (pp * tp) / perf.memory_bps
     # Eager attention writes and reads the s×s scores (:data:`EAGER_SCORE_BYTES` per score).
     scores = np.where(attention_kernel == 0, mf.heads * seq * tokens_gpu * mf.layers / (pp * tp), 0.0)
@@ -520,7 +566,7 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     # A fusing stack (torch.compile; fused LoRA kernels) fuses its casts, scaling and adds as it
     # does the other element-wise ops.
     adapter = np.where(method == FULL, 0.0, x.get("adapter_bytes", 0.0)) * tokens_gpu / (tp * pp)
-    adapter = adapter * fused_share
+    adapter = adapter * np.where(fused, p.fused_elementwise_share, 1.0)
     t_elem = t_elem + adapter * np.where(ckpt == 2, 4.0 / 3.0, 1.0) / perf.memory_bps
     frozen = np.where(method == FULL, 0.0, mf.params) / (tp * pp)
     passes = np.where(ckpt == 2, 3.0, 2.0)

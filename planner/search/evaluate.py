@@ -147,7 +147,7 @@ def step_args(req: SearchRequest, c: dict[str, np.ndarray], *, dp: Any, grad_acc
         seq_len=c["seq_len"], micro_batch=c["micro_batch"], grad_accum=grad_accum, tp=c["tp"], pp=c["pp"],
         cp=c["cp"], ep=c["ep"], dp=dp, attention=c["attention"], fused=req.fused(c["stack"]),
         native_attention=req.stack_recipe("native_attention", c["stack"]), selective_op=req.selective_op(c["stack"]),
-        optimizer=c["optimizer"], intra_only=intra_only)
+        optimizer=c["optimizer"], intra_only=intra_only, kernel_vectors=req.kernel_vectors(c["stack"]))
     if req.rs.workload.generates:  # the stack's engine phases, where the scenario leaves them to it
         for key, arg in (("generation_sleep", "gen_sleep"), ("rollout_offload", "gen_rollout_offload")):
             if req.stack_sets(key):

@@ -20,7 +20,7 @@ from planner.memory.breakdown import (
     CODES,
     OFFLOADS,
 )
-from planner.perf.arguments import selective_is_op
+from planner.perf.arguments import kernel_vectors_of, selective_is_op
 from planner.perf.timing import default_global_batch
 from planner.scenario.resolve import ResolvedScenario
 
@@ -100,6 +100,14 @@ class SearchRequest:
         compiled = (self.stack_recipe("compile", stack) if self.stack_sets("compile")
                     else np.full(np.shape(stack), int(self.rs.recipe.compile)))
         return (self.stack_recipe("fused_kernels", stack).astype(bool) | compiled.astype(bool)).astype(np.int64)
+
+    def kernel_vectors(self, stack: np.ndarray) -> np.ndarray:
+        """The element-wise traffic each row's fused kernels save (the time model's
+        ``kernel_vectors``): the scenario's ``recipe.kernels`` where it sets it, else its stack's."""
+        if not self.stack_sets("kernels"):
+            return np.full(np.shape(stack), kernel_vectors_of(self.rs, self.rs.recipe.kernels))
+        values = np.array([kernel_vectors_of(self.rs, st.recipe.kernels) for st in self.stacks])
+        return values[stack]
 
     def selective_op(self, stack: np.ndarray) -> np.ndarray:
         """Whether each row's selective checkpointing is op-level (the time model's

@@ -149,6 +149,25 @@ def _fused(row: dict[str, str]) -> bool:
     return any(re.search(w, text) for w in FUSED_WORDS)
 
 
+#: Words that name hand-written fused kernels a stack swaps into eager model code (the time
+#: model's ``kernel_vectors``): a fused RMSNorm (fms-acceleration's Unsloth-derived
+#: ``fast_rms_layernorm``, flash-attn's or torchtitan's fused RMSNorm), a fused rotary embedding
+#: (``fast_rope_embeddings``, flash-attn's rotary kernel), a fused SwiGLU (xformers', Liger's);
+#: Liger's kernels switched on as a whole name all three (its loss alone names none). A flag
+#: with a value (``use_fused_rms_norm``) or "unfused" names nothing.
+_LIGER_ON = r"liger kernels? on|use_liger_kernel\s*[=:]?\s*true"
+KERNEL_WORDS = {"norm": (r"fast_rms_layernorm", r"(?<!\w)fused[ _]rms_?norm", _LIGER_ON),
+                "rope": (r"fast_rope", r"(?<!\w)fused rotary", r"(?<!\w)fused rope", _LIGER_ON),
+                "swiglu": (r"(?<!\w)fused swiglu", _LIGER_ON)}
+
+
+def _kernel_vectors(row: dict[str, str], mf: ModelFlops) -> float:
+    """The element-wise traffic the fused kernels a row names save (:data:`KERNEL_WORDS`)."""
+    text = _stack_text(row)
+    named = {k: any(re.search(w, text) for w in words) for k, words in KERNEL_WORDS.items()}
+    return timing.fused_kernel_vectors(mf, named["norm"], named["rope"], named["swiglu"])
+
+
 #: Stacks whose selective checkpointing is op-level (torchtitan's ``selective_ac_option: op``
 #: policy: every second matmul rerun), named in a row's source, precision or notes; elsewhere it
 #: is Megatron's core-attention recomputation (Korthikanti et al. 2022).
@@ -306,7 +325,7 @@ def case_of(row: dict[str, str]) -> ThroughputCase:
              "fp8": int(fp8 and gpu.fp8_dense_tflops is not None), "quant": int(code == 2),
              "fused": int(_fused(row)), "native_attention": int(_native_attention(row)),
              "ep_overlap": int(_ep_overlap(row)),
-             "selective_op": int(_selective_op(row)),
+             "selective_op": int(_selective_op(row)), "kernel_vectors": _kernel_vectors(row, mf),
              "adapter_bytes": 0.0 if code == 0 else timing.adapter_bytes_per_token(n_active, rank, adapter_dtype_of(row)),
              "optimizer_bytes": optimizer_bytes_of(row),
              "optimizer_host_s": optimizer_host_s_of(row, model, method, targets_of(row)),
