@@ -340,17 +340,20 @@ def test_the_search_bound_never_prices_expert_all_to_all_above_the_step(gpu, ep)
 def test_fused_kernels_save_the_element_wise_traffic_of_the_ops_they_replace():
     """Hand-written fused kernels take their eager ops' reads and writes out of the element-wise
     traffic, counted per token and layer in hidden vectors (timing.FUSED_*_SAVED_VECTORS): two
-    RMSNorms 87; rotary 14 per hidden width of q and k (Llama 3 8B: (4096 + 1024)/4096 → 17.5);
-    SwiGLU 6 per hidden width of the MLP (14336/4096 → 21). A step of an 8B model at 8K tokens
+    RMSNorms 121; rotary 20 per hidden width of q and k (Llama 3 8B: (4096 + 1024)/4096 → 25);
+    SwiGLU 6 per hidden width of the MLP (14336/4096 → 21); a MoE layer's SwiGLU over its active
+    experts (Mixtral: 2 × 14336). A step of an 8B model at 8K tokens
     per micro-batch is shorter by exactly that traffic at the card's bandwidth, and its
     launches by the same share; a fusing stack (Transformer Engine, compile) is unchanged."""
     from planner.perf.timing import KERNEL_FUSIONS, fused_kernel_vectors
 
-    assert fused_kernel_vectors(MF, True, False, False) == pytest.approx(87.0)
-    assert fused_kernel_vectors(MF, True, True, True) == pytest.approx(87.0 + 17.5 + 21.0)
-    assert fused_kernel_vectors(MF, *KERNEL_FUSIONS["unsloth"]) == pytest.approx(125.5)
-    assert fused_kernel_vectors(MF, *KERNEL_FUSIONS["fused_rmsnorm"]) == pytest.approx(87.0)
-    saved = 125.5
+    assert fused_kernel_vectors(MF, True, False, False) == pytest.approx(121.0)
+    assert fused_kernel_vectors(MF, True, True, True) == pytest.approx(121.0 + 25.0 + 21.0)
+    assert fused_kernel_vectors(MF, *KERNEL_FUSIONS["unsloth"]) == pytest.approx(167.0)
+    assert fused_kernel_vectors(MF, *KERNEL_FUSIONS["fused_rmsnorm"]) == pytest.approx(121.0)
+    mixtral = model_flops(catalog.get_model("mixtral-8x7b"))
+    assert fused_kernel_vectors(mixtral, False, False, True) == pytest.approx(6.0 * 2 * 14336 / 4096)
+    saved = 167.0
     tokens = BASE["seq_len"] * BASE["micro_batch"]
     per_mb = saved * 2.0 * MF.hidden * tokens * MF.layers / H100.memory_bps / H100.kernel_speed
     assert step() - step(kernel_vectors=saved) == pytest.approx(BASE["grad_accum"] * per_mb, rel=1e-6)
@@ -369,14 +372,14 @@ def test_a_stack_s_fused_kernels_reach_the_plan_s_time():
     raw = {"model": "llama-3-8b", "workload": {"method": "lora", "seq_len": 4096, "micro_batch": 1, "tokens": 1e9},
            "layout": {"gpu": "h100", "gpus": 1}}
     rs = resolve(raw)
-    assert kernel_vectors_of(rs, "unsloth") == pytest.approx(125.5)
-    assert kernel_vectors_of(rs, "fused_rmsnorm") == pytest.approx(87.0)
+    assert kernel_vectors_of(rs, "unsloth") == pytest.approx(167.0)
+    assert kernel_vectors_of(rs, "fused_rmsnorm") == pytest.approx(121.0)
     assert kernel_vectors_of(rs, "standard") == kernel_vectors_of(rs, "transformer_engine") == 0.0
     common = {"method": 1, "checkpointing": 2, "offload": 0, "zero": 0, "seq_len": 4096, "micro_batch": 1,
               "grad_accum": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": 1, "attention": 1, "fused": 0}
     plain = step_arguments(rs, **common)
     unsloth = step_arguments(resolve({**raw, "recipe": {"kernels": "unsloth"}}), **common)
-    assert plain["kernel_vectors"] == 0.0 and unsloth["kernel_vectors"] == pytest.approx(125.5)
+    assert plain["kernel_vectors"] == 0.0 and unsloth["kernel_vectors"] == pytest.approx(167.0)
     perf = GpuPerf.of(rs.gpu)
     assert float(step_time_s(MF, perf, **unsloth)) < float(step_time_s(MF, perf, **plain))
 

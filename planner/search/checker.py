@@ -24,7 +24,7 @@ from planner.core.specs import Scenario
 from planner.core.values import DEFAULT_MAX_GPUS
 from planner.memory.estimate import estimate_resolved
 from planner.memory.generation import engine_fits
-from planner.perf.arguments import kernel_vectors_of, selective_is_op, step_arguments
+from planner.perf.arguments import selective_is_op, step_arguments
 from planner.perf.flops import model_flops
 from planner.perf.hardware import GpuPerf
 from planner.perf.timing import job_time_s, step_time_s
@@ -209,9 +209,7 @@ def _time_cost_problems(sc: Scenario, rs, p: dict[str, Any]) -> list[str]:
         fused=int(stack.recipe.fused_kernels or rs.recipe.compile), optimizer=p["optimizer"],
         native_attention=int(stack.recipe.native_attention),
         selective_op=int(selective_is_op(sc.recipe.selective if "selective" in sc.recipe.model_fields_set
-                                         else stack.recipe.selective)),
-        kernel_vectors=kernel_vectors_of(rs, sc.recipe.kernels if "kernels" in sc.recipe.model_fields_set
-                                         else stack.recipe.kernels))
+                                         else stack.recipe.selective)))
     step = step_time_s(model_flops(rs.model), GpuPerf.of(gpu, sc.search.utilization), None, **x)
     t = float(job_time_s(step, tokens=user.tokens, seq_len=p["seq_len"], micro_batch=x["micro_batch"],
                          dp=p["dp"], grad_accum=p["grad_accum"]))

@@ -103,7 +103,8 @@ class SearchRequest:
 
     def kernel_vectors(self, stack: np.ndarray) -> np.ndarray:
         """The element-wise traffic each row's fused kernels save (the time model's
-        ``kernel_vectors``): the scenario's ``recipe.kernels`` where it sets it, else its stack's."""
+        ``kernel_vectors``): the scenario's ``recipe.kernels`` where it sets it or under the seed
+        profile (:meth:`stack_sets`), else its stack's, as a plan pins it for the checker."""
         if not self.stack_sets("kernels"):
             return np.full(np.shape(stack), kernel_vectors_of(self.rs, self.rs.recipe.kernels))
         values = np.array([kernel_vectors_of(self.rs, st.recipe.kernels) for st in self.stacks])
