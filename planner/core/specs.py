@@ -284,7 +284,9 @@ class Recipe(StrictModel):
     # into the next linear keeps its input and rsigma; q, k and v are one linear (one LoRA
     # adapter on linear_qkv); the gated activation keeps only its input, the fc1 output; a linear
     # keeps its input only when its weight trains (TE ``backward_needs_input``); rotary embedding
-    # is fused and keeps no per-token tensor
+    # is fused and keeps no per-token tensor. In time, fused_rmsnorm and unsloth take the eager
+    # ops' memory traffic their kernels replace (planner.perf.timing.KERNEL_FUSIONS);
+    # transformer_engine is timed through its stack's ``fused_kernels``
     kernels: Kernels = "standard"
     #: What ``checkpointing: selective`` reruns in backward: ``op``, torchtitan's op-level policy
     #: (every second matmul's output and the attention kernel's saved, the rest rerun:
