@@ -507,15 +507,23 @@ def test_the_zero_table_covers_every_stage_offload_and_device(tmp_path):
 
 
 def test_fused_kernels_are_read(tmp_path):
-    """Liger's RMSNorm (axolotl ``liger_rms_norm``, LLaMA-Factory ``enable_liger_kernel``) is the
-    fused RMSNorm; LLaMA-Factory's ``use_unsloth`` runs Unsloth's kernels instead."""
+    """Liger's RMSNorm alone (axolotl ``liger_rms_norm``) is the fused RMSNorm; with its rotary and
+    GLU activation, or patched as a whole (LLaMA-Factory ``enable_liger_kernel``, the Trainer's
+    ``use_liger_kernel`` unless its config turns a kernel off), Liger's kernels; LLaMA-Factory's
+    ``use_unsloth`` runs Unsloth's kernels instead."""
     ax = {**AXOLOTL, "plugins": ["axolotl.integrations.liger.LigerPlugin"], "liger_rms_norm": True}
     assert _found(tmp_path, "ax.yaml", ax).values["kernels"] == "fused_rmsnorm"
+    whole = {**ax, "liger_rope": True, "liger_glu_activation": True}
+    assert _found(tmp_path, "ax.yaml", whole).values["kernels"] == "liger"
     lf = {"model_name_or_path": "Qwen/Qwen3-4B", "stage": "sft", "finetuning_type": "lora",
           "enable_liger_kernel": True}
     got = _found(tmp_path, "lf.yaml", lf).values
-    assert got["kernels"] == "fused_rmsnorm" and got["loss"] == "fused"
+    assert got["kernels"] == "liger" and got["loss"] == "fused"
     assert _found(tmp_path, "lf.yaml", {**lf, "use_unsloth": True}).values["kernels"] == "unsloth"
+    hf = {"output_dir": "out", "bf16": True, "per_device_train_batch_size": 4, "use_liger_kernel": True}
+    assert _found(tmp_path, "training_args.json", hf).values["kernels"] == "liger"
+    no_swiglu = {**hf, "liger_kernel_config": {"swiglu": False}}
+    assert _found(tmp_path, "training_args.json", no_swiglu).values["kernels"] == "fused_rmsnorm"
 
 
 @pytest.mark.parametrize("value, read, warned", [

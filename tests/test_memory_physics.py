@@ -561,6 +561,37 @@ def test_unsloth_layer_keeps_its_inputs_and_the_gate_and_up_outputs():
         m, _llama_recipe(lora_dropout=True), b, s).total()
 
 
+def test_liger_swiglu_keeps_gate_and_up_and_writes_their_gradients_into_them():
+    """Liger-Kernel's ``LigerSiLUMulFunction`` saves its two inputs (gate and up) and recomputes
+    SiLU in backward, whose kernel stores the gate and up gradients into those tensors: against
+    the fused RMSNorm alone, a Llama 3.1 8B layer keeps one e·f-wide tensor less per token (the
+    activation's output the product saved) and its backward two f-wide gradients less; with
+    ``kernels: liger`` the norms are the fused RMSNorm's. Full fine-tuning and LoRA alike."""
+    from dataclasses import replace
+
+    import planner
+    from planner import catalog
+    from planner.memory import activations as act
+
+    m = catalog.get_model("llama-3.1-8b")
+    b, s, e, f = 1, 4096, 2, m.ffn
+    for trainable in (False, True):
+        base = replace(_llama_recipe(fused_norm=True), trainable_base=trainable)
+        liger = replace(base, fused_swiglu=True)
+        saved = act.layer_saved(m, base, b, s).total() - act.layer_saved(m, liger, b, s).total()
+        assert saved == pytest.approx(b * s * e * f), trainable
+        grads = (act.backward_temporaries(m, base, b, s).total()
+                 - act.backward_temporaries(m, liger, b, s).total())
+        assert grads == pytest.approx(2 * b * s * e * f), trainable
+    # the recipe key reaches the layers: every layer's saved act(gate) less, nothing else
+    raw = {"profile": "detailed", "model": "llama-3.1-8b", "layout": {"gpu": "h100", "gpus": 1},
+           "workload": {"method": "lora", "seq_len": s, "micro_batch": b}}
+    rms = planner.estimate({**raw, "recipe": {"kernels": "fused_rmsnorm"}})
+    lig = planner.estimate({**raw, "recipe": {"kernels": "liger"}})
+    saved_all = rms.components["activations"] - lig.components["activations"]
+    assert saved_all == pytest.approx(m.layers * b * s * e * f, rel=0.02)
+
+
 def test_logit_free_losses_do_not_grow_with_the_vocabulary():
     """Cut Cross-Entropy (apple/ml-cross-entropy) keeps an FP32 log-sum-exp per token and makes
     the hidden states' gradient; no tensor is vocabulary-wide. Unsloth's 2025 fused loss runs

@@ -261,8 +261,8 @@ def test_rows_that_name_fused_kernels_are_timed_with_them():
     ``fast_rms_layernorm`` and ``fast_rope_embeddings`` (Mistral 7B: 121 + 20 · (4096 + 1024)/4096),
     its plain rows none, TinyLlama's README all three (its 2048-wide model: 121 + 20 · 2304/2048 +
     6 · 5632/2048); a row that states a flag's value (FlagPerf's ``use_fused_rms_norm = 1`` beside a
-    README saying false) or only Liger's loss names none, one with Liger's kernels on its RMSNorm
-    (as a plan's ``kernels: fused_rmsnorm``)."""
+    README saying false) or only Liger's loss names none, one with Liger's kernels on all three
+    (as a plan's ``kernels: liger``)."""
     rows = {r["id"]: r for f in ("measured_throughput_fms.csv", "measured_throughput_published2.csv",
                                  "measured_throughput_published8.csv", "measured_throughput_longctx.csv")
             for r in T.read_rows(DATA.parent / f)}
@@ -271,4 +271,4 @@ def test_rows_that_name_fused_kernels_are_timed_with_them():
     assert vectors["4501"] == 0.0
     assert vectors["2419"] == pytest.approx(121 + 20 * 2304 / 2048 + 6 * 5632 / 2048)
     assert vectors["7417"] == 0.0 and vectors["2637"] == 0.0
-    assert vectors["2638"] == pytest.approx(121)
+    assert vectors["2638"] == pytest.approx(121 + 20 * 5120 / 4096 + 6 * 14336 / 4096)

@@ -363,8 +363,8 @@ def test_fused_kernels_save_the_element_wise_traffic_of_the_ops_they_replace():
 
 
 def test_a_stack_s_fused_kernels_reach_the_plan_s_time():
-    """``recipe.kernels`` is read into the time arguments: Unsloth's kernels save norms, rotary
-    and SwiGLU traffic, a fused RMSNorm the norms', the standard modules and Transformer Engine
+    """``recipe.kernels`` is read into the time arguments: Unsloth's and Liger's kernels save
+    norms, rotary and SwiGLU traffic, a fused RMSNorm the norms', the standard modules and Transformer Engine
     (priced by its ``fused`` share) none; the plan's step is shorter with them."""
     from planner.perf.arguments import kernel_vectors_of, step_arguments
     from planner.scenario.resolve import resolve
@@ -374,6 +374,7 @@ def test_a_stack_s_fused_kernels_reach_the_plan_s_time():
     rs = resolve(raw)
     assert kernel_vectors_of(rs, "unsloth") == pytest.approx(167.0)
     assert kernel_vectors_of(rs, "fused_rmsnorm") == pytest.approx(121.0)
+    assert kernel_vectors_of(rs, "liger") == pytest.approx(167.0)
     assert kernel_vectors_of(rs, "standard") == kernel_vectors_of(rs, "transformer_engine") == 0.0
     common = {"method": 1, "checkpointing": 2, "offload": 0, "zero": 0, "seq_len": 4096, "micro_batch": 1,
               "grad_accum": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": 1, "attention": 1, "fused": 0}

@@ -274,7 +274,10 @@ class Recipe(StrictModel):
     peak_at_first_step: bool = False
     compile: bool = False  # torch.compile: fused norms and activations
     # "fused_rmsnorm": a fused RMSNorm kernel (torchtitan's Triton ``fused_rmsnorm``, Liger's)
-    # keeps only its input and rsqrt: no FP32 copy, no normalised output;
+    # keeps only its input and rsqrt: no FP32 copy, no normalised output; "liger": Liger-Kernel's
+    # patches as a whole (``apply_liger_kernel_to_*`` defaults: RMSNorm, rotary, SwiGLU): its RMSNorm
+    # as above, its rotary keeping no per-token tensor, its SwiGLU (``LigerSiLUMulFunction``)
+    # keeping gate and up only and writing their gradients into them in backward;
     # "unsloth": Unsloth's hand-written LoRA autograd and Triton kernels for Llama-style layers
     # (unsloth/kernels/fast_lora.py, rms_layernorm.py, swiglu.py): LoRA_MLP keeps its input and
     # the gate and up outputs, recomputes the SwiGLU product in backward and writes the
@@ -284,7 +287,7 @@ class Recipe(StrictModel):
     # into the next linear keeps its input and rsigma; q, k and v are one linear (one LoRA
     # adapter on linear_qkv); the gated activation keeps only its input, the fc1 output; a linear
     # keeps its input only when its weight trains (TE ``backward_needs_input``); rotary embedding
-    # is fused and keeps no per-token tensor. In time, fused_rmsnorm and unsloth take the eager
+    # is fused and keeps no per-token tensor. In time, fused_rmsnorm, liger and unsloth take the eager
     # ops' memory traffic their kernels replace (planner.perf.timing.KERNEL_FUSIONS);
     # transformer_engine is timed through its stack's ``fused_kernels``
     kernels: Kernels = "standard"

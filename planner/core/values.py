@@ -81,7 +81,7 @@ class StrictModel(BaseModel):
 Loss = Literal["standard", "chunked", "fused", "held_fp32", "compiled", "cce", "in_forward", "inplace",
                "chunked_head", "chunked_head_in_forward", "rowwise", "rowwise_fp32", "vocab_parallel",
                "compute_dtype", "xentropy"]
-Kernels = Literal["standard", "fused_rmsnorm", "unsloth", "transformer_engine"]
+Kernels = Literal["standard", "fused_rmsnorm", "liger", "unsloth", "transformer_engine"]
 #: What selective activation checkpointing reruns (``Recipe.selective``).
 Selective = Literal["op", "core_attention"]
 #: The dtype of the gradients a step accumulates and reduces (``Recipe.grad_dtype``): the

@@ -170,7 +170,7 @@ def _mlp(inv: Inventory, model: ModelSpec, f: int, rg_in: bool, rec: LayerRecipe
             inv.add(f"{prefix}.gate_out", tokens * e * f)  # saved by act
         if rec.te:
             pass
-        elif rec.fused:
+        elif rec.fused or rec.fused_swiglu:
             if gate_rg or up_rg:
                 inv.add(f"{prefix}.gate_out", tokens * e * f)
                 inv.add(f"{prefix}.up_out", tokens * e * f)
@@ -411,8 +411,10 @@ def backward_temporaries(model: ModelSpec, rec: LayerRecipe, b: int, s: int) -> 
     tokens, e = b * s, FP32 if rec.fp32_stream else rec.e
     f = _dims(model, "ffn")[0] if model.moe is None else _moe_backward_ffn(model, rec)
     # Unsloth's LoRA_MLP backward makes one f-wide gradient (dY·W_downᵀ) and writes the SwiGLU
-    # product and the gate and up gradients into it and the saved e and g (``swiglu.py``).
-    mlp_grads = 1 if unsloth_runs(model, rec) else (3 if model.gated_mlp else 2)
+    # product and the gate and up gradients into it and the saved e and g (``swiglu.py``); Liger's
+    # SwiGLU writes the gate and up gradients into the saved gate and up.
+    in_place = unsloth_runs(model, rec) or (rec.fused_swiglu and model.gated_mlp)
+    mlp_grads = 1 if in_place else (3 if model.gated_mlp else 2)
     inv.add("grad.mlp", tokens * e * f * mlp_grads)
     inv.add("grad.residual", tokens * _stream_bytes(rec) * 2 * model.hidden, split=False)
     if attention_is_eager(model, rec):

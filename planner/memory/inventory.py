@@ -70,8 +70,11 @@ class LayerRecipe:
     #: Unsloth's LoRA kernels (``Recipe.kernels``) run the layer: see
     #: :func:`planner.memory.activations._unsloth_layer`.
     unsloth: bool = False
-    #: A fused RMSNorm kernel (``Recipe.kernels`` fused_rmsnorm): input and rsqrt only.
+    #: A fused RMSNorm kernel (``Recipe.kernels`` fused_rmsnorm, liger): input and rsqrt only.
     fused_norm: bool = False
+    #: A fused SwiGLU kernel (``Recipe.kernels`` liger: ``LigerSiLUMulFunction``): gate and up
+    #: kept, no activation output; backward writes their gradients into them.
+    fused_swiglu: bool = False
     #: Transformer Engine layers (``Recipe.kernels`` transformer_engine): norms fused into the
     #: next linear, q, k and v one linear, the gated activation keeping only its input.
     te: bool = False

@@ -172,12 +172,12 @@ FUSED_ROPE_SAVED_VECTORS = 20.0
 #: a fused kernel (the gate and up read, one output; backward recomputing the SiLU) 3 and 5: 6
 #: saved per hidden width of the MLP's inner width (21 for Llama 3 8B's 14,336).
 FUSED_SWIGLU_SAVED_VECTORS = 6.0
-#: Which of those kernels a stack's ``Recipe.kernels`` names: torchtitan's and Liger's fused
-#: RMSNorm (coded ``fused_rmsnorm``; Liger's rotary and SwiGLU kernels are not credited there),
-#: Unsloth's norm, rotary and SwiGLU kernels. Transformer Engine fuses everything
+#: Which of those kernels a stack's ``Recipe.kernels`` names: a fused RMSNorm alone
+#: (``fused_rmsnorm``: torchtitan's, or Liger's RMSNorm patched on its own), Liger's patches as a
+#: whole and Unsloth's kernels (norm, rotary and SwiGLU). Transformer Engine fuses everything
 #: (``fused_elementwise_share``).
 KERNEL_FUSIONS: dict[str, tuple[bool, bool, bool]] = {
-    "fused_rmsnorm": (True, False, False), "unsloth": (True, True, True)}
+    "fused_rmsnorm": (True, False, False), "liger": (True, True, True), "unsloth": (True, True, True)}
 
 
 def fused_kernel_vectors(mf: ModelFlops, norm: bool, rope: bool, swiglu: bool) -> float:

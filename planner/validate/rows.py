@@ -15,10 +15,11 @@ implementation does, in planner.validate.row_layout.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, get_args
 
 from planner import catalog
 from planner.catalog.store import UnknownName
+from planner.core.values import Kernels
 from planner.validate.cells import (
     RowText,
     Unmodelable,
@@ -163,7 +164,7 @@ def lora_targets(text: str) -> list[str]:
 
 
 #: ``kernels`` cells: the layer kernels a run used (Recipe.kernels); blank = standard.
-KERNELS = ("standard", "fused_rmsnorm", "unsloth", "transformer_engine")
+KERNELS = get_args(Kernels)
 #: ``loss_impl`` cells -> the workload's ``loss`` (and the names other files use for them).
 LOSS_IMPLS = {"standard": "standard", "chunked": "chunked", "chunked-ce": "chunked", "fused": "fused",
               "fused-linear-ce": "fused", "held_fp32": "held_fp32", "compiled": "compiled",

@@ -152,9 +152,8 @@ def _fused(row: dict[str, str]) -> bool:
 #: Words that name hand-written fused kernels a stack swaps into eager model code (the time
 #: model's ``kernel_vectors``): a fused RMSNorm (fms-acceleration's Unsloth-derived
 #: ``fast_rms_layernorm``, flash-attn's, torchtitan's or Liger's fused RMSNorm), a fused rotary
-#: embedding (``fast_rope_embeddings``, flash-attn's rotary kernel), a fused SwiGLU (xformers').
-#: Liger's kernels switched on as a whole count as its RMSNorm alone, as a plan's ``kernels:
-#: fused_rmsnorm`` does (Liger's rotary and SwiGLU kernels are credited on neither side; its loss
+#: embedding (``fast_rope_embeddings``, flash-attn's rotary kernel), a fused SwiGLU (xformers');
+#: Liger's kernels switched on as a whole all three, as a plan's ``kernels: liger`` (its loss
 #: alone names nothing). A word inside another ("unfused", ``use_fused_rms_norm``), after "non-",
 #: "no" or "without", or followed by a false or off value names nothing.
 _NOT_BEFORE = r"(?<![\w-])(?<!non-)(?<!no )(?<!without )"
@@ -165,11 +164,13 @@ def _named(*words: str) -> tuple[str, ...]:
     return tuple(_NOT_BEFORE + w + _NOT_AFTER for w in words)
 
 
+_LIGER = (r"liger kernels? on", r"(?:use|enable)_liger_kernel\s*[=:]?\s*true")
+
+
 KERNEL_WORDS = {
-    "norm": _named(r"fast_rms_layernorm", r"fused[-_ ]?rms[-_ ]?norm", r"rms[-_ ]?norm fusion",
-                   r"liger kernels? on", r"(?:use|enable)_liger_kernel\s*[=:]?\s*true"),
-    "rope": _named(r"fast_rope(?:_embeddings)?", r"fused[-_ ]?rotary", r"fused[-_ ]?rope"),
-    "swiglu": _named(r"fused[-_ ]?swiglu")}
+    "norm": _named(r"fast_rms_layernorm", r"fused[-_ ]?rms[-_ ]?norm", r"rms[-_ ]?norm fusion", *_LIGER),
+    "rope": _named(r"fast_rope(?:_embeddings)?", r"fused[-_ ]?rotary", r"fused[-_ ]?rope", *_LIGER),
+    "swiglu": _named(r"fused[-_ ]?swiglu", *_LIGER)}
 
 
 def _kernel_vectors(row: dict[str, str], mf: ModelFlops) -> float:

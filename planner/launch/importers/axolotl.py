@@ -258,7 +258,9 @@ def _read_ax_loss(cfg: dict, f: Found, where: str) -> None:
     """The loss: Liger's or Cut Cross-Entropy's fused one, or the chunked one; Liger's RMSNorm."""
     plugins = " ".join(map(str, cfg.get("plugins") or []))
     if is_true(cfg.get("liger_rms_norm")):
-        f.set("kernels", "fused_rmsnorm", where + ".liger_rms_norm")
+        # with Liger's rotary and GLU activation too, its patches as a whole
+        whole = is_true(cfg.get("liger_rope")) and is_true(cfg.get("liger_glu_activation"))
+        f.set("kernels", "liger" if whole else "fused_rmsnorm", where + ".liger_rms_norm")
     if is_true(cfg.get("liger_fused_linear_cross_entropy")):
         f.set("loss", "fused", where + ".liger_fused_linear_cross_entropy")
         if "liger" not in plugins.lower():

@@ -146,7 +146,7 @@ def _read_lf_kernels(cfg: dict, f: Found, where: str) -> None:
         f.facts["asks_fa2"] = where + ".flash_attn"
     if is_true(cfg.get("enable_liger_kernel")):
         f.set("loss", "fused", where + ".enable_liger_kernel")
-        if not is_true(cfg.get("use_unsloth")):  # Liger's RMSNorm (its SwiGLU is not counted)
-            f.set("kernels", "fused_rmsnorm", where + ".enable_liger_kernel")
+        if not is_true(cfg.get("use_unsloth")):  # Liger's RMSNorm, rotary and SwiGLU
+            f.set("kernels", "liger", where + ".enable_liger_kernel")
     if is_true(cfg.get("pure_bf16")):
         f.set("precision", "bf16", where + ".pure_bf16")
