@@ -515,6 +515,13 @@ def test_fused_kernels_are_read(tmp_path):
     assert _found(tmp_path, "ax.yaml", ax).values["kernels"] == "fused_rmsnorm"
     whole = {**ax, "liger_rope": True, "liger_glu_activation": True}
     assert _found(tmp_path, "ax.yaml", whole).values["kernels"] == "liger"
+    old_name = {**ax, "liger_rope": True, "liger_swiglu": True}  # the GLU key's earlier name
+    assert _found(tmp_path, "ax.yaml", old_name).values["kernels"] == "liger"
+    no_plugin = {**AXOLOTL, "liger_rms_norm": True}
+    assert _warned(_found(tmp_path, "ax.yaml", no_plugin), "liger_rms_norm")
+    glu_alone = {**AXOLOTL, "plugins": ax["plugins"], "liger_glu_activation": True}
+    got_glu = _found(tmp_path, "ax.yaml", glu_alone)
+    assert "kernels" not in got_glu.values and _warned(got_glu, "liger_glu_activation")
     lf = {"model_name_or_path": "Qwen/Qwen3-4B", "stage": "sft", "finetuning_type": "lora",
           "enable_liger_kernel": True}
     got = _found(tmp_path, "lf.yaml", lf).values

@@ -164,6 +164,15 @@ def total_params(spec: ModelSpec) -> int:
     return param_counts(spec).total
 
 
+def liger_patches_swiglu(spec: ModelSpec) -> bool:
+    """Whether Liger-Kernel's patch (``kernels: liger``) replaces this model's gated MLP with its
+    ``LigerSiLUMulFunction``: a gated MLP of a dense model or of linear-module experts (Mixtral's,
+    Qwen-MoE's); not GPT-OSS (``apply_liger_kernel_to_gpt_oss`` leaves SwiGLU off: its experts are
+    fused parameters) nor DeepSeek's multi-head latent attention models (no Liger patch)."""
+    moe = spec.moe
+    return bool(spec.gated_mlp) and spec.mla is None and (moe is None or moe.linear_experts)
+
+
 def has_full_architecture(spec: ModelSpec) -> bool:
     try:
         param_counts(spec)

@@ -10,7 +10,7 @@ bytes, inputs kept on autograd contexts, a returned KV cache, and an evaluation 
 
 from __future__ import annotations
 
-from planner.core.arch import _dims
+from planner.core.arch import _dims, liger_patches_swiglu
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Recipe, Workload
 from planner.memory import activations as act
@@ -53,7 +53,7 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, *,
         fused=recipe.compile,
         unsloth=lora and recipe.kernels == "unsloth",
         fused_norm=recipe.kernels in ("fused_rmsnorm", "liger"),
-        fused_swiglu=recipe.kernels == "liger",
+        fused_swiglu=recipe.kernels == "liger" and liger_patches_swiglu(model),
         te=recipe.kernels == "transformer_engine",
         selective_core_attention=recipe.selective == "core_attention",
         fp8_attention=wl.fp8 and recipe.kernels == "transformer_engine" and recipe.fp8_attention,

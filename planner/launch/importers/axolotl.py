@@ -51,8 +51,8 @@ AX_IGNORED = (
     "experimental_skip_move_to_device",
 )
 AX_TUNING = (
-    "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel", "liger_rope",
-    "liger_glu_activation", "liger_layer_norm", "liger_swiglu", "fsdp_config.*backward_prefetch",
+    "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel",
+    "liger_layer_norm", "fsdp_config.*backward_prefetch",
     "fsdp_config.*forward_prefetch", "fsdp_config.*use_orig_params", "fsdp_config.*limit_all_gathers",
     "fsdp_config.*cpu_offload_pin_memory", "embeddings_skip_upcast", "lora_on_cpu", "flash_attn_rms_norm",
     "flash_attn_fuse_qkv", "flash_attn_fuse_mlp", "flash_attn_cross_entropy", "torch_empty_cache_steps",
@@ -257,10 +257,18 @@ def _read_ax_attention(cfg: dict, f: Found, where: str) -> None:
 def _read_ax_loss(cfg: dict, f: Found, where: str) -> None:
     """The loss: Liger's or Cut Cross-Entropy's fused one, or the chunked one; Liger's RMSNorm."""
     plugins = " ".join(map(str, cfg.get("plugins") or []))
+    rope = is_true(cfg.get("liger_rope"))
+    glu = is_true(cfg.get("liger_glu_activation", cfg.get("liger_swiglu")))  # liger_swiglu: its old name
     if is_true(cfg.get("liger_rms_norm")):
         # with Liger's rotary and GLU activation too, its patches as a whole
-        whole = is_true(cfg.get("liger_rope")) and is_true(cfg.get("liger_glu_activation"))
-        f.set("kernels", "liger" if whole else "fused_rmsnorm", where + ".liger_rms_norm")
+        f.set("kernels", "liger" if rope and glu else "fused_rmsnorm", where + ".liger_rms_norm")
+        if "liger" not in plugins.lower():
+            f.warn(where + ".liger_rms_norm", "set without the Liger plugin in plugins: axolotl will "
+                   "not apply it")
+    elif glu:
+        f.warn(where + ".liger_glu_activation", "Liger's GLU activation without its RMSNorm is not "
+               "modelled: the estimate keeps the standard activation's output (high by one "
+               "MLP-wide tensor per token and layer)")
     if is_true(cfg.get("liger_fused_linear_cross_entropy")):
         f.set("loss", "fused", where + ".liger_fused_linear_cross_entropy")
         if "liger" not in plugins.lower():

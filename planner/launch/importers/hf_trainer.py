@@ -92,8 +92,9 @@ def read_training_args(cfg: dict, f: Found, where: str, base: Path, load, *,
         liger = cfg.get("liger_kernel_config") or {}
         fused = liger.get("fused_linear_cross_entropy", True)
         f.set("loss", "fused" if is_true(fused) else "standard", where + ".use_liger_kernel")
-        # apply_liger_kernel_to_* patches the RMSNorm, rotary and SwiGLU unless the config says no
-        if all(is_true(liger.get(k, True)) for k in ("rms_norm", "rope", "swiglu")):
+        # apply_liger_kernel_to_* patches the RMSNorm, rotary and SwiGLU (GeGLU for Gemma) unless
+        # the config says no
+        if all(is_true(liger.get(k, True)) for k in ("rms_norm", "rope", "swiglu", "geglu")):
             f.set("kernels", "liger", where + ".use_liger_kernel")
         elif is_true(liger.get("rms_norm", True)):
             f.set("kernels", "fused_rmsnorm", where + ".use_liger_kernel")
