@@ -304,6 +304,11 @@ class _Placement:
     n_local: float
     n_exp: float  # routed-expert parameters on this GPU, before expert parallelism
 
+    @property
+    def expert_tp(self) -> int:
+        """The ways a routed expert is split: ``etp`` where set, else tp."""
+        return self.tp if self.etp is None else self.etp
+
     def sharded(self, part: str) -> bool:
         return self.zero >= {"optimizer": 1, "gradients": 2, "weights": 3}[part]
 
@@ -421,7 +426,7 @@ def _full_states(model: ModelSpec, workload: Workload, recipe: Recipe, place: _P
                    on_host_opt)
     ffn = model.ffn if model.moe is None else model.moe.expert_ffn
     (vocab,) = _dims(model, "vocab")
-    ffn_tp = place.tp if model.moe is None or place.etp is None else place.etp  # an expert: etp ways
+    ffn_tp = place.tp if model.moe is None else place.expert_tp  # an expert: etp ways
     largest = max(vocab * model.hidden / place.tp, model.hidden * (ffn or model.hidden) / ffn_tp) * grad_b
     return StateParts(ledger.dev, ledger.host, n_local, largest,
                       stepped=place.spread(n_local - n_exp, n_exp, "optimizer"), matrix_share=matrix_share)
@@ -501,8 +506,7 @@ def _adapters(model: ModelSpec, workload: Workload, recipe: Recipe, place: _Plac
     r = workload.lora_rank
     n_dense = sum(n * r * (d_in + d_out) for n, d_in, d_out in dense_shapes) / (place.tp * place.pp)
     # the routed experts' adapters split as the experts are (their own TP), then over ep ranks
-    expert_tp = place.tp if place.etp is None else place.etp
-    n_exp = sum(n * r * (d_in + d_out) for n, d_in, d_out in expert_shapes) / (expert_tp * place.pp)
+    n_exp = sum(n * r * (d_in + d_out) for n, d_in, d_out in expert_shapes) / (place.expert_tp * place.pp)
     trains_saved = workload.method in ("lora", "qlora")
     saved = list(saved_module_params(model, workload.modules_to_save).values()) if trains_saved else []
     n_saved = (sum(saved) if place.pp == 1 else max(saved, default=0)) / place.tp

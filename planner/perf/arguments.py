@@ -82,7 +82,7 @@ def muon_flops_of(rs: ResolvedScenario, method: Any, optimizer: Any = None) -> A
     and the routed experts' part of them (:func:`planner.perf.flops.muon_expert_flops`); None
     where no plan runs Muon."""
     from planner.core.codes import OPTIMIZERS
-    from planner.memory.model_states import adapter_groups, adapter_shapes
+    from planner.memory.model_states import adapter_groups
     from planner.perf.flops import muon_expert_flops, muon_step_flops
 
     wl = rs.workload
@@ -93,8 +93,9 @@ def muon_flops_of(rs: ResolvedScenario, method: Any, optimizer: Any = None) -> A
     full, full_experts = muon_step_flops(rs.model, "full"), muon_expert_flops(rs.model, "full")
     adapters = adapter_experts = 0.0
     if has_full_architecture(rs.model):
-        adapters = muon_step_flops(rs.model, "lora", wl.lora_rank, adapter_shapes(rs.model, wl))
-        adapter_experts = muon_expert_flops(rs.model, "lora", wl.lora_rank, adapter_groups(rs.model, wl)[1])
+        dense, experts = adapter_groups(rs.model, wl)
+        adapters = muon_step_flops(rs.model, "lora", wl.lora_rank, dense + experts)
+        adapter_experts = muon_expert_flops(rs.model, "lora", wl.lora_rank, experts)
     full_run = np.asarray(method) == FULL
     return (np.where(is_muon, np.where(full_run, full, adapters), 0.0),
             np.where(is_muon, np.where(full_run, full_experts, adapter_experts), 0.0))

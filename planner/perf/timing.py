@@ -680,7 +680,7 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams,
     grad_bytes = trainable * 2.0 / (tp * pp)
     # The routed experts' gradients reduce over their own data-parallel group, whose ranks sit
     # one ep group further apart than an ep group's own.
-    _, local_experts, expert_dp, ep_stride = _expert_layout(mf, x)
+    expert_tp, local_experts, expert_dp, ep_stride = _expert_layout(mf, x)
     expert_grad = np.where(x["method"] == FULL, local_experts * 2.0 / (tp * pp), 0.0)
     expert_stride = ep_stride * np.maximum(x.get("ep", 1), 1)
 
@@ -703,7 +703,6 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams,
         # A rank holds 1/ep of the routed experts, each split over their own TP, and a sharded
         # optimizer splits them over their own data-parallel group.
         owners = np.where(zero >= 1, np.maximum(d, 1), 1)
-        expert_tp, _, expert_dp, _ = _expert_layout(mf, x)
         expert_owners = np.where(zero >= 1, expert_dp, 1)
         experts = x.get("optimizer_expert_flops", 0.0)
         per_gpu = ((x["optimizer_flops"] - experts) / (tp * pp * owners)
