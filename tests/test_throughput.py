@@ -193,7 +193,9 @@ def test_attention_rate_by_generation_and_kernel():
     """Fused attention runs at ``attention_efficiency`` of the GEMMs' rate on an A100 whatever the
     kernel; on an H100 at 0.6 of that for a portable FlashAttention-2-class kernel (35 % of an
     H100's peak) and 0.85 for Hopper's own (FlashAttention-3, cuDNN: 1.5-2x FlashAttention-2;
-    Shah et al. 2024). Only the attention term moves."""
+    Shah et al. 2024); on a B200 at 0.25 for FlashAttention-2 (259-346 TFLOPS forward + backward,
+    flash-attention issue #1589) and 0.8 for cuDNN's (about 1,060 TFLOPS forward + backward). Only
+    the attention term moves."""
     from planner.catalog.store import get_gpu
     from planner.perf import flops, hardware
     from planner.scenario.resolve import resolve
@@ -201,9 +203,10 @@ def test_attention_rate_by_generation_and_kernel():
     mf = flops.model_flops(resolve({"model": "llama-3.1-8b"}).model)
     x = {"method": 0, "checkpointing": 0, "offload": 0, "zero": 0, "seq_len": 32768, "micro_batch": 1,
          "grad_accum": 1, "tp": 1, "pp": 1, "cp": 1, "dp": 1, "ep": 1, "n_lora": 0.0}
-    assert hardware.PORTABLE_ATTENTION_SHARE == {"hopper": 0.6}
-    assert hardware.NATIVE_ATTENTION_SHARE == {"hopper": 0.85}
-    for gpu, portable, native in (("h100-sxm-80gb", 0.6, 0.85), ("a100-sxm-80gb", 1.0, 1.0)):
+    assert hardware.PORTABLE_ATTENTION_SHARE == {"hopper": 0.6, "blackwell": 0.25}
+    assert hardware.NATIVE_ATTENTION_SHARE == {"hopper": 0.85, "blackwell": 0.8}
+    for gpu, portable, native in (("h100-sxm-80gb", 0.6, 0.85), ("a100-sxm-80gb", 1.0, 1.0),
+                                  ("b200", 0.25, 0.8)):
         perf = hardware.GpuPerf.of(get_gpu(gpu))
         eff = float(timing.microbatch_efficiency(32768))
         ideal = (float(flops.attention_flops_per_token(mf, seq_len=32768, checkpointing=0)) * 32768

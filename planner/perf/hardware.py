@@ -29,9 +29,16 @@ DEFAULT_MEMORY_GBPS = 1000.0
 #: ``wgmma``: FlashAttention-3, cuDNN's fused attention) are 1.5–2.0× faster than that (Shah et
 #: al. 2024, arXiv 2407.08608, abstract). Portable kernels: 0.35/0.6 ≈ 0.6; Hopper's own: 1.5 ×
 #: 0.35/0.6 ≈ 0.85, the low end, as the backward is the slower half. Stated, not fitted.
-#: Blackwell is left at 1: no published measurement of its attention in training.
-PORTABLE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.6}
-NATIVE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.85}
+#: On a B200 (2,250 dense BF16 TFLOPS) the portable kernels fall further behind: FlashAttention
+#: 2.7.4 measured 259–346 TFLOPS forward + backward at head dim 64 (Dao-AILab/flash-attention issue
+#: #1589, 2025-04) and tritonbench's FlashAttention-2 forward 315–362 at head dim 128, 1K–16K tokens
+#: (meta-pytorch/tritonbench PR #171, 2025-03): ≈ 0.15 of the peak, 0.15/0.6 ≈ 0.25. Its own
+#: kernels: cuDNN 9.13's forward ≈ 1,240 TFLOPS (FlashAttention-4 at 1,613 is 1.3× it, by the
+#: FlashAttention-4 paper's abstract, 2026) and a backward ≈ 1,000 (FlashAttention-4's first Blackwell backward, ≈ 1.1× cuDNN's at
+#: 8K tokens, head dim 128, flash-attention PR #1945), so forward + backward (the backward 2.5× the
+#: forward's FLOPs) ≈ 1,060 TFLOPS, 0.47 of the peak: 0.47/0.6 ≈ 0.8. Stated, not fitted.
+PORTABLE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.6, "blackwell": 0.25}
+NATIVE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.85, "blackwell": 0.8}
 
 
 @dataclass(frozen=True)
