@@ -80,11 +80,15 @@ def _norm_keeps_dtype(model: ModelSpec) -> bool:
     return (model.family or "").startswith("gemma")
 
 
-def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at once.
+def in_flight_micro_batches(layout: Layout, grad_accum: int | None, *, last_stage: bool = False) -> float:
+    """Micro-batches whose activations a pipeline stage holds at once, in whole stages: the
+    first stage's (the most), or the last stage's.
 
-    1F1B: min(p, m) (Narayanan et al. 2021); interleaved with v chunks: × (1 + (p−1)/(p·v))
-    (Korthikanti et al. 2022 §4.2.3, as Megatron implements it); GPipe: all m. m unknown → p.
+    1F1B: min(p, m) on the first stage (Narayanan et al. 2021), 1 on the last (each forward's
+    backward follows at once); interleaved with v chunks: the chunks of
+    :func:`_interleaved_in_flight`, p·(1 + (p−1)/(p·v)) on the first stage when m is large
+    (Korthikanti et al. 2022 §4.2.3), never more than the step's m; GPipe: all m on every stage.
+    m unknown → p.
     """
     p = layout.pp
     if p == 1:
@@ -92,11 +96,18 @@ def in_flight_micro_batches(layout: Layout, grad_accum: int | None) -> float:
     m = grad_accum or p
     if layout.pp_schedule == "gpipe":
         return float(m)
-    n = float(min(p, m))
     if layout.pp_schedule == "interleaved":
-        v = layout.pp_virtual_stages
-        n *= 1 + (p - 1) / (p * v)
-    return n
+        return _interleaved_in_flight(p, layout.pp_virtual_stages, m, rank=p - 1 if last_stage else 0)
+    return 1.0 if last_stage else float(min(p, m))
+
+
+def _interleaved_in_flight(p: int, v: int, m: int, *, rank: int) -> float:
+    """Interleaved 1F1B (Megatron's ``forward_backward_pipelining_with_interleaving``): pipeline
+    rank ``rank`` runs 2·(p−rank−1) + (v−1)·p chunk forwards of warm-up before its first backward,
+    at most the m·v chunks of the step, so it holds that many + 1 chunks of L/(p·v) layers at
+    once: in whole stages, that count / v."""
+    warmup = 2 * (p - rank - 1) + (v - 1) * p
+    return min(warmup + 1, m * v) / v
 
 
 def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum: int | None,
@@ -127,7 +138,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
     if layout.activation_offload and layout.checkpointing != "none":
         resident = min(n_layers, OFFLOAD_RESIDENT_LAYERS) * per
         host, layers = layers - resident, resident
-    in_flight = 1.0 if (last_stage and layout.pp > 1) else in_flight_micro_batches(layout, grad_accum)
+    in_flight = in_flight_micro_batches(layout, grad_accum, last_stage=last_stage)
     saved = (layers + act.shared_saved(model, rec, b, s) + eager_mask_bytes(rec, b, s)) * in_flight
     host *= in_flight
     loss_saved = loss_peak = loss_held = 0.0

@@ -49,6 +49,11 @@ def estimate_table(est: Estimate, *, gib: bool = False) -> Table:
     if device is not None and device != est.total_bytes:
         # the allocator keeps freed blocks cached while memory allows: nvidia-smi shows more
         table.add_row("nvidia-smi, memory to spare", fmt(device))
+    last = (est.predicted or {}).get("last_stage_allocated_bytes")
+    if last is not None:
+        # a pipeline's peak is on one stage (the first holds the most micro-batches in flight);
+        # the last rank, whose memory Megatron's logged scalars report, holds this much allocated
+        table.add_row("last pipeline stage, allocated", fmt(last))
     if est.host_bytes:
         table.add_row("offloaded to host (per GPU)", fmt(est.host_bytes))
     if est.capacity_bytes is not None:

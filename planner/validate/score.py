@@ -2,7 +2,8 @@
 
 Each row is compared with the prediction of the kind it measured: ``max_allocated`` with the
 allocated view, ``max_reserved`` and ``reported`` (method unstated) with the reserved view,
-``nvidia_smi`` with the device view. A row the profile cannot model is listed with its reason and
+``nvidia_smi`` with the device view; a row measured on the last pipeline rank (``measured_rank``
+``last``) with that stage's own view. A row the profile cannot model is listed with its reason and
 counts as a miss (an absolute error of 100 %) in every figure.
 """
 
@@ -21,6 +22,9 @@ from planner.validate.rows import measured_bytes, scenario_of
 #: The view of the prediction each measure kind is compared with.
 KIND_VIEW = {"max_allocated": "allocated_bytes", "max_reserved": "reserved_bytes",
              "reported": "reserved_bytes", "nvidia_smi": "device_bytes"}
+#: The views of the last pipeline stage, for rows measured on that rank (``measured_rank: last``:
+#: Megatron's TensorBoard and W&B memory scalars, which only the last rank writes).
+LAST_STAGE_VIEW = {"allocated_bytes": "last_stage_allocated_bytes", "reserved_bytes": "last_stage_reserved_bytes"}
 #: An unmodelable row counts as this absolute error (a miss in every band).
 MISS_APE = 1.0
 REQUIRED_COLUMNS = ("id", "model", "method", "seq_len", "micro_batch", "measured_gb", "measure_kind")
@@ -93,7 +97,19 @@ def validate_rows(rows: list[dict[str, str]], profile: str) -> list[RowResult]:
             out.append(RowResult(row["id"], row["model"], row["method"], kind, measured,
                                  None, None, None, str(exc), before))
             continue
-        pred = float(views[KIND_VIEW[kind]])
+        view = KIND_VIEW[kind]
+        rank = (row.get("measured_rank") or "").strip() or "peak"
+        if rank not in ("peak", "last"):
+            out.append(RowResult(row["id"], row["model"], row["method"], kind, measured, None, None, None,
+                                 f"measured_rank {rank!r} unknown (peak, last)", before))
+            continue
+        if rank == "last" and view not in LAST_STAGE_VIEW:
+            out.append(RowResult(row["id"], row["model"], row["method"], kind, measured, None, None, None,
+                                 f"measured_rank last: no last-stage view of {kind}", before))
+            continue
+        if rank == "last" and LAST_STAGE_VIEW[view] in views:  # without a pipeline: the one stage
+            view = LAST_STAGE_VIEW[view]
+        pred = float(views[view])
         out.append(RowResult(row["id"], row["model"], row["method"], kind, measured, pred,
                              (pred - measured) / measured, phase, None, before))
     return out
