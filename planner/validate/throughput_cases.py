@@ -52,10 +52,12 @@ NATIVE_ATTENTION_WORDS = (r"transformer engine", r"\(te\)", r"megatron-core", r"
 #: reached Megatron-LM in 2023): their attention ran the unfused math path (the whole s×s
 #: square and its softmax in memory). Cards without FlashAttention-2 run it too. Megatron-LM and
 #: Megatron-DeepSpeed runs of 2021–2022 on A100s: Narayanan et al. 2021, MT-NLG (trained 2021),
-#: NeMo Megatron's launcher tables of 2022-06 and 2022-09, BLOOM's tr11 (2022), GLM-130B (2022).
+#: NeMo Megatron's launcher tables of 2022-06 and 2022-09, BLOOM's tr11 (2022: its logs, and its
+#: layout search of 2022-02 on the same Megatron-DeepSpeed fork), GLM-130B (2022).
 PRE_FLASH_SOURCES = ("megatron-korthikanti-2022", "oneflow-dlperf-megatron-v100", "megatron-narayanan-2021",
                      "mt-nlg-530b-2022", "nemo-megatron-launcher-readme-2022-06",
-                     "nemo-megatron-launcher-readme-2022-09", "bloom-tr11-logs", "glm-130b-paper-2022")
+                     "nemo-megatron-launcher-readme-2022-09", "bloom-tr11-logs", "bigscience-tr11-prequel-2022",
+                     "glm-130b-paper-2022")
 
 
 @dataclass(frozen=True)
