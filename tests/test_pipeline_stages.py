@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ("interleaved", 4, 3, 4, 4.0, 3.0),      # the first rank's 15 chunks capped at m·v = 12
     ("interleaved", 4, 8, 4, 4.0, 29 / 8),   # Megatron's gpt3_7b_tp1_pp4 test: v = 8, m = 4
     ("gpipe", 4, 1, 6, 6.0, 6.0),
+    ("interleaved", 4, 3, None, 5.0, 3.0),   # m unknown: no cap, as when m is large
+    ("1f1b", 4, 1, None, 4.0, 1.0),
 ])
 def test_stages_hold_the_micro_batches_their_schedule_warms_up(schedule, p, v, m, first, last):
     lay = Layout(gpus=p, pp=p, pp_schedule=schedule, pp_virtual_stages=v)
@@ -57,6 +59,12 @@ def test_the_last_stage_of_a_1f1b_pipeline_holds_less_than_the_peak():
     # interleaving keeps more micro-batches in flight on every rank, the last included
     assert interleaved["last_stage_allocated_bytes"] > pred["last_stage_allocated_bytes"]
     assert "last_stage_allocated_bytes" not in (estimate_resolved(resolve(_scenario(pp=1))).predicted or {})
+    # GPipe's last stage keeps every micro-batch's layers and head tensors until backward
+    gpipe = _scenario(pp=4)
+    gpipe["layout"]["pp_schedule"] = "gpipe"
+    held = estimate_resolved(resolve(gpipe)).predicted or {}
+    assert held["last_stage_allocated_bytes"] > 2 * pred["last_stage_allocated_bytes"]
+    assert pred["last_stage_device_bytes"] > pred["last_stage_reserved_bytes"]
 
 
 def test_rows_measured_on_the_last_rank_are_scored_against_its_stage():

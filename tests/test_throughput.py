@@ -194,8 +194,9 @@ def test_attention_rate_by_generation_and_kernel():
     kernel; on an H100 at 0.6 of that for a portable FlashAttention-2-class kernel (35 % of an
     H100's peak) and 0.85 for Hopper's own (FlashAttention-3, cuDNN: 1.5-2x FlashAttention-2;
     Shah et al. 2024); on a B200 at 0.25 for FlashAttention-2 (259-346 TFLOPS forward + backward,
-    flash-attention issue #1589) and 0.8 for cuDNN's (about 1,060 TFLOPS forward + backward). Only
-    the attention term moves."""
+    flash-attention issue #1589) and 0.8 for cuDNN's (about 1,060 TFLOPS forward + backward); a
+    consumer Blackwell card (RTX 5090, compute capability 12.0) has no measurement and keeps 1.
+    Only the attention term moves."""
     from planner.catalog.store import get_gpu
     from planner.perf import flops, hardware
     from planner.scenario.resolve import resolve
@@ -206,7 +207,7 @@ def test_attention_rate_by_generation_and_kernel():
     assert hardware.PORTABLE_ATTENTION_SHARE == {"hopper": 0.6, "blackwell": 0.25}
     assert hardware.NATIVE_ATTENTION_SHARE == {"hopper": 0.85, "blackwell": 0.8}
     for gpu, portable, native in (("h100-sxm-80gb", 0.6, 0.85), ("a100-sxm-80gb", 1.0, 1.0),
-                                  ("b200", 0.25, 0.8)):
+                                  ("b200", 0.25, 0.8), ("rtx-5090", 1.0, 1.0)):
         perf = hardware.GpuPerf.of(get_gpu(gpu))
         eff = float(timing.microbatch_efficiency(32768))
         ideal = (float(flops.attention_flops_per_token(mf, seq_len=32768, checkpointing=0)) * 32768

@@ -210,7 +210,7 @@ def detailed_peak(model: ModelSpec, wl: Workload, layout: Layout, overrides: Ove
             phase_needed[label] = min(phase_reserved[label], total * (1.0 + trapped))
             if last:
                 last_allocated = max(last_allocated, total)
-                last_reserved = max(last_reserved, phase_reserved[label])
+                last_reserved = max(last_reserved, phase_reserved[label], total)
             if best is None or total > best[0]:
                 best = (total, label, parts, a["host"])
     assert best is not None  # every stage has its phases (backward start and end at least)
@@ -488,8 +488,10 @@ def detailed_memory(model: ModelSpec, wl: Workload, layout: Layout, overrides: O
     predicted = {"allocated_bytes": allocated, "reserved_bytes": reserved, "device_bytes": device,
                  "needed_bytes": needed}
     if peak.last_stage is not None:  # the last pipeline rank's own peak, as that rank reports it
-        predicted["last_stage_allocated_bytes"] = ceil_bytes(peak.last_stage[0])
-        predicted["last_stage_reserved_bytes"] = ceil_bytes(peak.last_stage[1])
+        last_allocated, last_reserved = (ceil_bytes(v) for v in peak.last_stage)
+        predicted["last_stage_allocated_bytes"] = last_allocated
+        predicted["last_stage_reserved_bytes"] = max(last_reserved, last_allocated)
+        predicted["last_stage_device_bytes"] = max(last_reserved, last_allocated) + ceil_bytes(peak.device - peak.reserved)
     served = layout.model_copy(update={"dp": dp})
     trapped = TRAPPED_FRAGMENTATION if wl.method == "inference" else _trapped(served)
     notes = list(peak.notes) + [

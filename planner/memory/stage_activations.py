@@ -88,26 +88,29 @@ def in_flight_micro_batches(layout: Layout, grad_accum: int | None, *, last_stag
     backward follows at once); interleaved with v chunks: the chunks of
     :func:`_interleaved_in_flight`, p·(1 + (p−1)/(p·v)) on the first stage when m is large
     (Korthikanti et al. 2022 §4.2.3), never more than the step's m; GPipe: all m on every stage.
-    m unknown → p.
+    m unknown → p (interleaved: not capped, as when m is large).
+    Not modelled: Megatron's warm-up group size other than p
+    (``microbatch_group_size_per_vp_stage``) and the extra micro-batch its overlapped MoE
+    all-to-all (``overlap_moe_expert_parallel_comm``) warms up.
     """
     p = layout.pp
     if p == 1:
         return 1.0
+    if layout.pp_schedule == "interleaved":
+        return _interleaved_in_flight(p, layout.pp_virtual_stages, grad_accum, rank=p - 1 if last_stage else 0)
     m = grad_accum or p
     if layout.pp_schedule == "gpipe":
         return float(m)
-    if layout.pp_schedule == "interleaved":
-        return _interleaved_in_flight(p, layout.pp_virtual_stages, m, rank=p - 1 if last_stage else 0)
     return 1.0 if last_stage else float(min(p, m))
 
 
-def _interleaved_in_flight(p: int, v: int, m: int, *, rank: int) -> float:
+def _interleaved_in_flight(p: int, v: int, m: int | None, *, rank: int) -> float:
     """Interleaved 1F1B (Megatron's ``forward_backward_pipelining_with_interleaving``): pipeline
     rank ``rank`` runs 2·(p−rank−1) + (v−1)·p chunk forwards of warm-up before its first backward,
-    at most the m·v chunks of the step, so it holds that many + 1 chunks of L/(p·v) layers at
-    once: in whole stages, that count / v."""
-    warmup = 2 * (p - rank - 1) + (v - 1) * p
-    return min(warmup + 1, m * v) / v
+    at most the m·v chunks of the step (no cap where m is unknown), so it holds that many + 1
+    chunks of L/(p·v) layers at once: in whole stages, that count / v."""
+    chunks = 2 * (p - rank - 1) + (v - 1) * p + 1
+    return (chunks if m is None else min(chunks, m * v)) / v
 
 
 def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum: int | None,
@@ -151,8 +154,11 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
         lm_head_trainable = (wl.method == "full" or "lm_head" in wl.lora_targets
                              or "lm_head" in wl.modules_to_save)
         embedding_trainable = wl.method == "full" or "embed_tokens" in wl.modules_to_save
-        saved += act.head_saved(model, rec, b, s, lm_head_trainable=lm_head_trainable,
-                                embedding_trainable=embedding_trainable) / (tp if sp else 1)
+        # GPipe runs every micro-batch's forward first: the last stage keeps each one's head
+        # tensors and loss graph until the backwards begin (1F1B and interleaving: one at a time)
+        heads = in_flight if layout.pp_schedule == "gpipe" and layout.pp > 1 else 1.0
+        saved += heads * act.head_saved(model, rec, b, s, lm_head_trainable=lm_head_trainable,
+                                        embedding_trainable=embedding_trainable) / (tp if sp else 1)
         head_q = quantized_head(model, wl)
         if head_q and rec.frozen_saves_input:  # the chunked lm_head's inputs
             on_context += b * s * rec.e * model.hidden * in_flight
@@ -163,6 +169,7 @@ def activation_terms(model: ModelSpec, wl: Workload, layout: Layout, grad_accum:
             model, rec.e, b * s, recipe.loss_impl(wl.algorithm), tp, compiled=recipe.compile, batch=b,
             first_step=recipe.peak_at_first_step, carried=carried,
             head_dequant=_dims(model, "vocab")[0] * model.hidden * rec.e / tp if head_q else 0.0)
+        saved += (heads - 1.0) * loss_saved  # the earlier micro-batches' loss graphs (GPipe)
     # A returned KV cache lives until the loss is done (the Trainer drops the model's outputs
     # before backward). Hugging Face turns it off under its own gradient checkpointing; a cache
     # kept under checkpointing comes from a wrapper that transformers does not see (selective

@@ -29,16 +29,28 @@ DEFAULT_MEMORY_GBPS = 1000.0
 #: ``wgmma``: FlashAttention-3, cuDNN's fused attention) are 1.5–2.0× faster than that (Shah et
 #: al. 2024, arXiv 2407.08608, abstract). Portable kernels: 0.35/0.6 ≈ 0.6; Hopper's own: 1.5 ×
 #: 0.35/0.6 ≈ 0.85, the low end, as the backward is the slower half. Stated, not fitted.
-#: On a B200 (2,250 dense BF16 TFLOPS) the portable kernels fall further behind: FlashAttention
-#: 2.7.4 measured 259–346 TFLOPS forward + backward at head dim 64 (Dao-AILab/flash-attention issue
-#: #1589, 2025-04) and tritonbench's FlashAttention-2 forward 315–362 at head dim 128, 1K–16K tokens
-#: (meta-pytorch/tritonbench PR #171, 2025-03): ≈ 0.15 of the peak, 0.15/0.6 ≈ 0.25. Its own
-#: kernels: cuDNN 9.13's forward ≈ 1,240 TFLOPS (FlashAttention-4 at 1,613 is 1.3× it, by the
-#: FlashAttention-4 paper's abstract, 2026) and a backward ≈ 1,000 (FlashAttention-4's first Blackwell backward, ≈ 1.1× cuDNN's at
-#: 8K tokens, head dim 128, flash-attention PR #1945), so forward + backward (the backward 2.5× the
-#: forward's FLOPs) ≈ 1,060 TFLOPS, 0.47 of the peak: 0.47/0.6 ≈ 0.8. Stated, not fitted.
+#: On the data-centre Blackwell cards (compute capability 10.x: B200, B300; 2,250 dense BF16
+#: TFLOPS) the portable kernels fall further behind: FlashAttention 2.7.4 measured 259–346 TFLOPS
+#: forward + backward at head dim 64 on a B200 (Dao-AILab/flash-attention issue #1589, 2025-04),
+#: 0.12–0.15 of the peak, and tritonbench's FlashAttention-2 forward 315–362 at head dim 128,
+#: 1K–16K tokens (meta-pytorch/tritonbench PR #171, 2025-03): 0.15/0.6 ≈ 0.25. Their own kernels,
+#: derived: cuDNN 9.13's forward ≈ 1,240 TFLOPS (the FlashAttention-4 paper's abstract: up to
+#: 1,613, up to 1.3× cuDNN 9.13) and its backward ≈ 1,000 (flash-attention PR #1945: the first
+#: Blackwell FlashAttention backward ≈ 1.1× cuDNN's at 8K tokens, head dim 128, which later reached
+#: 1,118–1,248 TFLOPS, PR #2280), so forward + backward (the backward 2.5× the forward's FLOPs)
+#: ≈ 1,060 TFLOPS, 0.47 of the peak: 0.47/0.6 ≈ 0.8. Stated, not fitted. The consumer Blackwell
+#: cards (12.x) run other instructions and have no measurement: 1 there, as unlisted generations.
 PORTABLE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.6, "blackwell": 0.25}
 NATIVE_ATTENTION_SHARE: dict[str, float] = {"hopper": 0.85, "blackwell": 0.8}
+
+
+def attention_generation(gpu: GpuSpec) -> str:
+    """The key of :data:`PORTABLE_ATTENTION_SHARE` and :data:`NATIVE_ATTENTION_SHARE` for a card:
+    its architecture, but for Blackwell only the data-centre parts (compute capability 10.x)."""
+    cc = gpu.compute_capability
+    if gpu.architecture == "blackwell" and (cc is None or not 10.0 <= cc < 11.0):
+        return "blackwell-consumer"
+    return gpu.architecture
 
 
 @dataclass(frozen=True)
@@ -80,8 +92,8 @@ class GpuPerf:
             peak_fp8_flops=float("nan") if gpu.fp8_dense_tflops is None else gpu.fp8_dense_tflops * 1e12,
             kernel_speed=util / mid,
             memory_capacity=float(gpu.memory_bytes),
-            portable_attention=PORTABLE_ATTENTION_SHARE.get(gpu.architecture, 1.0),
-            native_attention=NATIVE_ATTENTION_SHARE.get(gpu.architecture, 1.0),
+            portable_attention=PORTABLE_ATTENTION_SHARE.get(attention_generation(gpu), 1.0),
+            native_attention=NATIVE_ATTENTION_SHARE.get(attention_generation(gpu), 1.0),
         )
 
 
