@@ -77,6 +77,11 @@ class GpuSpec(StrictModel):
     utilization_low: Annotated[float, Field(gt=0, le=1)]
     utilization_high: Annotated[float, Field(gt=0, le=1)]
     utilization_source: str
+    #: The largest BF16 matmul rate measured on this card as a share of its dense BF16 peak
+    #: (Bekman's "maximum achievable matmul FLOPS", MAMF); None where the card has no measurement
+    #: (read as :data:`planner.perf.hardware.REFERENCE_MATMUL_EFFICIENCY`).
+    matmul_efficiency: Annotated[float | None, Field(gt=0, le=1)] = None
+    matmul_efficiency_source: str | None = None
     notes: str | None = None
 
     @property

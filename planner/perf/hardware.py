@@ -52,6 +52,14 @@ def attention_generation(gpu: GpuSpec) -> str:
         return "blackwell-consumer"
     return gpu.architecture
 
+#: The matmul efficiency (largest measured BF16 matmul rate / dense peak,
+#: :attr:`~planner.core.entries.GpuSpec.matmul_efficiency`) of the card the fitted GEMM
+#: utilisation (``gemm_hfu``) stands for: the H100 SXM's 80.3 % (Bekman, ml-engineering's MAMF
+#: table: 794.5 of 989 TFLOPS). A card's GEMMs run at its own efficiency over this one times the
+#: fitted rate (the A100 SXM's 86.9 %: 1.08×; the B200's 77.6 %: 0.97×); a card without a
+#: measurement at 1×. Attention keeps the generation shares above, which are shares of the peak.
+REFERENCE_MATMUL_EFFICIENCY = 0.803
+
 
 @dataclass(frozen=True)
 class GpuPerf:
@@ -75,6 +83,9 @@ class GpuPerf:
     #: and for the generation's own (:data:`PORTABLE_ATTENTION_SHARE`, :data:`NATIVE_ATTENTION_SHARE`).
     portable_attention: Any = 1.0
     native_attention: Any = 1.0
+    #: The card's matmul efficiency over :data:`REFERENCE_MATMUL_EFFICIENCY`: its GEMMs' rate
+    #: relative to the fitted one.
+    matmul_scale: Any = 1.0
 
     @classmethod
     def of(cls, gpu: GpuSpec, utilization: float | None = None) -> GpuPerf:
@@ -94,6 +105,7 @@ class GpuPerf:
             memory_capacity=float(gpu.memory_bytes),
             portable_attention=PORTABLE_ATTENTION_SHARE.get(attention_generation(gpu), 1.0),
             native_attention=NATIVE_ATTENTION_SHARE.get(attention_generation(gpu), 1.0),
+            matmul_scale=(gpu.matmul_efficiency or REFERENCE_MATMUL_EFFICIENCY) / REFERENCE_MATMUL_EFFICIENCY,
         )
 
 

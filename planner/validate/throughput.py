@@ -43,7 +43,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_hfu": (0.2, 0.70),
     "elementwise_vectors": (250.0, 600.0),
     "fp8_efficiency": (0.3, 1.0),
-    "microbatch_half_tokens": (1.0, 4096.0),
+    "microbatch_half_tokens": (150.0, 270.0),
     "moe_route_vectors": (5.0, 60.0),
     "fused_elementwise_share": (0.1, 1.0),
     "attention_efficiency": (0.4, 1.0),
