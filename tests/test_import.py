@@ -636,3 +636,29 @@ def test_adafactor_and_lion_are_read_as_themselves(tmp_path):
         f = _found(tmp_path, "args.json", {"output_dir": "x", "optim": optim})
         assert f.values["optimizer"] == want, optim
         assert bool(f.values.get("optimizer_paged")) is paged, optim
+
+
+def test_liger_applies_nothing_to_a_model_it_has_no_patch_for(tmp_path):
+    """LLaMA-Factory's ``apply_liger_kernel`` and the Trainer's ``_apply_liger_kernel_to_instance``
+    patch only the model types Liger-Kernel supports; for another ("Current model does not support
+    liger kernel.") neither the kernels nor the fused loss apply. A Baichuan 2 LoRA with
+    ``enable_liger_kernel`` is estimated as without it, and says so; a Llama keeps both."""
+    from planner.core.arch import liger_patches
+    from planner.memory.estimate import estimate_resolved
+    from planner.scenario.resolve import resolve
+
+    base = {"workload": {"method": "lora", "seq_len": 2048, "micro_batch": 4},
+            "layout": {"gpu": "h100-sxm-80gb", "gpus": 1, "checkpointing": "none"}}
+    liger = {"recipe": {"kernels": "liger", "loss": "fused"}}
+    for model, patched in (("baichuan2-7b", False), ("qwen-7b", False), ("opt-1.3b", False),
+                           ("llama-3.1-8b", True), ("qwen2.5-7b", True), ("phi-4", True), ("phi-2", False)):
+        rs = resolve({**base, **liger, "model": model})
+        assert liger_patches(rs.model) is patched, model
+        plain = estimate_resolved(resolve({**base, "model": model}))
+        with_liger = estimate_resolved(rs)
+        if patched:
+            assert rs.scenario.recipe.kernels == "liger" and with_liger.total_bytes < plain.total_bytes, model
+        else:
+            assert (rs.scenario.recipe.kernels, rs.scenario.recipe.loss) == ("standard", "standard"), model
+            assert with_liger.total_bytes == plain.total_bytes, model
+            assert any("no patch" in w for w in rs.warnings), model

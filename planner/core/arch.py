@@ -164,6 +164,36 @@ def total_params(spec: ModelSpec) -> int:
     return param_counts(spec).total
 
 
+#: Model families whose Hugging Face model types Liger-Kernel patches whatever their shape
+#: (``MODEL_TYPE_TO_APPLY_LIGER_FN``, and LLaMA-Factory's ``apply_liger_kernel``: llama, mistral,
+#: mixtral, gemma 1-3, gpt_oss, smollm3; TinyLlama, Yi, SmolLM2 and DeepSeek's dense models are
+#: llama-type checkpoints).
+LIGER_FAMILIES = frozenset({"llama", "tinyllama", "yi", "mistral", "gemma", "smollm", "gpt-oss"})
+
+
+def liger_patches(spec: ModelSpec) -> bool:
+    """Whether Liger-Kernel has a patch for this model (its ``apply_liger_kernel_to_*``; the
+    Trainer's ``use_liger_kernel`` and LLaMA-Factory's ``enable_liger_kernel`` apply nothing to a
+    model type without one, fused loss included): the families of :data:`LIGER_FAMILIES`; Qwen's
+    qwen2-type and Qwen3 models (not Qwen v1's remote code, one fused QKV; nor qwen2_moe, which
+    has no patch: a Qwen MoE without q/k norms); Phi-3 and Phi-4 (RMSNorm; not Phi-1.5/2), OLMo 2
+    (RMSNorm, dense; not OLMo 1 nor OLMoE), GLM-4 in transformers' glm4 (not ChatGLM's remote
+    code, one fused QKV), and DeepSeek's dense llama-type models (not its MoE or MLA models).
+    Other families (GPT-NeoX, OPT, BLOOM, Falcon, Baichuan, InternLM, MiniCPM, ...) have none."""
+    family = spec.family or ""
+    if family in LIGER_FAMILIES:
+        return True
+    if family == "qwen":
+        return not spec.fused_qkv and (spec.moe is None or spec.qk_norm)
+    if family in ("phi", "olmo"):
+        return spec.norm == "rmsnorm" and spec.moe is None
+    if family == "glm":
+        return not spec.fused_qkv
+    if family == "deepseek":
+        return spec.moe is None and spec.mla is None
+    return False
+
+
 def liger_patches_swiglu(spec: ModelSpec) -> bool:
     """Whether Liger-Kernel's patch (``kernels: liger``) replaces this model's gated MLP with its
     ``LigerSiLUMulFunction``: a gated MLP of a dense model or of linear-module experts (Mixtral's,

@@ -57,7 +57,11 @@ def attention_generation(gpu: GpuSpec) -> str:
 #: utilisation (``gemm_hfu``) stands for: the H100 SXM's 80.3 % (Bekman, ml-engineering's MAMF
 #: table: 794.5 of 989 TFLOPS). A card's GEMMs run at its own efficiency over this one times the
 #: fitted rate (the A100 SXM's 86.9 %: 1.08×; the B200's 77.6 %: 0.97×); a card without a
-#: measurement at 1×. Attention keeps the generation shares above, which are shares of the peak.
+#: catalog value at 1× (the AMD cards, whose utilisation comes from their own runs; the GH200
+#: 96 GB, as the table's GH200 is the 141 GB 900 W part). FP8 GEMMs take the BF16 ratio: the
+#: table's FP8 ceilings (H100 70.9 %, H200 73.4 %, B200 76.3 %) are not used. Fused attention keeps
+#: the generation shares above, which are shares of the peak; eager attention, batched GEMMs,
+#: takes the card's ratio.
 REFERENCE_MATMUL_EFFICIENCY = 0.803
 
 

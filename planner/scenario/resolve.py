@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from planner import catalog
 from planner.catalog.hf_config import ConfigError
 from planner.catalog.store import UnknownName
-from planner.core.arch import has_full_architecture
+from planner.core.arch import has_full_architecture, liger_patches
 from planner.core.entries import GpuSpec, ModelSpec
 from planner.core.errors import EXCERPT_CHARS, InputError, clip, excerpt, format_validation_error
 from planner.core.specs import Layout, Recipe, Scenario, Workload
@@ -85,6 +85,7 @@ def resolve(
     grad_accum = _derive_grad_accum(wl, dp, problems)
     scenario = _fit_profile(scenario, model, problems, warnings)
     scenario = _card_recipe(scenario, gpu)
+    scenario = _liger_scope(scenario, model, warnings)
     _check_saved_modules(scenario, warnings)
     _check_base_dtype(scenario, problems, warnings)
     _check_fp8_recipe(scenario, warnings)
@@ -110,6 +111,25 @@ def _card_recipe(scenario: Scenario, gpu: GpuSpec | None) -> Scenario:
     if gpu is None or not rec.fp8_params or rec.fp8_transpose_cache is not None:
         return scenario
     update = {"fp8_transpose_cache": gpu.keeps_fp8_transpose}
+    return scenario.model_copy(update={"recipe": rec.model_copy(update=update)})
+
+
+def _liger_scope(scenario: Scenario, model: ModelSpec | None, warnings: list[str]) -> Scenario:
+    """``kernels: liger`` on a model Liger-Kernel has no patch for (:func:`~planner.core.arch.liger_patches`)
+    applies nothing: the Trainer's ``use_liger_kernel`` and LLaMA-Factory's ``enable_liger_kernel``
+    log that the model is not supported and go on without its kernels or its fused loss. Read as
+    standard kernels, and ``loss: fused`` beside it as the standard loss, each said."""
+    rec = scenario.recipe
+    if rec.kernels != "liger" or model is None or liger_patches(model):
+        return scenario
+    update: dict[str, Any] = {"kernels": "standard"}
+    what = "its RMSNorm, rotary and SwiGLU kernels do not apply"
+    if rec.loss == "fused":
+        update["loss"] = "standard"
+        what = ("neither its RMSNorm, rotary and SwiGLU kernels nor its fused linear cross-entropy "
+                "(loss: fused) apply")
+    warnings.append(f"recipe.kernels: liger: Liger-Kernel has no patch for {model.name or model.id} "
+                    f"(family {model.family or 'unknown'}), so {what}; read as standard")
     return scenario.model_copy(update={"recipe": rec.model_copy(update=update)})
 
 
