@@ -52,6 +52,7 @@ def attention_generation(gpu: GpuSpec) -> str:
         return "blackwell-consumer"
     return gpu.architecture
 
+
 #: The matmul efficiency (largest measured BF16 matmul rate / dense peak,
 #: :attr:`~planner.core.entries.GpuSpec.matmul_efficiency`) of the card the fitted GEMM
 #: utilisation (``gemm_hfu``) stands for: the H100 SXM's 80.3 % (Bekman, ml-engineering's MAMF

@@ -3,8 +3,9 @@
 Each row is compared with the prediction of the kind it measured: ``max_allocated`` with the
 allocated view, ``max_reserved`` and ``reported`` (method unstated) with the reserved view,
 ``nvidia_smi`` with the device view; a row measured on the last pipeline rank (``measured_rank``
-``last``) with that stage's own view (the seed profile, which has no stages, gives its one peak). A row the profile cannot model is listed with its reason and
-counts as a miss (an absolute error of 100 %) in every figure.
+``last``) with that stage's own view (the seed profile, which has no stages, gives its one peak).
+A row the profile cannot model is listed with its reason and counts as a miss (an absolute error
+of 100 %) in every figure.
 """
 
 from __future__ import annotations
