@@ -194,13 +194,16 @@ def liger_patches(spec: ModelSpec) -> bool:
     return False
 
 
-def liger_patches_swiglu(spec: ModelSpec) -> bool:
-    """Whether Liger-Kernel's patch (``kernels: liger``) replaces this model's gated MLP with its
-    ``LigerSiLUMulFunction``: a gated MLP of a dense model or of linear-module experts (Mixtral's,
-    Qwen-MoE's); not GPT-OSS (``apply_liger_kernel_to_gpt_oss`` leaves SwiGLU off: its experts are
-    fused parameters) nor DeepSeek's multi-head latent attention models (no Liger patch)."""
+def liger_kernels(spec: ModelSpec) -> tuple[bool, bool, bool]:
+    """Which of its RMSNorm, rotary and SwiGLU kernels Liger-Kernel's patch (``kernels: liger``)
+    puts into this model: none where it has no patch (:func:`liger_patches`); the RMSNorm and
+    rotary where it has one; its ``LigerSiLUMulFunction`` only for a gated MLP of a dense model or
+    of linear-module experts (Mixtral's, Qwen-MoE's), not GPT-OSS's
+    (``apply_liger_kernel_to_gpt_oss`` leaves SwiGLU off: its experts are fused parameters)."""
+    if not liger_patches(spec):
+        return False, False, False
     moe = spec.moe
-    return bool(spec.gated_mlp) and spec.mla is None and (moe is None or moe.linear_experts)
+    return True, True, bool(spec.gated_mlp) and (moe is None or moe.linear_experts)
 
 
 def has_full_architecture(spec: ModelSpec) -> bool:

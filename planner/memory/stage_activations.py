@@ -10,7 +10,7 @@ bytes, inputs kept on autograd contexts, a returned KV cache, and an evaluation 
 
 from __future__ import annotations
 
-from planner.core.arch import _dims, liger_patches_swiglu
+from planner.core.arch import _dims, liger_kernels
 from planner.core.entries import ModelSpec
 from planner.core.specs import Layout, Recipe, Workload
 from planner.memory import activations as act
@@ -39,6 +39,8 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, *,
     lora = wl.method in ("lora", "qlora")
     # FP32 embeddings and lm_head: a prepared bitsandbytes base's, or an FP32 LoRA base's
     fp32_ends = fp32_embeddings(wl, recipe) or fp32_lora_base(wl)
+    # Liger's RMSNorm and SwiGLU, where its patch for this model puts them
+    liger_norm, _, liger_swiglu = liger_kernels(model) if recipe.kernels == "liger" else (False, False, False)
     return LayerRecipe(
         e=e,
         attention=layout.attention,
@@ -52,8 +54,8 @@ def _recipe(model: ModelSpec, wl: Workload, layout: Layout, recipe: Recipe, *,
                                  and "embed_tokens" not in wl.modules_to_save),
         fused=recipe.compile,
         unsloth=lora and recipe.kernels == "unsloth",
-        fused_norm=recipe.kernels in ("fused_rmsnorm", "liger"),
-        fused_swiglu=recipe.kernels == "liger" and liger_patches_swiglu(model),
+        fused_norm=recipe.kernels == "fused_rmsnorm" or liger_norm,
+        fused_swiglu=liger_swiglu,
         te=recipe.kernels == "transformer_engine",
         selective_core_attention=recipe.selective == "core_attention",
         fp8_attention=wl.fp8 and recipe.kernels == "transformer_engine" and recipe.fp8_attention,

@@ -105,16 +105,15 @@ def kernel_vectors_of(rs: ResolvedScenario, kernels: str) -> float:
     """Hidden vectors per token and layer that a recipe's ``kernels`` save from the eager
     element-wise traffic (:data:`planner.perf.timing.KERNEL_FUSIONS`; 0 for the standard modules
     and for Transformer Engine, which the ``fused`` share prices)."""
-    from planner.core.arch import liger_patches_swiglu
+    from planner.core.arch import liger_kernels
     from planner.perf.flops import model_flops
     from planner.perf.timing import KERNEL_FUSIONS, fused_kernel_vectors
 
     ops = KERNEL_FUSIONS.get(kernels)
     if not ops:
         return 0.0
-    norm, rope, swiglu = ops
-    if kernels == "liger":  # Liger's SwiGLU only where its patch replaces the MLP
-        swiglu = swiglu and liger_patches_swiglu(rs.model)
+    # Liger's kernels only where its patch for this model puts them
+    norm, rope, swiglu = liger_kernels(rs.model) if kernels == "liger" else ops
     return fused_kernel_vectors(model_flops(rs.model), norm, rope, swiglu)
 
 

@@ -465,7 +465,7 @@ def _generation_parts(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[str,
     prompts = sequences / np.maximum(x["gen_num_generations"], 1)
     prompt = np.asarray(x["gen_prompt_len"], dtype=float)
     weights, kv_token = x["gen_weight_bytes"], x["gen_kv_bytes_per_token"]
-    rate = perf.peak_flops * _utilization(perf, p) * perf.matmul_scale * gtp
+    rate = perf.peak_flops * _gemm_utilization(perf, p) * gtp
     bandwidth = perf.memory_bps * gtp * perf.kernel_speed
     kv_tokens = np.maximum(x["gen_fraction"] * perf.memory_capacity * gtp - weights, 0.0) / kv_token
     batch = np.clip(np.minimum(np.minimum(sequences, VLLM_MAX_NUM_SEQS),
@@ -493,6 +493,12 @@ def _utilization(perf: GpuPerf, p: TimeParams) -> Any:
     """The card's utilisation of the tensor-core work, the fitted ``gemm_hfu`` where it has none."""
     util = np.asarray(perf.utilization, dtype=float)
     return np.where(np.isfinite(util) & (util > 0), util, p.gemm_hfu)
+
+
+def _gemm_utilization(perf: GpuPerf, p: TimeParams) -> Any:
+    """The share of the dense peak the card's GEMMs reach: :func:`_utilization` at the card's own
+    matmul efficiency (``matmul_scale``), which fused attention does not take."""
+    return _utilization(perf, p) * perf.matmul_scale
 
 
 def executed_flops_per_token(mf: ModelFlops, x: dict[str, Any]) -> tuple[Any, Any]:
@@ -540,8 +546,8 @@ def _microbatch_compute_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams, x: dict[
     att = att_token * tokens_mb / mp
     has_fp8 = np.isfinite(perf.peak_fp8_flops)  # a card without FP8 runs the 16-bit GEMMs
     fp8_peak = np.where(has_fp8, perf.peak_fp8_flops, perf.peak_flops)
-    # the card's own matmul efficiency (its GEMMs at MAMF over the reference card's, FP8 too)
-    lin_rate = np.where(fp8 & has_fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * util * perf.matmul_scale
+    # at the card's own matmul efficiency, FP8 too
+    lin_rate = np.where(fp8 & has_fp8, fp8_peak * p.fp8_efficiency, perf.peak_flops) * _gemm_utilization(perf, p)
     # Small GEMMs: a dense layer's GEMMs see the micro-batch's tokens on this GPU; a routed
     # expert's see its share of the tokens of its ep group, tokens · top-k · ep / experts.
     eff = microbatch_efficiency(tokens_gpu, p.microbatch_half_tokens)
@@ -720,7 +726,7 @@ def _data_parallel_and_optimizer_s(mf: ModelFlops, perf: GpuPerf, p: TimeParams,
         experts = x.get("optimizer_expert_flops", 0.0)
         per_gpu = ((x["optimizer_flops"] - experts) / (tp * pp * owners)
                    + experts / (pp * np.maximum(x.get("ep", 1), 1) * expert_tp * expert_owners))
-        optimizer = optimizer + per_gpu / (perf.peak_flops * _utilization(perf, p) * perf.matmul_scale)
+        optimizer = optimizer + per_gpu / (perf.peak_flops * _gemm_utilization(perf, p))
     # An AdamW stepping one tensor at a time waits on its launches where they outlast the traffic.
     optimizer = np.maximum(optimizer, 0.0 if x.get("intra_only") else x.get("optimizer_host_s", 0.0))
     offload_opt = np.where(offload >= 1, shard * 4.0 / (PCIE_HOST_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S, 0.0)
